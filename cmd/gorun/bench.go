@@ -1,0 +1,139 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/internal/bench"
+	"github.com/gorun/gorun/launcher"
+)
+
+func newBenchCmd() *cobra.Command {
+	var (
+		np      int
+		sizes   string
+		iters   int
+		warmup  int
+		op      string
+		asJSON  bool
+		timeout time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "bench -np N [--sizes 4,1K,1M,64M] [--iters N] [--op allreduce|broadcast|allgather|reducescatter] [--json]",
+		Short: "Measure collective bandwidth and latency, like nccl-tests' all_reduce_perf",
+		Long: `gorun bench launches N ranks of itself on this host and times a collective on
+float32 data at each size: it warms up, checks every result against the exact
+answer, and prints bytes, the median time per op over the iterations (each
+iteration's time is that of the slowest rank), algbw = bytes/time and
+busbw = algbw*2(N-1)/N for allreduce ((N-1)/N for allgather and
+reducescatter, 1 for broadcast), so numbers compare across rank counts.`,
+		Example: `  gorun bench -np 4
+  gorun bench -np 2 --sizes 4,1048576,67108864 --json
+  gorun bench -np 4 --op broadcast --sizes 1M,64M --iters 20`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := bench.ParseSizes(sizes); err != nil {
+				return err
+			}
+			switch op {
+			case "allreduce", "broadcast", "allgather", "reducescatter":
+			default:
+				return fmt.Errorf("--op %q: use allreduce, broadcast, allgather or reducescatter", op)
+			}
+			self, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			args := []string{"bench-worker", "--sizes", sizes, "--op", op,
+				"--iters", strconv.Itoa(iters), "--warmup", strconv.Itoa(warmup)}
+			if asJSON {
+				args = append(args, "--json")
+			}
+			// Rank 0 prints the report: pass its stdout through unprefixed.
+			out := newLineWriter(os.Stdout)
+			prefixed := newLineWriter(os.Stderr)
+			err = launcher.Run(cmd.Context(), launcher.Job{
+				NP: np, Program: self, Args: args, Timeout: timeout,
+				Line: func(rank int, isErr bool, line []byte) {
+					if rank == 0 && !isErr {
+						out.write(line)
+						return
+					}
+					prefixed.write([]byte(fmt.Sprintf("[%d] %s", rank, line)))
+				},
+			})
+			if err != nil {
+				return fmt.Errorf("bench failed: %w", err)
+			}
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&np, "np", 2, "number of ranks")
+	fl.StringVar(&sizes, "sizes", "4,1K,1M,64M", "message sizes in bytes, comma-separated, K/M/G suffixes allowed")
+	fl.IntVar(&iters, "iters", 0, "timed iterations per size (default: by size, 5 to 200)")
+	fl.IntVar(&warmup, "warmup", 0, "untimed iterations per size (default: a fifth of iters, 2 to 10)")
+	fl.StringVar(&op, "op", "allreduce", "allreduce, broadcast, allgather or reducescatter")
+	fl.BoolVar(&asJSON, "json", false, "print one JSON object per size")
+	fl.DurationVar(&timeout, "timeout", 0, "collective timeout (default 60s)")
+	return cmd
+}
+
+// newBenchWorkerCmd is what each rank of gorun bench runs.
+func newBenchWorkerCmd() *cobra.Command {
+	var (
+		o      bench.Options
+		sizes  string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:           "bench-worker",
+		Hidden:        true,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if o.Sizes, err = bench.ParseSizes(sizes); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			comm, err := collective.Init(ctx)
+			if err != nil {
+				return err
+			}
+			defer comm.Close()
+			return bench.Run(ctx, comm, o, asJSON, os.Stdout)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&sizes, "sizes", "4", "")
+	fl.StringVar(&o.Op, "op", "allreduce", "")
+	fl.IntVar(&o.Iters, "iters", 0, "")
+	fl.IntVar(&o.Warmup, "warmup", 0, "")
+	fl.BoolVar(&asJSON, "json", false, "")
+	return cmd
+}
+
+// lineWriter writes whole lines under a lock, so ranks never interleave
+// mid-line.
+type lineWriter struct {
+	mu sync.Mutex
+	f  *os.File
+}
+
+func newLineWriter(f *os.File) *lineWriter { return &lineWriter{f: f} }
+
+func (w *lineWriter) write(line []byte) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.f.Write(append(line[:len(line):len(line)], '\n'))
+}

@@ -1,0 +1,66 @@
+// Command gorun launches data-parallel jobs and measures their collectives.
+//
+//	gorun -np 4 ./train --epochs 10     start 4 ranks of ./train on this host
+//	gorun -np 4 ./examples/mnist        build a Go package once, run it on 4 ranks
+//	gorun bench -np 4 --sizes 4,1M,64M  allreduce bandwidth, like nccl-tests
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	root := newRootCmd()
+	root.SetArgs(horovodArgs(os.Args[1:]))
+	if err := root.ExecuteContext(ctx); err != nil {
+		var exit exitError
+		if errors.As(err, &exit) {
+			os.Exit(int(exit))
+		}
+		fmt.Fprintf(os.Stderr, "gorun: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// exitError carries an exit status out of a command that already printed
+// its message.
+type exitError int
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+// horovodArgs accepts horovodrun's and mpirun's single-dash "-np N", which
+// the POSIX-style flag parser would read as "-n p". Only gorun's own flags
+// are rewritten: everything from the program name on is left alone.
+func horovodArgs(args []string) []string {
+	out := make([]string, 0, len(args))
+	for i, a := range args {
+		if a == "--" || (!strings.HasPrefix(a, "-") && (i == 0 || !takesValue(args[i-1]))) && a != "bench" {
+			return append(out, args[i:]...)
+		}
+		if a == "-np" || strings.HasPrefix(a, "-np=") {
+			a = "-" + a
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// takesValue says whether flag a consumes the next argument.
+func takesValue(a string) bool {
+	if !strings.HasPrefix(a, "-") || strings.Contains(a, "=") {
+		return false
+	}
+	switch strings.TrimLeft(a, "-") {
+	case "np", "H", "hosts", "timeout", "start-timeout", "x", "env", "max-restarts", "sizes", "iters", "op", "grace", "warmup":
+		return true
+	}
+	return false
+}

@@ -1,0 +1,297 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gorun/gorun/ring"
+)
+
+// Op is a reduction: Sum, Avg, Min, Max or Prod.
+type Op = ring.Op
+
+// The reductions. Avg divides the sum by Size() once, on the rank that owns
+// each segment, so every rank gets bitwise-identical results (integer
+// averages truncate).
+const (
+	Sum  = ring.Sum
+	Avg  = ring.Avg
+	Min  = ring.Min
+	Max  = ring.Max
+	Prod = ring.Prod
+)
+
+// CallOption adjusts one collective call.
+type CallOption func(*ring.Call)
+
+// Name labels a call in errors, stall warnings and timelines, e.g. the name
+// of the gradient it reduces.
+func Name(name string) CallOption { return func(c *ring.Call) { c.Name = name } }
+
+// Handle is a collective in flight. Wait for it before touching its buffers.
+type Handle struct {
+	call ring.Call
+	ctx  context.Context
+	run  func(ctx context.Context) error
+	done chan struct{}
+	err  error
+}
+
+// Done is closed when the collective has finished, successfully or not.
+func (h *Handle) Done() <-chan struct{} { return h.done }
+
+// Wait blocks until the collective finishes or ctx is done, and returns its
+// error. If ctx ends first the collective itself goes on (its buffers are
+// still in use); Wait again to collect it.
+func (h *Handle) Wait(ctx context.Context) error {
+	select {
+	case <-h.done:
+		return h.err
+	case <-ctx.Done():
+		return fmt.Errorf("gorun: waiting for %s #%d: %w", h.call.Kind, h.call.Seq, context.Cause(ctx))
+	}
+}
+
+// Seq is the collective's sequence number: the same call has the same number
+// on every rank.
+func (h *Handle) Seq() uint64 { return h.call.Seq }
+
+func failed(err error) *Handle {
+	h := &Handle{done: make(chan struct{}), err: err}
+	close(h.done)
+	return h
+}
+
+// submit gives the call its sequence number and queues it for the worker.
+// The lock makes the sequence order and the queue order the same.
+func (c *Comm) submit(ctx context.Context, call ring.Call, opts []CallOption, run func(context.Context, ring.Call) error) *Handle {
+	for _, o := range opts {
+		o(&call)
+	}
+	h := &Handle{call: call, ctx: ctx, done: make(chan struct{})}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return failed(ErrClosed)
+	}
+	if err := c.Err(); err != nil {
+		return failed(c.unusable(err))
+	}
+	c.seq++
+	h.call.Seq = c.seq
+	h.run = func(ctx context.Context) error { return run(ctx, h.call) }
+	// A full queue means the caller issues async calls far faster than they
+	// complete; blocking (under the lock, so the order holds) is the honest
+	// back-pressure.
+	select {
+	case c.queue <- h:
+	case <-ctx.Done():
+		err := fmt.Errorf("gorun: rank %d: %s #%d could not be queued: %w", c.rank, call.Kind, h.call.Seq, context.Cause(ctx))
+		c.fail(err)
+		return failed(err)
+	}
+	return h
+}
+
+func (c *Comm) unusable(cause error) error {
+	if errors.Is(cause, ErrClosed) {
+		return ErrClosed
+	}
+	return fmt.Errorf("gorun: rank %d: communicator unusable after an earlier failure: %w", c.rank, cause)
+}
+
+// fail aborts the job: this rank is no longer in step with the others, so
+// every rank must learn of it now rather than at its own timeout.
+func (c *Comm) fail(err error) {
+	if c.node != nil {
+		c.node.Abort(err)
+	}
+	c.cancel(err)
+}
+
+// worker runs the queued collectives one by one, in sequence order.
+func (c *Comm) worker() {
+	defer close(c.stopped)
+	for h := range c.queue {
+		h.err = c.execute(h)
+		close(h.done)
+	}
+}
+
+func (c *Comm) execute(h *Handle) error {
+	if err := c.Err(); err != nil {
+		return c.unusable(err)
+	}
+	if err := context.Cause(h.ctx); err != nil {
+		err = fmt.Errorf("gorun: rank %d: %s #%d cancelled by the caller before it ran: %w", c.rank, h.call.Kind, h.call.Seq, err)
+		c.fail(err)
+		return err
+	}
+	// The op's context ends on the first of: the caller's context, the
+	// collective timeout, or an abort of the job.
+	ctx, cancel := context.WithTimeoutCause(h.ctx, c.timeout,
+		fmt.Errorf("no progress within the %v collective timeout (set by WithTimeout or %s)", c.timeout, EnvTimeout))
+	defer cancel()
+	stop := context.AfterFunc(c.life, func() { cancel() })
+	defer stop()
+
+	start := time.Now()
+	err := h.run(ctx)
+	if err == nil {
+		c.stats.collectives.Add(1)
+		c.stats.nanos.Add(uint64(time.Since(start)))
+		return nil
+	}
+	if c.life.Err() != nil {
+		// Another rank aborted first: its cause is the one worth reading.
+		return fmt.Errorf("gorun: rank %d: %w", c.rank, context.Cause(c.life))
+	}
+	if ctx.Err() != nil && !errors.Is(err, context.Cause(ctx)) {
+		err = fmt.Errorf("%w (%v)", err, context.Cause(ctx))
+	}
+	if h.call.Name != "" {
+		err = fmt.Errorf("%q: %w", h.call.Name, err)
+	}
+	// The ring's errors already say which collective and which peer; the
+	// abort sent to the other ranks carries them as they are.
+	c.fail(err)
+	return fmt.Errorf("gorun: rank %d: %w", c.rank, err)
+}
+
+// Allreduce reduces buf across all ranks with op, in place: afterwards every
+// rank holds the same result, bit for bit. buf is a []float32, []float64,
+// []int32, []int64 or a contiguous *tensor.Dense of those dtypes.
+func (c *Comm) Allreduce(ctx context.Context, buf any, op Op, opts ...CallOption) error {
+	return c.AllreduceAsync(ctx, buf, op, opts...).Wait(ctx)
+}
+
+// AllreduceAsync starts an Allreduce and returns at once. buf must not be
+// touched until the handle is done.
+func (c *Comm) AllreduceAsync(ctx context.Context, buf any, op Op, opts ...CallOption) *Handle {
+	v, err := viewOf(buf)
+	if err != nil {
+		return failed(fmt.Errorf("gorun: Allreduce: %w", err))
+	}
+	if v.dtype == ring.Uint8 {
+		return failed(fmt.Errorf("gorun: Allreduce: []byte cannot be reduced: use a numeric slice"))
+	}
+	call := ring.Call{Kind: ring.Allreduce, Op: op, DType: v.dtype, Count: v.count}
+	return c.submit(ctx, call, opts, func(ctx context.Context, call ring.Call) error {
+		c.stats.bytes.Add(uint64(len(v.bytes)))
+		return c.ring.Allreduce(ctx, call, v.bytes)
+	})
+}
+
+// Broadcast copies buf from rank root to every other rank, in place.
+func (c *Comm) Broadcast(ctx context.Context, buf any, root int, opts ...CallOption) error {
+	return c.BroadcastAsync(ctx, buf, root, opts...).Wait(ctx)
+}
+
+// BroadcastAsync starts a Broadcast and returns at once.
+func (c *Comm) BroadcastAsync(ctx context.Context, buf any, root int, opts ...CallOption) *Handle {
+	v, err := viewOf(buf)
+	if err != nil {
+		return failed(fmt.Errorf("gorun: Broadcast: %w", err))
+	}
+	if root < 0 || root >= c.size {
+		return failed(fmt.Errorf("gorun: Broadcast: root %d is not a rank of this job (size %d)", root, c.size))
+	}
+	call := ring.Call{Kind: ring.Broadcast, DType: v.dtype, Count: v.count, Root: root}
+	return c.submit(ctx, call, opts, func(ctx context.Context, call ring.Call) error {
+		c.stats.bytes.Add(uint64(len(v.bytes)))
+		return c.ring.Broadcast(ctx, call, v.bytes)
+	})
+}
+
+// Allgather concatenates every rank's in, in rank order, into out on every
+// rank. len(out) must be Size()*len(in), with the same element type.
+func (c *Comm) Allgather(ctx context.Context, in, out any, opts ...CallOption) error {
+	return c.AllgatherAsync(ctx, in, out, opts...).Wait(ctx)
+}
+
+// AllgatherAsync starts an Allgather and returns at once.
+func (c *Comm) AllgatherAsync(ctx context.Context, in, out any, opts ...CallOption) *Handle {
+	vi, vo, err := c.pair(in, out, "Allgather", "out", "in")
+	if err != nil {
+		return failed(err)
+	}
+	call := ring.Call{Kind: ring.Allgather, DType: vi.dtype, Count: vi.count}
+	return c.submit(ctx, call, opts, func(ctx context.Context, call ring.Call) error {
+		c.stats.bytes.Add(uint64(len(vo.bytes)))
+		return c.ring.Allgather(ctx, call, vi.bytes, vo.bytes)
+	})
+}
+
+// ReduceScatter reduces in across ranks with op and leaves block Rank() of
+// the result in out. len(in) must be Size()*len(out).
+func (c *Comm) ReduceScatter(ctx context.Context, in, out any, op Op, opts ...CallOption) error {
+	return c.ReduceScatterAsync(ctx, in, out, op, opts...).Wait(ctx)
+}
+
+// ReduceScatterAsync starts a ReduceScatter and returns at once.
+func (c *Comm) ReduceScatterAsync(ctx context.Context, in, out any, op Op, opts ...CallOption) *Handle {
+	vo, vi, err := c.pair(out, in, "ReduceScatter", "in", "out")
+	if err != nil {
+		return failed(err)
+	}
+	if vi.dtype == ring.Uint8 {
+		return failed(fmt.Errorf("gorun: ReduceScatter: []byte cannot be reduced: use a numeric slice"))
+	}
+	call := ring.Call{Kind: ring.ReduceScatter, Op: op, DType: vi.dtype, Count: vi.count}
+	return c.submit(ctx, call, opts, func(ctx context.Context, call ring.Call) error {
+		c.stats.bytes.Add(uint64(len(vi.bytes)))
+		return c.ring.ReduceScatter(ctx, call, vi.bytes, vo.bytes)
+	})
+}
+
+// pair checks that big holds Size() times as many elements as small, of the
+// same dtype.
+func (c *Comm) pair(small, big any, what, bigName, smallName string) (view, view, error) {
+	vs, err := viewOf(small)
+	if err != nil {
+		return view{}, view{}, fmt.Errorf("gorun: %s: %s: %w", what, smallName, err)
+	}
+	vb, err := viewOf(big)
+	if err != nil {
+		return view{}, view{}, fmt.Errorf("gorun: %s: %s: %w", what, bigName, err)
+	}
+	if vs.dtype != vb.dtype {
+		return view{}, view{}, fmt.Errorf("gorun: %s: %s is %s but %s is %s: use one dtype", what, smallName, vs, bigName, vb)
+	}
+	if vb.count != vs.count*c.size {
+		return view{}, view{}, fmt.Errorf("gorun: %s: %s has %d elements, want Size()*len(%s) = %d*%d = %d",
+			what, bigName, vb.count, smallName, c.size, vs.count, vs.count*c.size)
+	}
+	return vs, vb, nil
+}
+
+// Barrier returns once every rank has called it.
+func (c *Comm) Barrier(ctx context.Context) error { return c.BarrierAsync(ctx).Wait(ctx) }
+
+// BarrierAsync starts a Barrier and returns at once.
+func (c *Comm) BarrierAsync(ctx context.Context, opts ...CallOption) *Handle {
+	call := ring.Call{Kind: ring.Barrier, DType: ring.Int32}
+	return c.submit(ctx, call, opts, func(ctx context.Context, call ring.Call) error {
+		return c.ring.Barrier(ctx, call)
+	})
+}
+
+// Stats are this rank's cumulative counters.
+type Stats struct {
+	Collectives uint64        // collectives completed
+	Bytes       uint64        // bytes of user buffers passed to collectives
+	CommTime    time.Duration // time spent inside collectives
+	ring.Stats                // bytes and messages this rank put on the wire
+}
+
+// Stats returns this rank's counters so far.
+func (c *Comm) Stats() Stats {
+	return Stats{
+		Collectives: c.stats.collectives.Load(),
+		Bytes:       c.stats.bytes.Load(),
+		CommTime:    time.Duration(c.stats.nanos.Load()),
+		Stats:       c.ring.Stats(),
+	}
+}

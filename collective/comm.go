@@ -1,0 +1,259 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorun/gorun/p2p"
+	"github.com/gorun/gorun/ring"
+)
+
+// Comm is one rank's membership in a job. Its collectives run one at a time,
+// in the order they were called, on a background goroutine, so that async
+// calls can overlap with the caller's own work while every rank still runs
+// the same sequence (each call's sequence number travels in every message and
+// a rank that called something else fails fast).
+type Comm struct {
+	rank, size           int
+	localRank, localSize int
+	timeout              time.Duration
+	logf                 func(string, ...any)
+
+	node *p2p.Node
+	rdv  *p2p.Rendezvous // non-nil when this rank hosts the rendezvous
+	ring *ring.Ring
+
+	// life is cancelled, with the cause, when the job is aborted: by this
+	// rank's own failure, by another rank, or by Close.
+	life   context.Context
+	cancel context.CancelCauseFunc
+
+	mu      sync.Mutex // guards seq, closed and the order of sends to queue
+	seq     uint64
+	closed  bool
+	queue   chan *Handle
+	stopped chan struct{} // closed when the worker has exited
+
+	stats struct {
+		collectives, bytes, nanos atomic.Uint64
+	}
+}
+
+// Option configures Init. Explicit options win over the environment.
+type Option func(*config)
+
+type config struct {
+	rank, size           int
+	localRank, localSize int
+	rendezvous           string
+	hostRendezvous       bool
+	jobKey               []byte
+	timeout              time.Duration
+	listenIP             string
+	dataPlane            string
+	chunkBytes           int
+	logf                 func(string, ...any)
+	setRank, setLocal    bool
+}
+
+// WithRank sets this process's rank and the job size instead of reading them
+// from the environment.
+func WithRank(rank, size int) Option {
+	return func(c *config) { c.rank, c.size, c.setRank = rank, size, true }
+}
+
+// WithLocalRank sets the rank among the ranks on this host, and their number.
+func WithLocalRank(localRank, localSize int) Option {
+	return func(c *config) { c.localRank, c.localSize, c.setLocal = localRank, localSize, true }
+}
+
+// WithRendezvous names the rendezvous service ("host:port"). With host set,
+// rank 0 starts it in-process there, as when a job runs without gorun.
+func WithRendezvous(addr string, host bool) Option {
+	return func(c *config) { c.rendezvous, c.hostRendezvous = addr, host }
+}
+
+// WithJobKey sets the shared secret every rank of the job must hold.
+func WithJobKey(key []byte) Option { return func(c *config) { c.jobKey = key } }
+
+// WithTimeout bounds every collective (default 60 s, or GORUN_TIMEOUT): a
+// dead or frozen peer turns into an error on every rank within it.
+func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
+
+// WithListenIP sets the IP this rank listens on and advertises to its peers.
+func WithListenIP(ip string) Option { return func(c *config) { c.listenIP = ip } }
+
+// WithDataPlane chooses how ring data travels: "auto" (no cipher between
+// ranks of one host, TLS between hosts), "tls" or "plaintext".
+func WithDataPlane(mode string) Option { return func(c *config) { c.dataPlane = mode } }
+
+// WithChunkBytes overrides the ring's pipelining chunk size.
+func WithChunkBytes(n int) Option { return func(c *config) { c.chunkBytes = n } }
+
+// WithLogger receives the Comm's diagnostics (default: log.Printf to stderr).
+func WithLogger(logf func(format string, args ...any)) Option {
+	return func(c *config) { c.logf = logf }
+}
+
+// Init joins the job. It reads the environment gorun sets for every rank
+// (or mpirun's, Slurm's or torchrun's), applies opts on top, finds the other
+// ranks through the rendezvous, proves it holds the job key, and connects
+// the ring. With no launcher environment and no options it returns a
+// single-rank Comm, so a training program also runs as a plain binary.
+func Init(ctx context.Context, opts ...Option) (*Comm, error) {
+	env, err := readEnv(os.Getenv)
+	if err != nil {
+		return nil, fmt.Errorf("gorun: %w", err)
+	}
+	cfg := config{
+		rank: env.rank, size: env.size, localRank: env.localRank, localSize: env.localSize,
+		rendezvous: env.rendezvous, hostRendezvous: env.hostRendezvous, jobKey: env.jobKey,
+		listenIP: os.Getenv(EnvListenIP), dataPlane: os.Getenv(EnvDataPlane),
+	}
+	if env.source == "" {
+		cfg.size, cfg.localSize = 1, 1
+	}
+	if s := os.Getenv(EnvTimeout); s != "" {
+		if cfg.timeout, err = parseTimeout(s); err != nil {
+			return nil, fmt.Errorf("gorun: %w", err)
+		}
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.setRank && !cfg.setLocal {
+		cfg.localRank, cfg.localSize = cfg.rank, cfg.size
+	}
+	if cfg.timeout <= 0 {
+		cfg.timeout = DefaultTimeout
+	}
+	if cfg.logf == nil {
+		cfg.logf = log.Printf
+	}
+	if cfg.size < 1 || cfg.rank < 0 || cfg.rank >= cfg.size {
+		return nil, fmt.Errorf("gorun: rank %d is not within a job of size %d", cfg.rank, cfg.size)
+	}
+	return newComm(ctx, cfg)
+}
+
+func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
+	c := &Comm{
+		rank: cfg.rank, size: cfg.size, localRank: cfg.localRank, localSize: cfg.localSize,
+		timeout: cfg.timeout, logf: cfg.logf,
+		queue: make(chan *Handle, 1024), stopped: make(chan struct{}),
+	}
+	c.life, c.cancel = context.WithCancelCause(context.Background())
+	defer func() {
+		if err != nil {
+			c.shutdown(err)
+		}
+	}()
+
+	var transport ring.Transport
+	if cfg.size > 1 {
+		if cfg.rendezvous == "" {
+			return nil, fmt.Errorf("gorun: rank %d of %d: no rendezvous address (WithRendezvous, or launch with gorun)", cfg.rank, cfg.size)
+		}
+		if len(cfg.jobKey) == 0 {
+			return nil, fmt.Errorf("gorun: rank %d of %d: no job key (WithJobKey, %s, or launch with gorun)", cfg.rank, cfg.size, EnvJobKey)
+		}
+		setup, cancel := context.WithTimeout(ctx, cfg.timeout)
+		defer cancel()
+		if cfg.hostRendezvous && cfg.rank == 0 {
+			c.rdv, err = p2p.StartRendezvous(setup, p2p.RendezvousConfig{
+				ListenAddr: cfg.rendezvous, Size: cfg.size, JobKey: cfg.jobKey, Timeout: cfg.timeout, Logf: cfg.logf,
+			})
+			if err != nil {
+				return nil, fmt.Errorf("gorun: rank 0: hosting the rendezvous on %s: %w", cfg.rendezvous, err)
+			}
+		}
+		c.node, err = p2p.Join(setup, p2p.Config{
+			Rank: cfg.rank, Size: cfg.size, JobKey: cfg.jobKey, Rendezvous: cfg.rendezvous,
+			ListenIP: cfg.listenIP, DataPlane: cfg.dataPlane, Timeout: cfg.timeout, Logf: cfg.logf,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("gorun: rank %d: joining the job at %s: %w", cfg.rank, cfg.rendezvous, err)
+		}
+		transport = c.node.Transport()
+		go func() {
+			select {
+			case <-c.node.Done():
+				c.cancel(c.node.Err())
+			case <-c.life.Done():
+			}
+		}()
+	}
+	c.ring, err = ring.New(ring.Config{Rank: cfg.rank, Size: cfg.size, ChunkBytes: cfg.chunkBytes}, transport)
+	if err != nil {
+		return nil, fmt.Errorf("gorun: %w", err)
+	}
+	go c.worker()
+	return c, nil
+}
+
+// Rank is this process's rank, 0..Size()-1.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size is the number of ranks in the job.
+func (c *Comm) Size() int { return c.size }
+
+// LocalRank is this process's rank among the ranks on its host.
+func (c *Comm) LocalRank() int { return c.localRank }
+
+// LocalSize is the number of ranks on this host.
+func (c *Comm) LocalSize() int { return c.localSize }
+
+// Timeout is the bound on every collective.
+func (c *Comm) Timeout() time.Duration { return c.timeout }
+
+// Err is nil while the Comm is usable, and otherwise says why it is not.
+func (c *Comm) Err() error {
+	if c.life.Err() == nil {
+		return nil
+	}
+	return context.Cause(c.life)
+}
+
+// ErrClosed is returned by calls on a Comm after Close.
+var ErrClosed = errors.New("gorun: communicator is closed")
+
+// Close leaves the job in order. Collectives already called finish first;
+// later calls return ErrClosed.
+func (c *Comm) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	close(c.queue)
+	c.mu.Unlock()
+	<-c.stopped
+	return c.shutdown(ErrClosed)
+}
+
+// shutdown releases the network resources; it runs once the worker is idle
+// (Close) or was never started (a failed Init).
+func (c *Comm) shutdown(cause error) error {
+	failed := c.Err()
+	c.cancel(cause)
+	var errs []error
+	if c.node != nil {
+		if failed == nil {
+			errs = append(errs, c.node.Close())
+		} else {
+			c.node.Abort(failed)
+			c.node.Close()
+		}
+	}
+	if c.rdv != nil {
+		errs = append(errs, c.rdv.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,170 @@
+package collective
+
+import (
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The environment contract. gorun sets the GORUN_* variables for every rank;
+// the others are read so that the same binary also runs under mpirun, Slurm
+// or torchrun without gorun.
+const (
+	EnvRank           = "GORUN_RANK"            // this process's rank, 0..size-1
+	EnvSize           = "GORUN_SIZE"            // number of ranks in the job
+	EnvLocalRank      = "GORUN_LOCAL_RANK"      // rank among the ranks on this host
+	EnvLocalSize      = "GORUN_LOCAL_SIZE"      // number of ranks on this host
+	EnvRendezvous     = "GORUN_RENDEZVOUS"      // host:port of the rendezvous hosted by gorun
+	EnvRendezvousAddr = "GORUN_RENDEZVOUS_ADDR" // host:port rank 0 hosts the rendezvous on (without gorun)
+	EnvJobKey         = "GORUN_JOB_KEY"         // hex job key proving membership
+	EnvJobKeyFile     = "GORUN_JOB_KEY_FILE"    // file holding the hex job key
+	EnvTimeout        = "GORUN_TIMEOUT"         // collective timeout, a Go duration ("60s") or seconds
+	EnvListenIP       = "GORUN_LISTEN_IP"       // IP this rank listens on and advertises
+	EnvDataPlane      = "GORUN_DATA_PLANE"      // auto | tls | plaintext
+	EnvRestartCount   = "GORUN_RESTART_COUNT"   // how many times gorun restarted the job
+	EnvHostname       = "GORUN_HOSTNAME"        // host name gorun used to place this rank
+)
+
+// DefaultTimeout bounds every collective unless WithTimeout or GORUN_TIMEOUT
+// says otherwise.
+const DefaultTimeout = 60 * time.Second
+
+// launchEnv is what Init learns from the environment: who we are and how to
+// find the rest of the job.
+type launchEnv struct {
+	source               string // "gorun", "mpirun", "slurm", "torchrun" or "" (none)
+	rank, size           int
+	localRank, localSize int
+	rendezvous           string // host:port
+	hostRendezvous       bool   // rank 0 must host the rendezvous itself
+	jobKey               []byte
+}
+
+// readEnv reads the launch environment through getenv (os.Getenv in
+// production, a map in tests).
+func readEnv(getenv func(string) string) (launchEnv, error) {
+	var e launchEnv
+	e.localRank, e.localSize = -1, -1
+	ints := func(names ...string) ([]int, bool, error) {
+		out := make([]int, len(names))
+		for i, n := range names {
+			v := getenv(n)
+			if v == "" {
+				if i == 0 {
+					return nil, false, nil
+				}
+				out[i] = -1
+				continue
+			}
+			x, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return nil, true, fmt.Errorf("%s=%q is not an integer", n, v)
+			}
+			out[i] = x
+		}
+		return out, true, nil
+	}
+	type source struct {
+		name  string
+		vars  []string // rank, size, local rank, local size
+		check string   // variable whose presence selects this source
+	}
+	sources := []source{
+		{"gorun", []string{EnvRank, EnvSize, EnvLocalRank, EnvLocalSize}, EnvRank},
+		{"mpirun", []string{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"}, "OMPI_COMM_WORLD_RANK"},
+		{"slurm", []string{"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}, "SLURM_PROCID"},
+		{"torchrun", []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}, "RANK"},
+	}
+	for _, s := range sources {
+		if getenv(s.check) == "" {
+			continue
+		}
+		v, _, err := ints(s.vars...)
+		if err != nil {
+			return e, err
+		}
+		if v[1] < 0 {
+			return e, fmt.Errorf("%s is set but %s is not: set both", s.vars[0], s.vars[1])
+		}
+		e.source = s.name
+		e.rank, e.size, e.localRank, e.localSize = v[0], v[1], v[2], v[3]
+		break
+	}
+	if e.source == "" {
+		return e, nil
+	}
+	if e.size < 1 || e.rank < 0 || e.rank >= e.size {
+		return e, fmt.Errorf("rank %d is not within a job of size %d (from %s environment)", e.rank, e.size, e.source)
+	}
+	if e.localRank < 0 {
+		e.localRank = 0
+	}
+	if e.localSize < 1 {
+		e.localSize = 1
+	}
+
+	switch {
+	case getenv(EnvRendezvous) != "":
+		e.rendezvous = getenv(EnvRendezvous)
+	case getenv(EnvRendezvousAddr) != "":
+		e.rendezvous, e.hostRendezvous = getenv(EnvRendezvousAddr), true
+	case getenv("MASTER_ADDR") != "" && getenv("MASTER_PORT") != "":
+		e.rendezvous, e.hostRendezvous = net.JoinHostPort(getenv("MASTER_ADDR"), getenv("MASTER_PORT")), true
+	}
+	if e.size > 1 && e.rendezvous == "" {
+		return e, fmt.Errorf("rank %d of %d (from %s environment): no rendezvous address: launch with gorun, or set %s or MASTER_ADDR and MASTER_PORT",
+			e.rank, e.size, e.source, EnvRendezvousAddr)
+	}
+
+	key, err := readJobKey(getenv)
+	if err != nil {
+		return e, err
+	}
+	if e.size > 1 && key == nil {
+		return e, fmt.Errorf("rank %d of %d: no job key: set %s (hex) or %s; every rank of the job must use the same key (gorun sets it for you)",
+			e.rank, e.size, EnvJobKey, EnvJobKeyFile)
+	}
+	e.jobKey = key
+	return e, nil
+}
+
+func readJobKey(getenv func(string) string) ([]byte, error) {
+	text, from := getenv(EnvJobKey), EnvJobKey
+	if text == "" && getenv(EnvJobKeyFile) != "" {
+		from = getenv(EnvJobKeyFile)
+		b, err := os.ReadFile(from)
+		if err != nil {
+			return nil, fmt.Errorf("reading job key: %w", err)
+		}
+		text = string(b)
+	}
+	text = strings.TrimSpace(text)
+	if text == "" {
+		return nil, nil
+	}
+	key, err := hex.DecodeString(text)
+	if err != nil || len(key) < 16 {
+		return nil, fmt.Errorf("job key from %s must be at least 32 hex digits (16 bytes)", from)
+	}
+	return key, nil
+}
+
+// parseTimeout accepts a Go duration ("90s", "2m") or plain seconds ("90").
+func parseTimeout(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if secs, err := strconv.ParseFloat(s, 64); err == nil {
+		if secs <= 0 {
+			return 0, fmt.Errorf("%s=%q must be positive", EnvTimeout, s)
+		}
+		return time.Duration(secs * float64(time.Second)), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%s=%q is not a positive duration (write 60s or 60)", EnvTimeout, s)
+	}
+	return d, nil
+}

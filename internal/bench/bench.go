@@ -1,0 +1,245 @@
+// Package bench measures gorun's collectives in the style of nccl-tests'
+// all_reduce_perf: per size, warm up, time each op, check every result, and
+// report bytes, median time per op, algbw and busbw.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorun/gorun/collective"
+)
+
+// Result is one line of the report; the JSON field names are part of
+// gorun bench's interface.
+type Result struct {
+	Op        string  `json:"op"`
+	NP        int     `json:"np"`
+	Bytes     int64   `json:"bytes"`
+	Iters     int     `json:"iters"`
+	TimeUS    float64 `json:"time_us"`
+	AlgBWGBps float64 `json:"algbw_gbps"`
+	BusBWGBps float64 `json:"busbw_gbps"`
+	Correct   bool    `json:"correct"`
+}
+
+// Options are the measurement's parameters.
+type Options struct {
+	Op     string  // allreduce, broadcast, allgather, reducescatter
+	Sizes  []int64 // bytes of float32 data (rounded down to whole elements, at least one)
+	Iters  int     // timed iterations per size (0 = choose by size)
+	Warmup int     // untimed iterations per size
+}
+
+// ParseSizes reads "4,1K,1M,64M" (K, M, G are powers of 1024).
+func ParseSizes(s string) ([]int64, error) {
+	var out []int64
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		mult := int64(1)
+		switch strings.ToUpper(f[len(f)-1:]) {
+		case "K":
+			mult = 1 << 10
+		case "M":
+			mult = 1 << 20
+		case "G":
+			mult = 1 << 30
+		}
+		if mult > 1 {
+			f = f[:len(f)-1]
+		}
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("size %q is not a positive byte count (write 4, 1K, 1M or 64M)", f)
+		}
+		out = append(out, n*mult)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no sizes given (write --sizes 4,1M,64M)")
+	}
+	return out, nil
+}
+
+// busFactor converts algorithm bandwidth to bus bandwidth, as nccl-tests
+// does, so numbers are comparable across rank counts.
+func busFactor(op string, n int) float64 {
+	switch op {
+	case "allreduce":
+		return 2 * float64(n-1) / float64(n)
+	case "allgather", "reducescatter":
+		return float64(n-1) / float64(n)
+	}
+	return 1
+}
+
+// Run measures every size on this rank; rank 0 writes the report to w
+// (a table, or one JSON object per size).
+func Run(ctx context.Context, comm *collective.Comm, o Options, asJSON bool, w io.Writer) error {
+	n := comm.Size()
+	if comm.Rank() == 0 && !asJSON {
+		fmt.Fprintf(w, "# gorun bench: %s, float32 Sum, np=%d\n", o.Op, n)
+		fmt.Fprintf(w, "%12s %8s %12s %12s %12s %8s\n", "bytes", "iters", "time_us", "algbw_GB/s", "busbw_GB/s", "correct")
+	}
+	for _, size := range o.Sizes {
+		r, err := measure(ctx, comm, o, size)
+		if err != nil {
+			return err
+		}
+		if comm.Rank() != 0 {
+			continue
+		}
+		if asJSON {
+			b, _ := json.Marshal(r)
+			fmt.Fprintln(w, string(b))
+		} else {
+			fmt.Fprintf(w, "%12d %8d %12.1f %12.4f %12.4f %8v\n", r.Bytes, r.Iters, r.TimeUS, r.AlgBWGBps, r.BusBWGBps, r.Correct)
+		}
+	}
+	return nil
+}
+
+func measure(ctx context.Context, comm *collective.Comm, o Options, size int64) (Result, error) {
+	n, rank := comm.Size(), comm.Rank()
+	count := max(int(size/4), 1)
+	if o.Op == "allgather" || o.Op == "reducescatter" {
+		// As in nccl-tests, the size is the gathered (or scattered) total.
+		count = max(count/n, 1)
+	}
+	iters := o.Iters
+	if iters <= 0 {
+		iters = int(min(max(256<<20/max(size, 1), 5), 200))
+	}
+	warmup := o.Warmup
+	if warmup <= 0 {
+		warmup = min(max(iters/5, 2), 10)
+	}
+	c := newCase(o.Op, count, n, rank)
+	times := make([]float64, iters)
+	correct := true
+	for i := -warmup; i < iters; i++ {
+		c.fill(i)
+		start := time.Now()
+		if err := c.run(ctx, comm, i); err != nil {
+			return Result{}, err
+		}
+		if i >= 0 {
+			times[i] = time.Since(start).Seconds()
+		}
+		if bad := c.check(i); bad != "" {
+			correct = false
+			return Result{}, fmt.Errorf("rank %d: %s of %d bytes, iteration %d: %s", rank, o.Op, size, i, bad)
+		}
+	}
+	// The op takes as long as its slowest rank: reduce the per-iteration
+	// times with Max, then take the median.
+	if err := comm.Allreduce(ctx, times, collective.Max, collective.Name("bench-times")); err != nil {
+		return Result{}, err
+	}
+	ok := []int32{0}
+	if correct {
+		ok[0] = 1
+	}
+	if err := comm.Allreduce(ctx, ok, collective.Min, collective.Name("bench-correct")); err != nil {
+		return Result{}, err
+	}
+	slices.Sort(times)
+	med := times[len(times)/2]
+	bytes := int64(c.bytes())
+	alg := float64(bytes) / med / 1e9
+	return Result{
+		Op: o.Op, NP: n, Bytes: bytes, Iters: iters, TimeUS: med * 1e6,
+		AlgBWGBps: alg, BusBWGBps: alg * busFactor(o.Op, n), Correct: ok[0] == 1,
+	}, nil
+}
+
+// benchCase holds the buffers of one op and knows the exact answer: every
+// value is a small integer, so float32 sums are exact and the check is
+// equality.
+type benchCase struct {
+	op          string
+	n, rank     int
+	in, out     []float32
+	root        int
+	resultBytes int
+}
+
+func newCase(op string, count, n, rank int) *benchCase {
+	c := &benchCase{op: op, n: n, rank: rank}
+	switch op {
+	case "allgather":
+		c.in, c.out = make([]float32, count), make([]float32, count*n)
+		c.resultBytes = 4 * count * n
+	case "reducescatter":
+		c.in, c.out = make([]float32, count*n), make([]float32, count)
+		c.resultBytes = 4 * count * n
+	default:
+		c.in = make([]float32, count)
+		c.resultBytes = 4 * count
+	}
+	return c
+}
+
+func (c *benchCase) bytes() int { return c.resultBytes }
+
+// value is rank r's element i in iteration it.
+func value(r, i, it int) float32 { return float32((r+1)*((i+it)%13) - 6) }
+
+func (c *benchCase) fill(it int) {
+	for i := range c.in {
+		c.in[i] = value(c.rank, i, it)
+	}
+	c.root = ((it % c.n) + c.n) % c.n
+}
+
+func (c *benchCase) run(ctx context.Context, comm *collective.Comm, it int) error {
+	switch c.op {
+	case "allreduce":
+		return comm.Allreduce(ctx, c.in, collective.Sum)
+	case "broadcast":
+		return comm.Broadcast(ctx, c.in, c.root)
+	case "allgather":
+		return comm.Allgather(ctx, c.in, c.out)
+	case "reducescatter":
+		return comm.ReduceScatter(ctx, c.in, c.out, collective.Sum)
+	}
+	return fmt.Errorf("unknown op %q: use allreduce, broadcast, allgather or reducescatter", c.op)
+}
+
+func (c *benchCase) check(it int) string {
+	sum := func(i int) float32 {
+		var s float32
+		for r := range c.n {
+			s += value(r, i, it)
+		}
+		return s
+	}
+	var got []float32
+	var want func(i int) float32
+	switch c.op {
+	case "allreduce":
+		got, want = c.in, sum
+	case "broadcast":
+		got, want = c.in, func(i int) float32 { return value(c.root, i, it) }
+	case "allgather":
+		per := len(c.in)
+		got, want = c.out, func(i int) float32 { return value(i/per, i%per, it) }
+	case "reducescatter":
+		off := c.rank * len(c.out)
+		got, want = c.out, func(i int) float32 { return sum(off + i) }
+	}
+	for i, v := range got {
+		if w := want(i); v != w {
+			return fmt.Sprintf("element %d = %v, want %v", i, v, w)
+		}
+	}
+	return ""
+}

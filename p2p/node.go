@@ -1,0 +1,703 @@
+package p2p
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorun/gorun/ring"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
+	ma "github.com/multiformats/go-multiaddr"
+)
+
+// Data plane modes (Config.DataPlane).
+const (
+	DataPlaneAuto      = "auto"
+	DataPlanePlaintext = "plaintext"
+	DataPlaneTLS       = "tls"
+)
+
+// Link kinds (Peer.Link).
+const (
+	LinkUnix         = "unix"
+	LinkTCPPlaintext = "tcp-plaintext"
+	LinkLibp2pTLS    = "libp2p-tls"
+)
+
+// ErrClosed is Node.Err() after an orderly Close that was not preceded by
+// an abort.
+var ErrClosed = errors.New("p2p: node closed")
+
+// Config configures Join.
+type Config struct {
+	Rank, Size int
+	JobKey     []byte // shared secret, >= 16 bytes
+	Rendezvous string // "host:port" of the rendezvous service
+	ListenIP   string // IP the libp2p host (and plaintext TCP) listens on and advertises; "" = 127.0.0.1
+	// DataPlane: "auto" (default): same host -> authenticated plaintext over
+	// a unix abstract socket, different hosts -> libp2p stream; "plaintext":
+	// different hosts use raw TCP authenticated by the job key (no cipher);
+	// "tls": always a libp2p stream.
+	DataPlane string
+	// Timeout bounds every setup step and dead-peer detection on the
+	// control path; 0 = 60s.
+	Timeout time.Duration
+	Logf    func(format string, args ...any) // optional
+	// HostID overrides the detected host identity (hostname, network
+	// namespace, boot id). Ranks with equal HostIDs use unix sockets in
+	// "auto" mode. Mostly for tests.
+	HostID string
+}
+
+// Peer describes one rank of the job.
+type Peer struct {
+	Rank   int
+	ID     peer.ID
+	Addrs  []string
+	HostID string
+	Link   string // "unix", "tcp-plaintext", "libp2p-tls" for ring neighbours, "" otherwise
+}
+
+// Node is one rank's membership in a job.
+type Node struct {
+	cfg    Config
+	h      host.Host
+	g      *gater
+	rzID   peer.ID
+	hostID string
+
+	unixName string
+	unixLn   net.Listener
+	tcpLn    net.Listener
+	tcpPort  int
+
+	ctl        network.Stream
+	ctlMu      sync.Mutex // serialises control writes
+	tableReady chan struct{}
+	rxTable    []tableItem
+	goCh       chan struct{}
+	byeCh      chan struct{}
+	ctlDead    chan struct{} // closed when the control reader exits
+
+	mu       sync.Mutex
+	table    []tableItem
+	peers    []Peer
+	missing  []int
+	expect   map[int]bool // link ids we accept
+	have     map[int]bool
+	links    []*link
+	accepted chan *link
+
+	tr *transport
+
+	done      chan struct{}
+	err       error
+	closing   atomic.Bool
+	stopped   bool        // under mu: no new handler goroutines
+	frozen    atomic.Bool // tests: simulate a stopped process
+	closeOnce sync.Once
+	stop      chan struct{}
+	wg        sync.WaitGroup
+}
+
+func (n *Node) logf(format string, args ...any) {
+	n.cfg.Logf("rank %d: "+format, append([]any{n.cfg.Rank}, args...)...)
+}
+
+// Join starts this rank's host, registers with the rendezvous, waits for the
+// whole job and connects the ring links. The returned Node no longer depends
+// on ctx.
+func Join(ctx context.Context, cfg Config) (*Node, error) {
+	if cfg.Size < 1 || cfg.Rank < 0 || cfg.Rank >= cfg.Size {
+		return nil, fmt.Errorf("p2p: rank %d out of range for size %d", cfg.Rank, cfg.Size)
+	}
+	if len(cfg.JobKey) < minKeyLen {
+		return nil, fmt.Errorf("p2p: job key of %d bytes, need >= %d", len(cfg.JobKey), minKeyLen)
+	}
+	switch cfg.DataPlane {
+	case "":
+		cfg.DataPlane = DataPlaneAuto
+	case DataPlaneAuto, DataPlanePlaintext, DataPlaneTLS:
+	default:
+		return nil, fmt.Errorf("p2p: unknown data plane %q", cfg.DataPlane)
+	}
+	cfg.Timeout = defaultTimeout(cfg.Timeout)
+	if cfg.Logf == nil {
+		cfg.Logf = nopLogf
+	}
+	if cfg.ListenIP == "" {
+		cfg.ListenIP = "127.0.0.1"
+	}
+	ip := net.ParseIP(cfg.ListenIP)
+	if ip == nil {
+		return nil, fmt.Errorf("p2p: ListenIP %q is not an IP address", cfg.ListenIP)
+	}
+	if cfg.HostID == "" {
+		cfg.HostID = detectHostID()
+	}
+	_, rzID, err := rendezvousIdentity(cfg.JobKey)
+	if err != nil {
+		return nil, err
+	}
+	rctx, rcancel := context.WithTimeout(ctx, cfg.Timeout)
+	rzAddrs, err := resolveHostPort(rctx, cfg.Rendezvous)
+	rcancel()
+	if err != nil {
+		return nil, fmt.Errorf("p2p: rendezvous: %w", err)
+	}
+	n := &Node{
+		cfg: cfg, rzID: rzID, hostID: cfg.HostID,
+		tableReady: make(chan struct{}),
+		goCh:       make(chan struct{}),
+		byeCh:      make(chan struct{}),
+		ctlDead:    make(chan struct{}),
+		expect:     map[int]bool{},
+		have:       map[int]bool{},
+		accepted:   make(chan *link, 2),
+		done:       make(chan struct{}),
+		stop:       make(chan struct{}),
+	}
+	n.g = newGater(rzID, n.logf)
+	sk, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	la, err := ipMultiaddr(ip, 0)
+	if err != nil {
+		return nil, err
+	}
+	if n.h, err = newHost(sk, la, n.g); err != nil {
+		return nil, fmt.Errorf("p2p: rank %d: libp2p host: %w", cfg.Rank, err)
+	}
+	n.h.SetStreamHandler(ringProto, n.handleRingStream)
+	if err := n.listenData(ip); err != nil {
+		n.shutdown()
+		return nil, fmt.Errorf("p2p: rank %d: %w", cfg.Rank, err)
+	}
+	if err := n.setup(ctx, rzAddrs); err != nil {
+		n.abortLocal(err)
+		n.shutdown()
+		return nil, fmt.Errorf("p2p: rank %d: %w", cfg.Rank, err)
+	}
+	return n, nil
+}
+
+// listenData opens the plaintext data listeners this rank may be dialed on.
+func (n *Node) listenData(ip net.IP) error {
+	if n.cfg.DataPlane == DataPlaneTLS {
+		return nil
+	}
+	var rb [8]byte
+	rand.Read(rb[:])
+	// A leading '@' makes Go use the Linux abstract namespace: nothing on
+	// disk to clean up after a crash, scoped to the network namespace.
+	n.unixName = "@gorun-" + hex.EncodeToString(rb[:])
+	ln, err := net.Listen("unix", n.unixName)
+	if err != nil {
+		return fmt.Errorf("unix listen %s: %w", n.unixName, err)
+	}
+	n.unixLn = ln
+	n.wg.Add(1)
+	go n.acceptLoop(ln, LinkUnix)
+	if n.cfg.DataPlane == DataPlanePlaintext {
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
+		if err != nil {
+			return fmt.Errorf("tcp listen: %w", err)
+		}
+		n.tcpLn = ln
+		n.tcpPort = ln.Addr().(*net.TCPAddr).Port
+		n.wg.Add(1)
+		go n.acceptLoop(ln, LinkTCPPlaintext)
+	}
+	return nil
+}
+
+// stepCtx bounds one setup step by Timeout, with a cause naming the step.
+func (n *Node) stepCtx(ctx context.Context, what string) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(ctx, n.cfg.Timeout,
+		fmt.Errorf("timed out after %v %s", n.cfg.Timeout, what))
+}
+
+func (n *Node) setup(ctx context.Context, rzAddrs []ma.Multiaddr) error {
+	if err := n.register(ctx, rzAddrs); err != nil {
+		return err
+	}
+	// Phase 1: the table.
+	if err := n.waitFor(ctx, "waiting for the job table (ranks not registered yet)", n.tableReady); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	table := n.rxTable
+	n.mu.Unlock()
+	if err := n.installTable(table); err != nil {
+		return err
+	}
+	if err := n.sendCtl(&msg{T: tAck, Rank: n.cfg.Rank}); err != nil {
+		return fmt.Errorf("ack to rendezvous: %w", err)
+	}
+	// Phase 2: every rank's gater is ready.
+	if err := n.waitFor(ctx, "waiting for go (ranks that have not acked the table)", n.goCh); err != nil {
+		return err
+	}
+	return n.connectLinks(ctx)
+}
+
+// waitFor waits for ready, bounded by ctx and Timeout; a failure names the
+// ranks the rendezvous last reported as missing.
+func (n *Node) waitFor(ctx context.Context, what string, ready <-chan struct{}) error {
+	sctx, cancel := n.stepCtx(ctx, what)
+	defer cancel()
+	select {
+	case <-ready:
+		return nil
+	case <-n.done:
+		return n.Err()
+	case <-sctx.Done():
+		if m := n.getMissing(); len(m) > 0 {
+			return fmt.Errorf("%s: missing ranks %v: %w", what, m, context.Cause(sctx))
+		}
+		return fmt.Errorf("%s: %w", what, context.Cause(sctx))
+	}
+}
+
+func (n *Node) getMissing() []int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.missing)
+}
+
+// register performs the challenge-response with the rendezvous and starts
+// the control reader and heartbeat.
+func (n *Node) register(ctx context.Context, rzAddrs []ma.Multiaddr) error {
+	sctx, cancel := n.stepCtx(ctx, "registering with the rendezvous at "+n.cfg.Rendezvous)
+	defer cancel()
+	n.h.Peerstore().AddAddrs(n.rzID, rzAddrs, peerstore.PermanentAddrTTL)
+	// Ranks may start before the rendezvous (rank 0 hosting it, started by
+	// a batch system at the same time as everyone else): retry with
+	// backoff until the step times out. ForceDirectDial skips the swarm's
+	// own dial backoff, which would otherwise turn retries into instant
+	// failures.
+	dctx := network.WithForceDirectDial(sctx, "gorun rendezvous")
+	var s network.Stream
+	for delay, logged := 50*time.Millisecond, false; ; delay = min(2*delay, time.Second) {
+		var err error
+		s, err = n.h.NewStream(dctx, n.rzID, rendezvousProto)
+		if err == nil {
+			break
+		}
+		if !logged {
+			n.logf("rendezvous at %s not reachable yet, retrying: %v", n.cfg.Rendezvous, err)
+			logged = true
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-sctx.Done():
+			t.Stop()
+			return fmt.Errorf("connect to rendezvous at %s: %v: %w", n.cfg.Rendezvous, err, context.Cause(sctx))
+		case <-t.C:
+		}
+	}
+	if d, ok := sctx.Deadline(); ok {
+		s.SetDeadline(d)
+	}
+	stopWatch := context.AfterFunc(sctx, func() { s.Reset() })
+	fail := func(err error) error {
+		stopWatch()
+		s.Reset()
+		if sctx.Err() != nil {
+			err = context.Cause(sctx)
+		}
+		return fmt.Errorf("register with rendezvous at %s: %w", n.cfg.Rendezvous, err)
+	}
+	ch, err := readMsg(s)
+	if err != nil {
+		return fail(err)
+	}
+	if ch.T != tChallenge {
+		return fail(fmt.Errorf("expected challenge, got %q", ch.T))
+	}
+	myNonce := make([]byte, nonceLen)
+	rand.Read(myNonce)
+	var addrs []string
+	for _, a := range n.h.Addrs() {
+		addrs = append(addrs, a.String())
+	}
+	hello := &msg{T: tHello, Rank: n.cfg.Rank, Nonce: myNonce,
+		Proof:  registerProof(n.cfg.JobKey, ch.Nonce, n.h.ID().String(), n.cfg.Rank),
+		Addrs:  addrs,
+		HostID: n.hostID, Unix: n.unixName, TCPPort: n.tcpPort}
+	if err := writeMsg(s, hello); err != nil {
+		return fail(err)
+	}
+	w, err := readMsg(s)
+	if err != nil {
+		return fail(fmt.Errorf("%w (wrong job key, or refused)", err))
+	}
+	switch w.T {
+	case tWelcome:
+	case tError:
+		return fail(fmt.Errorf("refused: %s", w.Text))
+	default:
+		return fail(fmt.Errorf("expected welcome, got %q", w.T))
+	}
+	if !hmac.Equal(w.Proof, welcomeProof(n.cfg.JobKey, myNonce, n.rzID.String())) {
+		return fail(errors.New("rendezvous failed to prove it knows the job key"))
+	}
+	if !stopWatch() {
+		return fail(context.Cause(sctx))
+	}
+	s.SetDeadline(time.Time{})
+	n.ctl = s
+	n.logf("registered with rendezvous %s", n.cfg.Rendezvous)
+	n.wg.Add(2)
+	go n.ctlReader()
+	go n.heartbeat()
+	return nil
+}
+
+func (n *Node) sendCtl(m *msg) error {
+	n.ctlMu.Lock()
+	defer n.ctlMu.Unlock()
+	n.ctl.SetWriteDeadline(time.Now().Add(n.cfg.Timeout))
+	return writeMsg(n.ctl, m)
+}
+
+func (n *Node) heartbeat() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.cfg.Timeout / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-n.ctlDead:
+			return
+		case <-t.C:
+			if n.frozen.Load() {
+				continue
+			}
+			if n.sendCtl(&msg{T: tPing, Rank: n.cfg.Rank}) != nil {
+				return
+			}
+		}
+	}
+}
+
+// ctlReader handles everything the rendezvous sends after registration. Any
+// read error (including no heartbeat for Timeout) means the control path is
+// lost, which aborts the job for this rank unless we are closing.
+func (n *Node) ctlReader() {
+	defer n.wg.Done()
+	defer close(n.ctlDead)
+	gotTable := false
+	for {
+		n.ctl.SetReadDeadline(time.Now().Add(n.cfg.Timeout))
+		m, err := readMsg(n.ctl)
+		if err != nil {
+			if !n.closing.Load() {
+				n.abortLocal(fmt.Errorf("lost rendezvous at %s: %v", n.cfg.Rendezvous, err))
+			}
+			return
+		}
+		switch m.T {
+		case tPing:
+			n.mu.Lock()
+			n.missing = m.Missing
+			n.mu.Unlock()
+		case tTable:
+			if !gotTable {
+				gotTable = true
+				n.mu.Lock()
+				n.rxTable = m.Table
+				n.mu.Unlock()
+				close(n.tableReady)
+			}
+		case tGo:
+			select {
+			case <-n.goCh:
+			default:
+				close(n.goCh)
+			}
+		case tAbort:
+			n.abortLocal(errors.New(m.Text))
+		case tBye:
+			select {
+			case <-n.byeCh:
+			default:
+				close(n.byeCh)
+			}
+		default:
+			n.logf("unexpected control message %q", m.T)
+		}
+	}
+}
+
+// installTable validates the table, opens the gater for the job's peers and
+// records their addresses.
+func (n *Node) installTable(t []tableItem) error {
+	peers, err := parseTable(t, n.cfg.Size, n.cfg.Rank, n.h.ID())
+	if err != nil {
+		return err
+	}
+	ids := make([]peer.ID, len(peers))
+	for i, p := range peers {
+		ids[i] = p.ID
+		if i == n.cfg.Rank {
+			continue
+		}
+		var mas []ma.Multiaddr
+		for _, a := range p.Addrs {
+			if m, err := ma.NewMultiaddr(a); err == nil {
+				mas = append(mas, m)
+			}
+		}
+		n.h.Peerstore().AddAddrs(p.ID, mas, peerstore.PermanentAddrTTL)
+	}
+	n.g.allow(ids...)
+	n.mu.Lock()
+	n.table = t
+	n.peers = peers
+	n.missing = nil
+	if n.cfg.Size > 1 {
+		// Accept the links of which we are the higher rank.
+		for _, l := range []int{n.cfg.Rank, (n.cfg.Rank - 1 + n.cfg.Size) % n.cfg.Size} {
+			if dialerOf(l, n.cfg.Size) != n.cfg.Rank {
+				n.expect[l] = true
+			}
+		}
+	}
+	n.mu.Unlock()
+	return nil
+}
+
+// parseTable checks a table received from the rendezvous against what this
+// rank knows (job size, its own rank and peer ID) and decodes the peer IDs.
+func parseTable(t []tableItem, size, rank int, self peer.ID) ([]Peer, error) {
+	if _, err := checkTable(t); err != nil {
+		return nil, err
+	}
+	if len(t) != size {
+		return nil, fmt.Errorf("rendezvous sent a table of %d ranks, job size is %d", len(t), size)
+	}
+	peers := make([]Peer, len(t))
+	seen := make(map[peer.ID]int, len(t))
+	for i, it := range t {
+		id, err := peer.Decode(it.ID)
+		if err != nil {
+			return nil, fmt.Errorf("table: rank %d: bad peer ID: %w", i, err)
+		}
+		if j, dup := seen[id]; dup {
+			return nil, fmt.Errorf("table: ranks %d and %d have the same peer ID", j, i)
+		}
+		seen[id] = i
+		if i == rank && id != self {
+			return nil, fmt.Errorf("table: rank %d is %s, not this host (%s)", i, id, self)
+		}
+		peers[i] = Peer{Rank: i, ID: id, Addrs: slices.Clone(it.Addrs), HostID: it.HostID}
+	}
+	return peers, nil
+}
+
+// dialerOf returns which rank dials link l (the edge l -> l+1): the lower
+// rank, so a pair never dials each other at the same time.
+func dialerOf(l, size int) int {
+	return min(l, (l+1)%size)
+}
+
+// Transport returns the ring links (nil when Size is 1).
+func (n *Node) Transport() ring.Transport {
+	if n.tr == nil {
+		return nil
+	}
+	return n.tr
+}
+
+// Peers returns the job table.
+func (n *Node) Peers() []Peer {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := slices.Clone(n.peers)
+	for i := range out {
+		out[i].Addrs = slices.Clone(out[i].Addrs)
+	}
+	return out
+}
+
+// Rank returns this node's rank.
+func (n *Node) Rank() int { return n.cfg.Rank }
+
+// Size returns the number of ranks in the job.
+func (n *Node) Size() int { return n.cfg.Size }
+
+// HostID returns this rank's host identity.
+func (n *Node) HostID() string { return n.hostID }
+
+// PeerID returns this rank's libp2p peer ID.
+func (n *Node) PeerID() peer.ID { return n.h.ID() }
+
+// Addrs returns this rank's libp2p listen addresses.
+func (n *Node) Addrs() []ma.Multiaddr { return n.h.Addrs() }
+
+// Done is closed when the job is aborted (here, by another rank, or because
+// the control path is lost) and after Close.
+func (n *Node) Done() <-chan struct{} { return n.done }
+
+// Err returns why Done was closed, or nil while the job runs.
+func (n *Node) Err() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.err
+}
+
+// Abort tells every rank that the job is aborted and fails all blocked
+// data transfers. Idempotent; only the first cause counts.
+func (n *Node) Abort(cause error) {
+	text := "aborted"
+	if cause != nil {
+		text = cause.Error()
+	}
+	if !n.abortLocal(fmt.Errorf("rank %d aborted: %s", n.cfg.Rank, text)) {
+		return
+	}
+	n.logf("aborting: %s", text)
+	if n.ctl != nil && !n.closing.Load() {
+		select {
+		case <-n.ctlDead:
+		default:
+			if err := n.sendCtl(&msg{T: tAbort, Rank: n.cfg.Rank, Text: text}); err != nil {
+				n.logf("could not send abort to rendezvous: %v", err)
+			}
+		}
+	}
+}
+
+// abortLocal records err as the cause (first one wins), closes Done and the
+// data links. It reports whether this call was the first.
+func (n *Node) abortLocal(err error) bool {
+	n.mu.Lock()
+	if n.err != nil {
+		n.mu.Unlock()
+		return false
+	}
+	n.err = err
+	close(n.done)
+	links := slices.Clone(n.links)
+	n.mu.Unlock()
+	if !errors.Is(err, ErrClosed) {
+		n.logf("job aborted: %v", err)
+	}
+	for _, l := range links {
+		l.close()
+	}
+	return true
+}
+
+// Close leaves the job in an orderly way: the rendezvous records the leave
+// (so nobody treats it as a crash), then links and host are closed. Bounded
+// by Timeout.
+func (n *Node) Close() error {
+	var err error
+	n.closeOnce.Do(func() {
+		n.closing.Store(true)
+		if n.ctl != nil {
+			select {
+			case <-n.ctlDead:
+			default:
+				start := time.Now()
+				if e := n.sendCtl(&msg{T: tLeave, Rank: n.cfg.Rank}); e == nil {
+					// One Timeout bounds the whole leave (send + confirmation).
+					t := time.NewTimer(max(n.cfg.Timeout-time.Since(start), 0))
+					select {
+					case <-n.byeCh:
+					case <-n.ctlDead:
+					case <-t.C:
+						n.logf("rendezvous did not confirm leave within %v", n.cfg.Timeout)
+					}
+					t.Stop()
+				}
+			}
+		}
+		n.abortLocal(ErrClosed)
+		err = n.shutdown()
+	})
+	return err
+}
+
+// shutdown releases everything without talking to the rendezvous.
+func (n *Node) shutdown() error {
+	n.closing.Store(true)
+	n.mu.Lock()
+	n.stopped = true
+	n.mu.Unlock()
+	select {
+	case <-n.stop:
+	default:
+		close(n.stop)
+	}
+	if n.unixLn != nil {
+		n.unixLn.Close()
+	}
+	if n.tcpLn != nil {
+		n.tcpLn.Close()
+	}
+	n.mu.Lock()
+	links := slices.Clone(n.links)
+	n.mu.Unlock()
+	for _, l := range links {
+		l.close()
+	}
+	if n.ctl != nil {
+		n.ctl.Close()
+	}
+	var err error
+	if n.h != nil {
+		err = n.h.Close()
+	}
+	n.wg.Wait()
+	// Links accepted after the node stopped.
+	for {
+		select {
+		case l := <-n.accepted:
+			l.close()
+		default:
+			return err
+		}
+	}
+}
+
+// crash closes the host without telling the rendezvous (tests: simulates a
+// killed process).
+func (n *Node) crash() { n.h.Close() }
+
+// freeze stops the heartbeat (tests: simulates a SIGSTOPped process as seen
+// by the rendezvous).
+func (n *Node) freeze()   { n.frozen.Store(true) }
+func (n *Node) unfreeze() { n.frozen.Store(false) }
+
+func ipOfAddrs(addrs []string) string {
+	for _, a := range addrs {
+		m, err := ma.NewMultiaddr(a)
+		if err != nil {
+			continue
+		}
+		if v, err := m.ValueForProtocol(ma.P_IP4); err == nil {
+			return v
+		}
+		if v, err := m.ValueForProtocol(ma.P_IP6); err == nil {
+			return v
+		}
+	}
+	return ""
+}

@@ -1,0 +1,485 @@
+package p2p
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+)
+
+const rendezvousProto protocol.ID = "/gorun/rendezvous/1"
+
+// RendezvousConfig configures StartRendezvous.
+type RendezvousConfig struct {
+	ListenAddr string        // "host:port"; port 0 picks a free port
+	Size       int           // number of ranks in the job
+	JobKey     []byte        // shared secret, >= 16 bytes
+	Timeout    time.Duration // heartbeat/dead-peer bound and Close wait; 0 = 60s
+	Logf       func(format string, args ...any)
+}
+
+// Rendezvous is the membership and control service of one job.
+type Rendezvous struct {
+	cfg  RendezvousConfig
+	h    host.Host
+	id   peer.ID
+	addr string
+
+	mu        sync.Mutex
+	regs      map[int]*rzConn
+	tableSent bool
+	goSent    bool
+	aborted   bool
+	allReg    chan struct{}
+	allGone   chan struct{} // closed when every registered rank left or died (after table)
+	closed    bool
+	closeCh   chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+// rzConn is the server side of one rank's control stream.
+type rzConn struct {
+	rank  int
+	s     network.Stream
+	addr  string // remote multiaddr, for messages
+	item  tableItem
+	wmu   sync.Mutex
+	acked bool
+	left  bool
+	gone  bool
+}
+
+func (c *rzConn) send(m *msg, timeout time.Duration) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_ = c.s.SetWriteDeadline(time.Now().Add(timeout))
+	return writeMsg(c.s, m)
+}
+
+func defaultTimeout(t time.Duration) time.Duration {
+	if t <= 0 {
+		return 60 * time.Second
+	}
+	return t
+}
+
+func nopLogf(string, ...any) {}
+
+// StartRendezvous starts the rendezvous service of a job. It can run in the
+// launcher or in the same process as a rank (rank 0 without a launcher).
+func StartRendezvous(ctx context.Context, cfg RendezvousConfig) (*Rendezvous, error) {
+	if cfg.Size < 1 {
+		return nil, fmt.Errorf("p2p: rendezvous size %d < 1", cfg.Size)
+	}
+	if len(cfg.JobKey) < minKeyLen {
+		return nil, fmt.Errorf("p2p: job key of %d bytes, need >= %d", len(cfg.JobKey), minKeyLen)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, context.Cause(ctx)
+	}
+	cfg.Timeout = defaultTimeout(cfg.Timeout)
+	if cfg.Logf == nil {
+		cfg.Logf = nopLogf
+	}
+	sk, id, err := rendezvousIdentity(cfg.JobKey)
+	if err != nil {
+		return nil, err
+	}
+	hs, ps, err := net.SplitHostPort(cfg.ListenAddr)
+	if err != nil {
+		return nil, fmt.Errorf("p2p: rendezvous listen address %q: %w", cfg.ListenAddr, err)
+	}
+	if hs == "" {
+		hs = "0.0.0.0"
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil {
+		return nil, fmt.Errorf("p2p: rendezvous listen port %q", ps)
+	}
+	ip := net.ParseIP(hs)
+	if ip == nil {
+		ips, err := net.DefaultResolver.LookupIP(ctx, "ip", hs)
+		if err != nil || len(ips) == 0 {
+			return nil, fmt.Errorf("p2p: resolve rendezvous listen host %q: %v", hs, err)
+		}
+		ip = ips[0]
+	}
+	la, err := ipMultiaddr(ip, port)
+	if err != nil {
+		return nil, err
+	}
+	h, err := newHost(sk, la, nil)
+	if err != nil {
+		return nil, fmt.Errorf("p2p: rendezvous host: %w", err)
+	}
+	r := &Rendezvous{
+		cfg: cfg, h: h, id: id,
+		regs:    map[int]*rzConn{},
+		allReg:  make(chan struct{}),
+		allGone: make(chan struct{}),
+		closeCh: make(chan struct{}),
+	}
+	// Find the bound port.
+	for _, a := range h.Network().ListenAddresses() {
+		if p, err := a.ValueForProtocol(0x06); err == nil { // tcp
+			r.addr = net.JoinHostPort(ip.String(), p)
+			break
+		}
+	}
+	if r.addr == "" {
+		h.Close()
+		return nil, errors.New("p2p: rendezvous: no TCP listen address")
+	}
+	h.SetStreamHandler(rendezvousProto, r.handle)
+	cfg.Logf("rendezvous for %d ranks at %s (peer %s)", cfg.Size, r.addr, id)
+	return r, nil
+}
+
+// Addr returns the "host:port" the rendezvous listens on.
+func (r *Rendezvous) Addr() string { return r.addr }
+
+// PeerID returns the rendezvous' libp2p peer ID (derived from the job key).
+func (r *Rendezvous) PeerID() peer.ID { return r.id }
+
+// WaitRegistered waits until all Size ranks registered.
+func (r *Rendezvous) WaitRegistered(ctx context.Context) error {
+	select {
+	case <-r.allReg:
+		return nil
+	case <-ctx.Done():
+		r.mu.Lock()
+		missing := r.missingLocked()
+		n := len(r.regs)
+		r.mu.Unlock()
+		return fmt.Errorf("p2p: waiting for ranks to register: missing ranks %v (%d of %d registered): %w",
+			missing, n, r.cfg.Size, context.Cause(ctx))
+	case <-r.closeCh:
+		return errors.New("p2p: rendezvous closed")
+	}
+}
+
+func (r *Rendezvous) missingLocked() []int {
+	var m []int
+	for i := 0; i < r.cfg.Size; i++ {
+		if _, ok := r.regs[i]; !ok {
+			m = append(m, i)
+		}
+	}
+	return m
+}
+
+func (r *Rendezvous) unackedLocked() []int {
+	var m []int
+	for i := 0; i < r.cfg.Size; i++ {
+		if c, ok := r.regs[i]; !ok || !c.acked {
+			m = append(m, i)
+		}
+	}
+	return m
+}
+
+// Close stops the rendezvous. If the job is running (table sent, not
+// aborted) it first waits, at most Timeout, for every rank to leave, so that
+// a rank-0-hosted rendezvous does not pull the control path from under ranks
+// that are still finishing.
+func (r *Rendezvous) Close() error {
+	var err error
+	r.closeOnce.Do(func() {
+		r.mu.Lock()
+		wait := r.tableSent && !r.aborted
+		r.mu.Unlock()
+		if wait {
+			t := time.NewTimer(r.cfg.Timeout)
+			select {
+			case <-r.allGone:
+			case <-t.C:
+				r.cfg.Logf("rendezvous: closing with ranks still connected")
+			}
+			t.Stop()
+		}
+		r.mu.Lock()
+		r.closed = true
+		close(r.closeCh)
+		conns := make([]*rzConn, 0, len(r.regs))
+		for _, c := range r.regs {
+			conns = append(conns, c)
+		}
+		r.mu.Unlock()
+		for _, c := range conns {
+			c.s.Reset()
+		}
+		err = r.h.Close()
+		r.wg.Wait()
+	})
+	return err
+}
+
+// handle serves one rank's control stream for its whole life.
+func (r *Rendezvous) handle(s network.Stream) {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		s.Reset()
+		return
+	}
+	r.wg.Add(1) // under mu and !closed: never races with Close's Wait
+	r.mu.Unlock()
+	defer r.wg.Done()
+	remote := s.Conn().RemotePeer()
+	raddr := s.Conn().RemoteMultiaddr().String()
+	to := r.cfg.Timeout
+	_ = s.SetDeadline(time.Now().Add(to))
+
+	nonce := make([]byte, nonceLen)
+	rand.Read(nonce)
+	if err := writeMsg(s, &msg{T: tChallenge, Nonce: nonce}); err != nil {
+		s.Reset()
+		return
+	}
+	m, err := readMsgMax(s, maxSmallFrame)
+	if err == nil && m.T != tHello {
+		err = fmt.Errorf("got %q", m.T)
+	}
+	if err != nil {
+		r.cfg.Logf("rendezvous: refused peer %s (%s): bad hello: %v", remote, raddr, err)
+		s.Reset()
+		return
+	}
+	if !hmac.Equal(m.Proof, registerProof(r.cfg.JobKey, nonce, remote.String(), m.Rank)) {
+		r.cfg.Logf("rendezvous: refused peer %s (%s): bad job key", remote, raddr)
+		s.Reset()
+		return
+	}
+	c := &rzConn{rank: m.Rank, s: s, addr: raddr, item: tableItem{
+		Rank: m.Rank, ID: remote.String(), Addrs: m.Addrs, HostID: m.HostID, Unix: m.Unix, TCPPort: m.TCPPort,
+	}}
+	// Hold c's write lock from the moment c becomes visible in regs until
+	// the welcome is written: otherwise another rank's registration could
+	// send c the table (or a ping) before its welcome.
+	c.wmu.Lock()
+	if err := r.register(c); err != nil {
+		c.wmu.Unlock()
+		r.cfg.Logf("rendezvous: refused rank %d from %s: %v", m.Rank, raddr, err)
+		c.send(&msg{T: tError, Text: err.Error()}, to)
+		s.CloseWrite()
+		// Let the error reach the client before the reset (bounded).
+		s.SetReadDeadline(time.Now().Add(time.Second))
+		readMsgMax(s, maxSmallFrame)
+		s.Reset()
+		return
+	}
+	_ = s.SetWriteDeadline(time.Now().Add(to))
+	err = writeMsg(s, &msg{T: tWelcome, Proof: welcomeProof(r.cfg.JobKey, m.Nonce, r.id.String())})
+	c.wmu.Unlock()
+	if err != nil {
+		r.lost(c, err)
+		return
+	}
+	r.cfg.Logf("rendezvous: rank %d registered from %s", c.rank, raddr)
+	r.afterRegister()
+
+	// Heartbeat: a write every to/4 keeps the peer's read deadline fresh.
+	stop, hbDone := make(chan struct{}), make(chan struct{})
+	defer func() { close(stop); <-hbDone }()
+	go func() {
+		defer close(hbDone)
+		t := time.NewTicker(to / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				r.mu.Lock()
+				p := &msg{T: tPing}
+				if !r.tableSent {
+					p.Missing = r.missingLocked()
+				} else if !r.goSent {
+					p.Missing = r.unackedLocked()
+				}
+				r.mu.Unlock()
+				if c.send(p, to) != nil {
+					return
+				}
+			}
+		}
+	}()
+	for {
+		_ = s.SetReadDeadline(time.Now().Add(to))
+		m, err := readMsg(s)
+		if err != nil {
+			r.lost(c, err)
+			return
+		}
+		switch m.T {
+		case tPing:
+		case tAck:
+			r.ack(c)
+		case tAbort:
+			r.abort(fmt.Sprintf("rank %d aborted: %s", c.rank, m.Text))
+		case tLeave:
+			r.mu.Lock()
+			c.left = true
+			r.mu.Unlock()
+			r.cfg.Logf("rendezvous: rank %d left", c.rank)
+			c.send(&msg{T: tBye}, to)
+			s.CloseWrite()
+			// Wait for the client to close its side (bounded), then finish.
+			_ = s.SetReadDeadline(time.Now().Add(to))
+			for {
+				if _, err := readMsg(s); err != nil {
+					break
+				}
+			}
+			r.lost(c, nil)
+			return
+		default:
+			r.cfg.Logf("rendezvous: rank %d sent unexpected %q", c.rank, m.T)
+		}
+	}
+}
+
+func (r *Rendezvous) register(c *rzConn) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.aborted:
+		return errors.New("job already aborted")
+	case c.rank < 0 || c.rank >= r.cfg.Size:
+		return fmt.Errorf("rank %d out of range [0,%d)", c.rank, r.cfg.Size)
+	case r.regs[c.rank] != nil:
+		return fmt.Errorf("rank %d already registered from %s", c.rank, r.regs[c.rank].addr)
+	case r.tableSent:
+		return errors.New("registration closed")
+	}
+	r.regs[c.rank] = c
+	return nil
+}
+
+// afterRegister tells everybody who is still missing and, once complete,
+// sends the table (phase 1 of the start).
+func (r *Rendezvous) afterRegister() {
+	r.mu.Lock()
+	missing := r.missingLocked()
+	conns := r.connsLocked()
+	var table []tableItem
+	if len(missing) == 0 && !r.tableSent {
+		r.tableSent = true
+		close(r.allReg)
+		for i := 0; i < r.cfg.Size; i++ {
+			table = append(table, r.regs[i].item)
+		}
+	}
+	r.mu.Unlock()
+	m := &msg{T: tPing, Missing: missing}
+	if table != nil {
+		r.cfg.Logf("rendezvous: all %d ranks registered, sending table", r.cfg.Size)
+		m = &msg{T: tTable, Table: table}
+	}
+	for _, c := range conns {
+		if err := c.send(m, r.cfg.Timeout); err != nil {
+			c.s.Reset() // its reader will report it
+		}
+	}
+}
+
+func (r *Rendezvous) connsLocked() []*rzConn {
+	out := make([]*rzConn, 0, len(r.regs))
+	for _, c := range r.regs {
+		if !c.gone {
+			out = append(out, c)
+		}
+	}
+	slices.SortFunc(out, func(a, b *rzConn) int { return a.rank - b.rank })
+	return out
+}
+
+// ack records that c installed the table; after the last ack: "go" (phase 2).
+func (r *Rendezvous) ack(c *rzConn) {
+	r.mu.Lock()
+	c.acked = true
+	send := false
+	if r.tableSent && !r.goSent && len(r.unackedLocked()) == 0 {
+		r.goSent = true
+		send = true
+	}
+	conns := r.connsLocked()
+	r.mu.Unlock()
+	if send {
+		r.cfg.Logf("rendezvous: all ranks acked the table, go")
+		for _, c := range conns {
+			if err := c.send(&msg{T: tGo}, r.cfg.Timeout); err != nil {
+				c.s.Reset()
+			}
+		}
+	}
+}
+
+// abort relays the first abort of the job to every connected rank.
+func (r *Rendezvous) abort(text string) {
+	r.mu.Lock()
+	if r.aborted || r.closed {
+		r.mu.Unlock()
+		return
+	}
+	r.aborted = true
+	conns := r.connsLocked()
+	r.mu.Unlock()
+	r.cfg.Logf("rendezvous: job aborted: %s", text)
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.send(&msg{T: tAbort, Text: text}, r.cfg.Timeout)
+		}()
+	}
+	wg.Wait()
+}
+
+// lost handles the end of a control stream. err == nil: orderly leave.
+func (r *Rendezvous) lost(c *rzConn, err error) {
+	c.s.Reset()
+	r.mu.Lock()
+	c.gone = true
+	started := r.tableSent
+	left := c.left
+	closed := r.closed
+	if !started {
+		// Before the table nobody depends on this rank yet: forget it so it
+		// can register again.
+		delete(r.regs, c.rank)
+	}
+	allGone := started && len(r.connsLocked()) == 0
+	if allGone {
+		select {
+		case <-r.allGone:
+		default:
+			close(r.allGone)
+		}
+	}
+	r.mu.Unlock()
+	if closed {
+		return
+	}
+	if !started {
+		r.cfg.Logf("rendezvous: rank %d (%s) dropped before the job started: %v", c.rank, c.addr, err)
+		r.afterRegister()
+		return
+	}
+	if !left {
+		r.abort(fmt.Sprintf("rank %d (%s) disconnected", c.rank, c.addr))
+	}
+}

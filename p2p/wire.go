@@ -1,0 +1,209 @@
+package p2p
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Wire format: every message is a 4-byte big-endian length followed by a JSON
+// object. JSON keeps the protocol debuggable and versionable; the length
+// prefix with a hard cap means a hostile or confused peer can never make us
+// allocate more than maxFrame bytes or read forever.
+const maxFrame = 4 << 20
+
+// maxSmallFrame caps frames read before the peer is authenticated (hellos,
+// data handshakes), so a stranger can not make us allocate much.
+const maxSmallFrame = 64 << 10
+
+// Message types.
+const (
+	tChallenge = "challenge" // server -> client: nonce
+	tHello     = "hello"     // client -> server: rank, proof, nonce, contact info
+	tWelcome   = "welcome"   // server -> client: proof that the server knows the key
+	tError     = "error"     // server -> client: registration refused (text)
+	tTable     = "table"     // server -> client: the job table
+	tAck       = "ack"       // client -> server: table installed in the gater
+	tGo        = "go"        // server -> client: every rank acked; dial now
+	tPing      = "ping"      // both ways: heartbeat (server adds missing ranks)
+	tAbort     = "abort"     // both ways: job aborted
+	tLeave     = "leave"     // client -> server: orderly exit
+	tBye       = "bye"       // server -> client: leave recorded
+	tDChal     = "dchal"     // data acceptor -> dialer: nonce
+	tDHello    = "dhello"    // data dialer -> acceptor: rank, link, proof, nonce
+	tDOK       = "dok"       // data acceptor -> dialer: proof
+)
+
+// msg is the single wire message type; unused fields are omitted.
+type msg struct {
+	T       string      `json:"t"`
+	Rank    int         `json:"rank,omitempty"`
+	Link    int         `json:"link,omitempty"` // data: rank that sends on the link
+	Nonce   []byte      `json:"nonce,omitempty"`
+	Proof   []byte      `json:"proof,omitempty"`
+	Addrs   []string    `json:"addrs,omitempty"`
+	HostID  string      `json:"host,omitempty"`
+	Unix    string      `json:"unix,omitempty"`
+	TCPPort int         `json:"tcp,omitempty"`
+	Text    string      `json:"text,omitempty"`
+	Missing []int       `json:"missing,omitempty"`
+	Table   []tableItem `json:"table,omitempty"`
+}
+
+// tableItem is one rank's entry of the job table.
+type tableItem struct {
+	Rank    int      `json:"rank"`
+	ID      string   `json:"id"` // libp2p peer ID (string form)
+	Addrs   []string `json:"addrs"`
+	HostID  string   `json:"host"`
+	Unix    string   `json:"unix,omitempty"`
+	TCPPort int      `json:"tcp,omitempty"`
+}
+
+const nonceLen = 32
+
+func writeMsg(w io.Writer, m *msg) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if len(b) > maxFrame {
+		return fmt.Errorf("message %q too large (%d bytes)", m.T, len(b))
+	}
+	buf := make([]byte, 4+len(b))
+	binary.BigEndian.PutUint32(buf, uint32(len(b)))
+	copy(buf[4:], b)
+	_, err = w.Write(buf)
+	return err
+}
+
+// readMsg reads one frame. It never allocates more than maxFrame and checks
+// the basic shape of the message (known type, sane field sizes).
+func readMsg(r io.Reader) (*msg, error) { return readMsgMax(r, maxFrame) }
+
+func readMsgMax(r io.Reader, limit uint32) (*msg, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > limit {
+		return nil, fmt.Errorf("frame of %d bytes exceeds limit %d", n, limit)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return decodeMsg(b)
+}
+
+func decodeMsg(b []byte) (*msg, error) {
+	var m msg
+	d := json.NewDecoder(bytes.NewReader(b))
+	if err := d.Decode(&m); err != nil {
+		return nil, fmt.Errorf("bad message: %w", err)
+	}
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// check validates what every receiver relies on, independent of state.
+func (m *msg) check() error {
+	switch m.T {
+	case tChallenge, tDChal:
+		if len(m.Nonce) != nonceLen {
+			return fmt.Errorf("bad %s: nonce of %d bytes", m.T, len(m.Nonce))
+		}
+	case tHello, tDHello:
+		if len(m.Nonce) != nonceLen || len(m.Proof) != sha256.Size {
+			return fmt.Errorf("bad %s: nonce/proof size", m.T)
+		}
+		if m.Rank < 0 || m.Link < 0 {
+			return fmt.Errorf("bad %s: negative rank", m.T)
+		}
+		if m.TCPPort < 0 || m.TCPPort > 65535 {
+			return fmt.Errorf("bad %s: tcp port %d", m.T, m.TCPPort)
+		}
+	case tWelcome, tDOK:
+		if len(m.Proof) != sha256.Size {
+			return fmt.Errorf("bad %s: proof size", m.T)
+		}
+	case tTable:
+		if _, err := checkTable(m.Table); err != nil {
+			return err
+		}
+	case tAbort, tError, tAck, tGo, tPing, tLeave, tBye:
+		if m.Rank < 0 {
+			return fmt.Errorf("bad %s: negative rank", m.T)
+		}
+	default:
+		return fmt.Errorf("unknown message type %q", m.T)
+	}
+	return nil
+}
+
+// checkTable verifies that the table lists ranks 0..len-1 exactly once each,
+// in order, with plausible contents; it returns the size.
+func checkTable(t []tableItem) (int, error) {
+	if len(t) == 0 {
+		return 0, errors.New("bad table: empty")
+	}
+	for i, it := range t {
+		if it.Rank != i {
+			return 0, fmt.Errorf("bad table: entry %d has rank %d", i, it.Rank)
+		}
+		if it.ID == "" {
+			return 0, fmt.Errorf("bad table: rank %d has no peer ID", i)
+		}
+		if it.TCPPort < 0 || it.TCPPort > 65535 {
+			return 0, fmt.Errorf("bad table: rank %d tcp port %d", i, it.TCPPort)
+		}
+	}
+	return len(t), nil
+}
+
+// mac computes HMAC-SHA256(key, label || parts...). Every part has a fixed
+// size or is length-prefixed so distinct inputs can not collide.
+func mac(key []byte, label string, parts ...[]byte) []byte {
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(label))
+	var l [4]byte
+	for _, p := range parts {
+		binary.BigEndian.PutUint32(l[:], uint32(len(p)))
+		h.Write(l[:])
+		h.Write(p)
+	}
+	return h.Sum(nil)
+}
+
+func u64(v int) []byte {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(v))
+	return b[:]
+}
+
+func registerProof(key, nonce []byte, peerID string, rank int) []byte {
+	return mac(key, "gorun register", nonce, []byte(peerID), u64(rank))
+}
+
+func welcomeProof(key, nonce []byte, serverID string) []byte {
+	return mac(key, "gorun rendezvous", nonce, []byte(serverID))
+}
+
+func dataProof(key, nonce []byte, rank, link int) []byte {
+	return mac(key, "gorun data", nonce, u64(rank), u64(link))
+}
+
+func dataOKProof(key, nonce []byte, rank, link int) []byte {
+	return mac(key, "gorun data ok", nonce, u64(rank), u64(link))
+}

@@ -1,0 +1,72 @@
+package ring
+
+import "context"
+
+// Ring allreduce = ring reduce-scatter followed by ring allgather
+// (Patarasuk & Yuan; the schedule Gloo's AllreduceRing, Horovod and NCCL use).
+//
+// The buffer is split into N segments (uneven sizes allowed: the first
+// Count%N segments get one extra element; with Count < N some are empty).
+// Steps t = 0 .. 2N-3, for rank r (all indices mod N):
+//
+//	reduce-scatter, s = t = 0 .. N-2:
+//	    send segment r-s-1, receive segment r-s-2 and reduce it into the
+//	    buffer: buf[seg] = buf[seg] op received.
+//	    After step N-2 rank r holds the fully reduced segment r; for Avg it
+//	    divides that segment by N right there, once, so every rank later
+//	    receives identical bytes.
+//	allgather, s = t-(N-1) = 0 .. N-2:
+//	    send segment r-s, receive segment r-s-1 directly into the buffer.
+//
+// Example N = 3, segments A B C, rank 0 (owns A at the end):
+//
+//	t=0  send C        recv B (+=)
+//	t=1  send B        recv A (+=, final: A complete)
+//	t=2  send A        recv C (copy)
+//	t=3  send C        recv B (copy)
+//
+// The segment sent at step t >= 1 is the one received at step t-1, so each
+// chunk is forwarded as soon as it has been reduced (see the engine comment
+// in ring.go). The value of segment k is ((x[k+1] op x[k+2]) op ...) op x[k]
+// on every run, so results are deterministic and bitwise identical on every
+// rank (the allgather phase copies the owner's bytes).
+//
+// Traffic: every rank sends 2(N-1) segments, i.e. 2(N-1)/N * S payload
+// bytes for S divisible by N, which is bandwidth-optimal.
+
+func allreduceStep(rank, size, t int) step {
+	if t < size-1 { // reduce-scatter
+		return step{
+			send: mod(rank-t-1, size), recv: mod(rank-t-2, size),
+			dep: t > 0, src: bMain, dst: bMain, a: bMain,
+			reduce: true, final: t == size-2,
+		}
+	}
+	s := t - (size - 1) // allgather
+	return step{
+		send: mod(rank-s, size), recv: mod(rank-s-1, size),
+		dep: true, src: bMain, dst: bMain,
+	}
+}
+
+// Allreduce reduces buf element-wise across all ranks with c.Op, in place;
+// on return every rank holds the same bytes. len(buf) must be
+// c.Count*c.DType.Size(). With Size 1 it returns immediately (Avg divides by
+// 1). Count 0 still exchanges header-only messages, so a mismatched call on
+// another rank is reported as *MismatchError.
+func (r *Ring) Allreduce(ctx context.Context, c Call, buf []byte) error {
+	c, err := r.begin(Allreduce, c)
+	if err != nil {
+		return err
+	}
+	defer r.end()
+	if err := checkLen(c, "buffer", buf, c.Count*c.DType.Size()); err != nil {
+		return err
+	}
+	if r.size == 1 {
+		return nil
+	}
+	p := r.setup(c, r.size, c.Count, 2*(r.size-1))
+	p.bufs[bMain] = buf
+	return r.run(ctx)
+}

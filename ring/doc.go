@@ -1,0 +1,49 @@
+// Package ring implements bandwidth-optimal, pipelined ring collectives —
+// Allreduce, ReduceScatter, Allgather, Broadcast and Barrier — over a
+// minimal Transport (an ordered byte stream to the next rank and one from the
+// previous rank), in the manner of Horovod, Gloo and NCCL's ring algorithms.
+//
+// # Algorithms
+//
+// Each collective lives in its own file with its schedule explained at the
+// top: allreduce.go (ring reduce-scatter + ring allgather), reducescatter.go,
+// allgather.go, broadcast.go (pipelined chain from the root) and barrier.go.
+// They share one engine (ring.go): every segment is cut into chunks of at
+// most Config.ChunkBytes, a sender goroutine and a receiver goroutine run
+// concurrently, and a chunk is forwarded as soon as it has been received
+// and reduced, so transfer and reduction overlap. Reduction kernels are in
+// kernels.go.
+//
+// # Framing and safety
+//
+// Every message is a fixed HeaderSize-byte little-endian header (magic,
+// version, the call fingerprint Kind/Seq/Op/DType/Count/Root, sender rank,
+// step, chunk index, element offset, payload length; see header.go)
+// followed by the payload. The receiver checks the header against the call
+// it is running and the position it expects before reading the payload: a
+// different fingerprint yields *MismatchError, anything else a protocol
+// error naming the sending rank. Empty segments (Count 0, or Count < Size)
+// still send one header-only message per step, so mismatches are caught
+// for every call.
+//
+// # Determinism
+//
+// The order in which contributions are combined depends only on the ring
+// size and the buffer length, and every rank ends with the bytes computed by
+// the segment's owner, so results are bitwise identical across ranks and
+// across runs. Avg is computed as Sum followed by a single division by Size
+// at the owner (truncating for integers).
+//
+// # Concurrency
+//
+// A Ring runs one collective at a time; callers serialize calls. Scratch
+// buffers are kept in the Ring and reused, so a steady-state call performs a
+// small constant number of allocations (context and goroutine), none per
+// chunk. Stats may be read concurrently.
+//
+// # Testing
+//
+// NewMemRing returns in-memory transports (bounded pipes honouring context
+// cancellation, with Close for failure injection) so the ring can be tested
+// and benchmarked without I/O.
+package ring

@@ -1,0 +1,129 @@
+package ring
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Wire format of a message: a HeaderSize-byte header followed by Length
+// payload bytes. All header fields are little endian:
+//
+//	off size field
+//	  0    4 magic "GRNG" (0x474e5247 as a little-endian uint32)
+//	  4    1 version (HeaderVersion)
+//	  5    1 kind
+//	  6    1 op      (0 unless Allreduce/ReduceScatter)
+//	  7    1 dtype   (0 for Barrier)
+//	  8    8 seq
+//	 16    8 count   (elements of the sender's input buffer)
+//	 24    8 offset  (element offset of the payload within the collective's
+//	                  segment space: the buffer for Allreduce/Broadcast,
+//	                  the input for ReduceScatter, the output for Allgather)
+//	 32    4 root    (0 unless Broadcast)
+//	 36    4 sender rank
+//	 40    4 step
+//	 44    4 chunk index within the segment
+//	 48    4 payload length in bytes
+//	 52    4 reserved, must be zero
+//
+// The payload is the raw in-memory representation of the elements, which is
+// little endian on every platform Go targets for this project (amd64, arm64).
+const (
+	HeaderSize    = 56
+	HeaderVersion = 1
+	headerMagic   = 0x474e5247 // "GRNG"
+)
+
+// Header is the decoded form of a message header.
+type Header struct {
+	Kind   Kind
+	Op     Op
+	DType  DType
+	Seq    uint64
+	Count  uint64
+	Offset uint64 // element offset of the payload
+	Root   uint32
+	Sender uint32
+	Step   uint32
+	Chunk  uint32
+	Length uint32 // payload bytes following the header
+}
+
+// Call returns the call fingerprint carried by h (Name is empty).
+func (h *Header) Call() Call {
+	return Call{Kind: h.Kind, Seq: h.Seq, Op: h.Op, DType: h.DType, Count: int(h.Count), Root: int(h.Root)}
+}
+
+// ErrShortHeader is returned by DecodeHeader for fewer than HeaderSize bytes.
+var ErrShortHeader = errors.New("ring: short header")
+
+// EncodeHeader writes h into dst[:HeaderSize]. It panics if dst is shorter.
+func EncodeHeader(dst []byte, h *Header) {
+	_ = dst[HeaderSize-1]
+	le := binary.LittleEndian
+	le.PutUint32(dst[0:], headerMagic)
+	dst[4] = HeaderVersion
+	dst[5] = byte(h.Kind)
+	dst[6] = byte(h.Op)
+	dst[7] = byte(h.DType)
+	le.PutUint64(dst[8:], h.Seq)
+	le.PutUint64(dst[16:], h.Count)
+	le.PutUint64(dst[24:], h.Offset)
+	le.PutUint32(dst[32:], h.Root)
+	le.PutUint32(dst[36:], h.Sender)
+	le.PutUint32(dst[40:], h.Step)
+	le.PutUint32(dst[44:], h.Chunk)
+	le.PutUint32(dst[48:], h.Length)
+	le.PutUint32(dst[52:], 0)
+}
+
+// DecodeHeader parses src[:HeaderSize]. It checks the magic, the version,
+// the reserved field, that kind/op/dtype are known values and that counts
+// fit in an int; it never panics. Checking the header against the expected
+// call and position is the receiver's job.
+func DecodeHeader(src []byte) (Header, error) {
+	if len(src) < HeaderSize {
+		return Header{}, ErrShortHeader
+	}
+	le := binary.LittleEndian
+	if m := le.Uint32(src[0:]); m != headerMagic {
+		return Header{}, fmt.Errorf("ring: bad header magic %#08x", m)
+	}
+	if v := src[4]; v != HeaderVersion {
+		return Header{}, fmt.Errorf("ring: unsupported header version %d (want %d)", v, HeaderVersion)
+	}
+	h := Header{
+		Kind:   Kind(src[5]),
+		Op:     Op(src[6]),
+		DType:  DType(src[7]),
+		Seq:    le.Uint64(src[8:]),
+		Count:  le.Uint64(src[16:]),
+		Offset: le.Uint64(src[24:]),
+		Root:   le.Uint32(src[32:]),
+		Sender: le.Uint32(src[36:]),
+		Step:   le.Uint32(src[40:]),
+		Chunk:  le.Uint32(src[44:]),
+		Length: le.Uint32(src[48:]),
+	}
+	switch {
+	case le.Uint32(src[52:]) != 0:
+		return Header{}, errors.New("ring: nonzero reserved header field")
+	case !h.Kind.valid():
+		return Header{}, fmt.Errorf("ring: bad header kind %d", src[5])
+	case h.Op > maxOp:
+		return Header{}, fmt.Errorf("ring: bad header op %d", src[6])
+	case h.DType > maxDType:
+		return Header{}, fmt.Errorf("ring: bad header dtype %d", src[7])
+	case h.Count > maxInt32or64 || h.Offset > maxInt32or64:
+		return Header{}, fmt.Errorf("ring: header count %d / offset %d out of range", h.Count, h.Offset)
+	case h.Root > maxRoot:
+		return Header{}, fmt.Errorf("ring: header root %d out of range", h.Root)
+	}
+	return h, nil
+}
+
+const (
+	maxInt32or64 = uint64(^uint(0) >> 1) // math.MaxInt for this platform
+	maxRoot      = 1<<31 - 1
+)
