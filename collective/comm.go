@@ -96,7 +96,9 @@ func WithDataPlane(mode string) Option { return func(c *config) { c.dataPlane = 
 // WithChunkBytes overrides the ring's pipelining chunk size.
 func WithChunkBytes(n int) Option { return func(c *config) { c.chunkBytes = n } }
 
-// WithLogger receives the Comm's diagnostics (default: log.Printf to stderr).
+// WithLogger receives the Comm's diagnostics. By default they are dropped,
+// or printed with log.Printf when GORUN_VERBOSE is set (gorun --verbose):
+// failures do not need them, since every error names its rank and cause.
 func WithLogger(logf func(format string, args ...any)) Option {
 	return func(c *config) { c.logf = logf }
 }
@@ -134,7 +136,10 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 		cfg.timeout = DefaultTimeout
 	}
 	if cfg.logf == nil {
-		cfg.logf = log.Printf
+		cfg.logf = func(string, ...any) {}
+		if os.Getenv(EnvVerbose) != "" {
+			cfg.logf = log.Printf
+		}
 	}
 	if cfg.size < 1 || cfg.rank < 0 || cfg.rank >= cfg.size {
 		return nil, fmt.Errorf("gorun: rank %d is not within a job of size %d", cfg.rank, cfg.size)

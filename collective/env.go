@@ -26,7 +26,7 @@ const (
 	EnvListenIP       = "GORUN_LISTEN_IP"       // IP this rank listens on and advertises
 	EnvDataPlane      = "GORUN_DATA_PLANE"      // auto | tls | plaintext
 	EnvRestartCount   = "GORUN_RESTART_COUNT"   // how many times gorun restarted the job
-	EnvHostname       = "GORUN_HOSTNAME"        // host name gorun used to place this rank
+	EnvVerbose        = "GORUN_VERBOSE"         // non-empty: print connection diagnostics
 )
 
 // DefaultTimeout bounds every collective unless WithTimeout or GORUN_TIMEOUT

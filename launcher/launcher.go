@@ -3,6 +3,7 @@ package launcher
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -130,8 +131,17 @@ type rankProc struct {
 
 func runOnce(ctx context.Context, job Job, attempt int) error {
 	key := p2p.NewJobKey()
+	rdvLog := job.Logf
+	if !job.Verbose {
+		// A refused stranger is worth saying even when quiet.
+		rdvLog = func(format string, args ...any) {
+			if strings.Contains(format, "refused") {
+				job.Logf(format, args...)
+			}
+		}
+	}
 	rdv, err := p2p.StartRendezvous(ctx, p2p.RendezvousConfig{
-		ListenAddr: "127.0.0.1:0", Size: job.NP, JobKey: key, Timeout: job.StartTimeout, Logf: job.Logf,
+		ListenAddr: "127.0.0.1:0", Size: job.NP, JobKey: key, Timeout: cmp.Or(job.Timeout, collective.DefaultTimeout), Logf: rdvLog,
 	})
 	if err != nil {
 		return fmt.Errorf("starting the rendezvous: %w", err)
@@ -151,6 +161,9 @@ func runOnce(ctx context.Context, job Job, attempt int) error {
 	)
 	if job.Timeout > 0 {
 		env = append(env, collective.EnvTimeout+"="+job.Timeout.String())
+	}
+	if job.Verbose {
+		env = append(env, collective.EnvVerbose+"=1")
 	}
 
 	procs := make([]*rankProc, job.NP)

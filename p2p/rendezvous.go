@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -480,6 +481,12 @@ func (r *Rendezvous) lost(c *rzConn, err error) {
 		return
 	}
 	if !left {
+		var timeout interface{ Timeout() bool }
+		if errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &timeout) && timeout.Timeout()) {
+			// No heartbeat: the process is frozen, stopped or cut off.
+			r.abort(fmt.Sprintf("rank %d (%s) stopped responding: no heartbeat within %v", c.rank, c.addr, r.cfg.Timeout))
+			return
+		}
 		r.abort(fmt.Sprintf("rank %d (%s) disconnected", c.rank, c.addr))
 	}
 }
