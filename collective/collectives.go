@@ -66,7 +66,30 @@ func failed(err error) *Handle {
 
 // submit gives the call its sequence number and queues it for the worker.
 // The lock makes the sequence order and the queue order the same.
-func (c *Comm) submit(ctx context.Context, call ring.Call, opts []CallOption, run func(context.Context, ring.Call) error) *Handle {
+func (c *Comm) submit(ctx context.Context, call ring.Call, opts []CallOption, run runFunc) *Handle {
+	h, inline := c.prepare(ctx, call, opts, run, false)
+	if inline {
+		panic("unreachable")
+	}
+	return h
+}
+
+// do runs a synchronous call. When nothing is queued ahead of it, it runs
+// on the caller's goroutine: a tiny allreduce is bound by latency, and each
+// hand-off to another goroutine can cost a wake-up of an idle CPU.
+func (c *Comm) do(ctx context.Context, call ring.Call, opts []CallOption, run runFunc) error {
+	h, inline := c.prepare(ctx, call, opts, run, true)
+	if !inline {
+		return h.Wait(ctx)
+	}
+	defer c.execMu.Unlock()
+	return c.execute(h)
+}
+
+// prepare validates the Comm's state and numbers the call. With mayInline
+// and an idle worker it returns inline=true holding execMu, so no later call
+// can run before this one; otherwise the call is queued.
+func (c *Comm) prepare(ctx context.Context, call ring.Call, opts []CallOption, run runFunc, mayInline bool) (*Handle, bool) {
 	for _, o := range opts {
 		o(&call)
 	}
@@ -74,25 +97,30 @@ func (c *Comm) submit(ctx context.Context, call ring.Call, opts []CallOption, ru
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return failed(ErrClosed)
+		return failed(ErrClosed), false
 	}
 	if err := c.Err(); err != nil {
-		return failed(c.unusable(err))
+		return failed(c.unusable(err)), false
 	}
 	c.seq++
 	h.call.Seq = c.seq
 	h.run = func(ctx context.Context) error { return run(ctx, h.call) }
+	if mayInline && c.pending == 0 {
+		c.execMu.Lock()
+		return h, true
+	}
 	// A full queue means the caller issues async calls far faster than they
 	// complete; blocking (under the lock, so the order holds) is the honest
 	// back-pressure.
 	select {
 	case c.queue <- h:
+		c.pending++
 	case <-ctx.Done():
 		err := fmt.Errorf("gorun: rank %d: %s #%d could not be queued: %w", c.rank, call.Kind, h.call.Seq, context.Cause(ctx))
 		c.fail(err)
-		return failed(err)
+		return failed(err), false
 	}
-	return h
+	return h, false
 }
 
 func (c *Comm) unusable(cause error) error {
@@ -115,8 +143,13 @@ func (c *Comm) fail(err error) {
 func (c *Comm) worker() {
 	defer close(c.stopped)
 	for h := range c.queue {
+		c.execMu.Lock()
 		h.err = c.execute(h)
+		c.execMu.Unlock()
 		close(h.done)
+		c.mu.Lock()
+		c.pending--
+		c.mu.Unlock()
 	}
 }
 
@@ -160,90 +193,134 @@ func (c *Comm) execute(h *Handle) error {
 	return fmt.Errorf("gorun: rank %d: %w", c.rank, err)
 }
 
+// runFunc runs one numbered call on the ring.
+type runFunc func(ctx context.Context, call ring.Call) error
+
+// start and finish a call, synchronously or not, once its arguments have
+// been checked; a bad argument fails before the call is numbered, so it
+// changes nothing.
+func (c *Comm) async(ctx context.Context, call ring.Call, run runFunc, err error, opts []CallOption) *Handle {
+	if err != nil {
+		return failed(err)
+	}
+	return c.submit(ctx, call, opts, run)
+}
+
+func (c *Comm) sync(ctx context.Context, call ring.Call, run runFunc, err error, opts []CallOption) error {
+	if err != nil {
+		return err
+	}
+	return c.do(ctx, call, opts, run)
+}
+
 // Allreduce reduces buf across all ranks with op, in place: afterwards every
 // rank holds the same result, bit for bit. buf is a []float32, []float64,
 // []int32, []int64 or a contiguous *tensor.Dense of those dtypes.
 func (c *Comm) Allreduce(ctx context.Context, buf any, op Op, opts ...CallOption) error {
-	return c.AllreduceAsync(ctx, buf, op, opts...).Wait(ctx)
+	call, run, err := c.allreduce(buf, op)
+	return c.sync(ctx, call, run, err, opts)
 }
 
 // AllreduceAsync starts an Allreduce and returns at once. buf must not be
 // touched until the handle is done.
 func (c *Comm) AllreduceAsync(ctx context.Context, buf any, op Op, opts ...CallOption) *Handle {
+	call, run, err := c.allreduce(buf, op)
+	return c.async(ctx, call, run, err, opts)
+}
+
+func (c *Comm) allreduce(buf any, op Op) (ring.Call, runFunc, error) {
 	v, err := viewOf(buf)
 	if err != nil {
-		return failed(fmt.Errorf("gorun: Allreduce: %w", err))
+		return ring.Call{}, nil, fmt.Errorf("gorun: Allreduce: %w", err)
 	}
 	if v.dtype == ring.Uint8 {
-		return failed(fmt.Errorf("gorun: Allreduce: []byte cannot be reduced: use a numeric slice"))
+		return ring.Call{}, nil, fmt.Errorf("gorun: Allreduce: []byte cannot be reduced: use a numeric slice")
 	}
 	call := ring.Call{Kind: ring.Allreduce, Op: op, DType: v.dtype, Count: v.count}
-	return c.submit(ctx, call, opts, func(ctx context.Context, call ring.Call) error {
+	return call, func(ctx context.Context, call ring.Call) error {
 		c.stats.bytes.Add(uint64(len(v.bytes)))
 		return c.ring.Allreduce(ctx, call, v.bytes)
-	})
+	}, nil
 }
 
 // Broadcast copies buf from rank root to every other rank, in place.
 func (c *Comm) Broadcast(ctx context.Context, buf any, root int, opts ...CallOption) error {
-	return c.BroadcastAsync(ctx, buf, root, opts...).Wait(ctx)
+	call, run, err := c.broadcast(buf, root)
+	return c.sync(ctx, call, run, err, opts)
 }
 
 // BroadcastAsync starts a Broadcast and returns at once.
 func (c *Comm) BroadcastAsync(ctx context.Context, buf any, root int, opts ...CallOption) *Handle {
+	call, run, err := c.broadcast(buf, root)
+	return c.async(ctx, call, run, err, opts)
+}
+
+func (c *Comm) broadcast(buf any, root int) (ring.Call, runFunc, error) {
 	v, err := viewOf(buf)
 	if err != nil {
-		return failed(fmt.Errorf("gorun: Broadcast: %w", err))
+		return ring.Call{}, nil, fmt.Errorf("gorun: Broadcast: %w", err)
 	}
 	if root < 0 || root >= c.size {
-		return failed(fmt.Errorf("gorun: Broadcast: root %d is not a rank of this job (size %d)", root, c.size))
+		return ring.Call{}, nil, fmt.Errorf("gorun: Broadcast: root %d is not a rank of this job (size %d)", root, c.size)
 	}
 	call := ring.Call{Kind: ring.Broadcast, DType: v.dtype, Count: v.count, Root: root}
-	return c.submit(ctx, call, opts, func(ctx context.Context, call ring.Call) error {
+	return call, func(ctx context.Context, call ring.Call) error {
 		c.stats.bytes.Add(uint64(len(v.bytes)))
 		return c.ring.Broadcast(ctx, call, v.bytes)
-	})
+	}, nil
 }
 
 // Allgather concatenates every rank's in, in rank order, into out on every
 // rank. len(out) must be Size()*len(in), with the same element type.
 func (c *Comm) Allgather(ctx context.Context, in, out any, opts ...CallOption) error {
-	return c.AllgatherAsync(ctx, in, out, opts...).Wait(ctx)
+	call, run, err := c.allgather(in, out)
+	return c.sync(ctx, call, run, err, opts)
 }
 
 // AllgatherAsync starts an Allgather and returns at once.
 func (c *Comm) AllgatherAsync(ctx context.Context, in, out any, opts ...CallOption) *Handle {
+	call, run, err := c.allgather(in, out)
+	return c.async(ctx, call, run, err, opts)
+}
+
+func (c *Comm) allgather(in, out any) (ring.Call, runFunc, error) {
 	vi, vo, err := c.pair(in, out, "Allgather", "out", "in")
 	if err != nil {
-		return failed(err)
+		return ring.Call{}, nil, err
 	}
 	call := ring.Call{Kind: ring.Allgather, DType: vi.dtype, Count: vi.count}
-	return c.submit(ctx, call, opts, func(ctx context.Context, call ring.Call) error {
+	return call, func(ctx context.Context, call ring.Call) error {
 		c.stats.bytes.Add(uint64(len(vo.bytes)))
 		return c.ring.Allgather(ctx, call, vi.bytes, vo.bytes)
-	})
+	}, nil
 }
 
 // ReduceScatter reduces in across ranks with op and leaves block Rank() of
 // the result in out. len(in) must be Size()*len(out).
 func (c *Comm) ReduceScatter(ctx context.Context, in, out any, op Op, opts ...CallOption) error {
-	return c.ReduceScatterAsync(ctx, in, out, op, opts...).Wait(ctx)
+	call, run, err := c.reduceScatter(in, out, op)
+	return c.sync(ctx, call, run, err, opts)
 }
 
 // ReduceScatterAsync starts a ReduceScatter and returns at once.
 func (c *Comm) ReduceScatterAsync(ctx context.Context, in, out any, op Op, opts ...CallOption) *Handle {
+	call, run, err := c.reduceScatter(in, out, op)
+	return c.async(ctx, call, run, err, opts)
+}
+
+func (c *Comm) reduceScatter(in, out any, op Op) (ring.Call, runFunc, error) {
 	vo, vi, err := c.pair(out, in, "ReduceScatter", "in", "out")
 	if err != nil {
-		return failed(err)
+		return ring.Call{}, nil, err
 	}
 	if vi.dtype == ring.Uint8 {
-		return failed(fmt.Errorf("gorun: ReduceScatter: []byte cannot be reduced: use a numeric slice"))
+		return ring.Call{}, nil, fmt.Errorf("gorun: ReduceScatter: []byte cannot be reduced: use a numeric slice")
 	}
 	call := ring.Call{Kind: ring.ReduceScatter, Op: op, DType: vi.dtype, Count: vi.count}
-	return c.submit(ctx, call, opts, func(ctx context.Context, call ring.Call) error {
+	return call, func(ctx context.Context, call ring.Call) error {
 		c.stats.bytes.Add(uint64(len(vi.bytes)))
 		return c.ring.ReduceScatter(ctx, call, vi.bytes, vo.bytes)
-	})
+	}, nil
 }
 
 // pair checks that big holds Size() times as many elements as small, of the
@@ -268,14 +345,21 @@ func (c *Comm) pair(small, big any, what, bigName, smallName string) (view, view
 }
 
 // Barrier returns once every rank has called it.
-func (c *Comm) Barrier(ctx context.Context) error { return c.BarrierAsync(ctx).Wait(ctx) }
+func (c *Comm) Barrier(ctx context.Context, opts ...CallOption) error {
+	call, run := c.barrier()
+	return c.sync(ctx, call, run, nil, opts)
+}
 
 // BarrierAsync starts a Barrier and returns at once.
 func (c *Comm) BarrierAsync(ctx context.Context, opts ...CallOption) *Handle {
-	call := ring.Call{Kind: ring.Barrier, DType: ring.Int32}
-	return c.submit(ctx, call, opts, func(ctx context.Context, call ring.Call) error {
+	call, run := c.barrier()
+	return c.async(ctx, call, run, nil, opts)
+}
+
+func (c *Comm) barrier() (ring.Call, runFunc) {
+	return ring.Call{Kind: ring.Barrier, DType: ring.Int32}, func(ctx context.Context, call ring.Call) error {
 		return c.ring.Barrier(ctx, call)
-	})
+	}
 }
 
 // Stats are this rank's cumulative counters.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,9 +35,11 @@ type Comm struct {
 	life   context.Context
 	cancel context.CancelCauseFunc
 
-	mu      sync.Mutex // guards seq, closed and the order of sends to queue
+	mu      sync.Mutex // guards seq, closed, pending and the order of sends to queue
 	seq     uint64
 	closed  bool
+	pending int        // calls queued for the worker and not finished
+	execMu  sync.Mutex // held while a collective runs on the ring
 	queue   chan *Handle
 	stopped chan struct{} // closed when the worker has exited
 
@@ -124,6 +127,11 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 	if s := os.Getenv(EnvTimeout); s != "" {
 		if cfg.timeout, err = parseTimeout(s); err != nil {
 			return nil, fmt.Errorf("gorun: %w", err)
+		}
+	}
+	if s := os.Getenv(EnvChunkBytes); s != "" {
+		if cfg.chunkBytes, err = strconv.Atoi(s); err != nil || cfg.chunkBytes <= 0 {
+			return nil, fmt.Errorf("gorun: %s=%q is not a positive byte count", EnvChunkBytes, s)
 		}
 	}
 	for _, o := range opts {
@@ -240,6 +248,8 @@ func (c *Comm) Close() error {
 	close(c.queue)
 	c.mu.Unlock()
 	<-c.stopped
+	c.execMu.Lock() // a synchronous call running inline finishes first
+	defer c.execMu.Unlock()
 	return c.shutdown(ErrClosed)
 }
 

@@ -27,6 +27,7 @@ const (
 	EnvDataPlane      = "GORUN_DATA_PLANE"      // auto | tls | plaintext
 	EnvRestartCount   = "GORUN_RESTART_COUNT"   // how many times gorun restarted the job
 	EnvVerbose        = "GORUN_VERBOSE"         // non-empty: print connection diagnostics
+	EnvChunkBytes     = "GORUN_CHUNK_BYTES"     // ring pipelining chunk size in bytes (tuning)
 )
 
 // DefaultTimeout bounds every collective unless WithTimeout or GORUN_TIMEOUT

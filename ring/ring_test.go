@@ -628,10 +628,14 @@ func TestSteadyStateAllocs(t *testing.T) {
 			}
 		})
 	}
-	one := measure(3*16, 64)    // 1 chunk per segment
-	many := measure(3*4096, 64) // 256 chunks per segment
-	t.Logf("allocs per %d-rank allreduce: 1 chunk/segment %.1f, 256 chunks/segment %.1f", n, one, many)
-	if many > one+2 || many > 8*n {
+	// Chunks of 64 bytes; segments above SmallBytes take the pipelined path
+	// whose fixed cost (a goroutine, a context) is what we compare against.
+	segs := SmallBytes/64 + 1
+	one := measure(3*16*segs, 64*16) // segs chunks per segment
+	many := measure(3*16*segs, 64)   // 16x as many chunks
+	small := measure(3*16, 64)       // sequential path: no goroutine at all
+	t.Logf("allocs per %d-rank allreduce: %d chunks/segment %.1f, %d chunks/segment %.1f, small %.1f", n, segs, one, 16*segs, many, small)
+	if many > one+2 || many > 8*n || small > 1 {
 		t.Fatalf("allocations grow with chunks: %v -> %v", one, many)
 	}
 }

@@ -127,6 +127,11 @@ func measure(ctx context.Context, comm *collective.Comm, o Options, size int64) 
 	correct := true
 	for i := -warmup; i < iters; i++ {
 		c.fill(i)
+		// Filling and checking take different times on different ranks; a
+		// barrier lines the ranks up so the timed op measures the op alone.
+		if err := comm.Barrier(ctx); err != nil {
+			return Result{}, err
+		}
 		start := time.Now()
 		if err := c.run(ctx, comm, i); err != nil {
 			return Result{}, err
