@@ -182,7 +182,7 @@ func TestAllreduceEveryDTypeAndOp(t *testing.T) {
 	for _, n := range []int{1, 2, 3, 4, 7} {
 		t.Run(fmt.Sprint("np=", n), func(t *testing.T) {
 			comms := newJob(t, n)
-			for _, length := range []int{0, 1, max(n-1, 1), 1009} {
+			for _, length := range []int{0, 1, max(n-1, 1), 1009, 4099} {
 				for _, dt := range dtypes {
 					for _, op := range ops {
 						ins := make([][]int64, n)

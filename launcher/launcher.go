@@ -9,8 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,6 +37,16 @@ type Job struct {
 	Grace        time.Duration // between SIGTERM and SIGKILL when stopping ranks; 0 = 5 s
 	MaxRestarts  int           // relaunch the whole job this many times after a failure
 
+	// Hosts lists where ranks run, filled in order (host 0 takes the first
+	// Slots ranks, and so on). Nil means every rank on this host. Hosts for
+	// which IsLocalHost is true run their ranks without ssh; the others are
+	// reached with SSH and run Program (same path) in WorkDir (same path).
+	Hosts            []Host
+	SSH              SSH
+	WorkDir          string // working directory of remote ranks; "" = gorun's
+	NetworkInterface string // interface name or CIDR ranks listen on when hosts are remote; "" = pick one
+	OutputDir        string // if set, also write DIR/rank.N/{stdout,stderr}
+
 	Stdout, Stderr io.Writer // where prefixed rank output goes; nil = os.Stdout, os.Stderr
 	// Line, if set, receives every complete output line instead of the
 	// default "[rank] line" writer.
@@ -44,14 +58,19 @@ type Job struct {
 // RankError says which rank failed a job and how.
 type RankError struct {
 	Rank       int
-	PID        int
+	Host       string   // "" when every rank runs on this host
+	PID        int      // of the rank, or of its ssh client for a remote rank
 	Status     string   // "exit status 3", "signal: killed", "did not register within 30s"
 	LastStderr []string // its last lines of stderr
 }
 
 func (e *RankError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "rank %d (pid %d) failed: %s", e.Rank, e.PID, e.Status)
+	if e.Host == "" {
+		fmt.Fprintf(&b, "rank %d (pid %d) failed: %s", e.Rank, e.PID, e.Status)
+	} else {
+		fmt.Fprintf(&b, "rank %d on host %s failed: %s", e.Rank, e.Host, e.Status)
+	}
 	if len(e.LastStderr) > 0 {
 		fmt.Fprintf(&b, "; its last stderr lines:")
 		for _, l := range e.LastStderr {
@@ -62,8 +81,9 @@ func (e *RankError) Error() string {
 }
 
 // Run launches the job and waits for it. It returns nil when every rank
-// exited 0, a *RankError when a rank failed (after stopping the others), or
-// ctx's cause when ctx ended (after stopping every rank).
+// exited 0, a *RankError when a rank failed (after stopping the others), a
+// *HostError when a remote host could not be reached (before starting
+// anything), or ctx's cause when ctx ended (after stopping every rank).
 func Run(ctx context.Context, job Job) error {
 	if job.NP < 1 {
 		return fmt.Errorf("-np must be at least 1, got %d", job.NP)
@@ -86,31 +106,121 @@ func Run(ctx context.Context, job Job) error {
 	if job.Logf == nil {
 		job.Logf = func(format string, args ...any) { fmt.Fprintf(job.Stderr, "gorun: "+format+"\n", args...) }
 	}
-	if job.Line == nil {
-		job.Line = prefixer(job.Stdout, job.Stderr)
+	if len(job.Hosts) == 0 {
+		job.Hosts = []Host{{Name: "localhost", Slots: job.NP}}
 	}
-	var err error
+	pl, err := place(job.Hosts, job.NP)
+	if err != nil {
+		return err
+	}
+	lay := &layout{hosts: job.Hosts, pl: pl, remote: make([]bool, len(job.Hosts))}
+	// Only hosts that get a rank take part.
+	var remotes []string
+	for i, h := range job.Hosts {
+		if pl.localSize[i] > 0 && !IsLocalHost(h.Name) {
+			lay.remote[i] = true
+			remotes = append(remotes, h.Name)
+		}
+		if pl.localSize[i] > 0 {
+			lay.used++
+		}
+	}
+	lay.listenIP = "127.0.0.1"
+	if len(remotes) > 0 {
+		if job.WorkDir == "" {
+			if job.WorkDir, err = os.Getwd(); err != nil {
+				return err
+			}
+		}
+		if job.Verbose {
+			job.Logf("checking that %s can be reached over ssh", strings.Join(remotes, ", "))
+		}
+		t0 := time.Now()
+		infos, err := checkHosts(ctx, job.SSH, remotes)
+		if err != nil {
+			return err
+		}
+		if job.Verbose {
+			job.Logf("all %d remote hosts reachable (%v)", len(remotes), time.Since(t0).Round(time.Millisecond))
+		}
+		var why string
+		if job.NetworkInterface != "" {
+			lay.listenIP, err = interfaceIP(job.NetworkInterface)
+			why = "--network-interface " + job.NetworkInterface
+		} else {
+			lay.listenIP, why, err = chooseLauncherIP(infos, remotes)
+		}
+		if err != nil {
+			return err
+		}
+		if job.Verbose {
+			job.Logf("rendezvous and local ranks use %s (%s); remote ranks listen on the address their host reaches it from", lay.listenIP, why)
+		}
+	}
+	if job.Line == nil {
+		job.Line = prefixer(job.Stdout, job.Stderr, lay.labels())
+	}
+	if job.OutputDir != "" {
+		files, err := openOutputDir(job.OutputDir, job.NP)
+		if err != nil {
+			return err
+		}
+		defer files.close()
+		job.Line = files.tee(job.Line)
+	}
 	for attempt := 0; ; attempt++ {
-		err = runOnce(ctx, job, attempt)
+		err = runOnce(ctx, job, lay, attempt)
 		if err == nil || ctx.Err() != nil || attempt >= job.MaxRestarts {
 			return err
 		}
-		job.Logf("restart %d of %d after failure: %v", attempt+1, job.MaxRestarts, err)
+		var he *HostError
+		if errors.As(err, &he) {
+			return err
+		}
+		job.Logf("restart %d of %d (GORUN_RESTART_COUNT=%d) after failure: %v", attempt+1, job.MaxRestarts, attempt+1, err)
 	}
 }
 
-// prefixer writes each line as "[rank] line", whole lines at a time so that
+// layout is where the ranks of a job run.
+type layout struct {
+	hosts    []Host
+	pl       placement
+	remote   []bool // per host: reached with ssh
+	used     int    // hosts with at least one rank
+	listenIP string // rendezvous and local ranks
+}
+
+func (l *layout) multiHost() bool { return l.used > 1 }
+
+// labels are the output prefixes: "rank" on one host, "host:rank" on more.
+func (l *layout) labels() []string {
+	out := make([]string, len(l.pl.host))
+	for r := range out {
+		if l.multiHost() {
+			out[r] = l.hosts[l.pl.host[r]].Name + ":" + strconv.Itoa(r)
+		} else {
+			out[r] = strconv.Itoa(r)
+		}
+	}
+	return out
+}
+
+// prefixer writes each line as "[label] line", whole lines at a time so that
 // ranks never interleave mid-line.
-func prefixer(stdout, stderr io.Writer) func(int, bool, []byte) {
+func prefixer(stdout, stderr io.Writer, labels []string) func(int, bool, []byte) {
 	var mu sync.Mutex
 	return func(rank int, isErr bool, line []byte) {
 		w := stdout
 		if isErr {
 			w = stderr
 		}
-		buf := make([]byte, 0, len(line)+8)
+		label := strconv.Itoa(rank)
+		if rank >= 0 && rank < len(labels) {
+			label = labels[rank]
+		}
+		buf := make([]byte, 0, len(line)+len(label)+4)
 		buf = append(buf, '[')
-		buf = strconv.AppendInt(buf, int64(rank), 10)
+		buf = append(buf, label...)
 		buf = append(buf, "] "...)
 		buf = append(buf, line...)
 		buf = append(buf, '\n')
@@ -120,16 +230,75 @@ func prefixer(stdout, stderr io.Writer) func(int, bool, []byte) {
 	}
 }
 
-type rankProc struct {
-	rank  int
-	cmd   *exec.Cmd
-	tail  *tail
-	pipes sync.WaitGroup
-	err   error // from Wait
-	done  chan struct{}
+// outputFiles are the per-rank files of --output-dir.
+type outputFiles struct {
+	mu    sync.Mutex
+	files [][2]*os.File // rank -> stdout, stderr
 }
 
-func runOnce(ctx context.Context, job Job, attempt int) error {
+func openOutputDir(dir string, np int) (*outputFiles, error) {
+	o := &outputFiles{files: make([][2]*os.File, np)}
+	for r := range np {
+		d := filepath.Join(dir, "rank."+strconv.Itoa(r))
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			o.close()
+			return nil, fmt.Errorf("--output-dir: %w", err)
+		}
+		for i, name := range []string{"stdout", "stderr"} {
+			f, err := os.Create(filepath.Join(d, name))
+			if err != nil {
+				o.close()
+				return nil, fmt.Errorf("--output-dir: %w", err)
+			}
+			o.files[r][i] = f
+		}
+	}
+	return o, nil
+}
+
+func (o *outputFiles) tee(next func(int, bool, []byte)) func(int, bool, []byte) {
+	return func(rank int, isErr bool, line []byte) {
+		next(rank, isErr, line)
+		if rank < 0 || rank >= len(o.files) {
+			return
+		}
+		i := 0
+		if isErr {
+			i = 1
+		}
+		buf := make([]byte, 0, len(line)+1)
+		buf = append(append(buf, line...), '\n')
+		o.mu.Lock()
+		o.files[rank][i].Write(buf)
+		o.mu.Unlock()
+	}
+}
+
+func (o *outputFiles) close() {
+	for _, fs := range o.files {
+		for _, f := range fs {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}
+}
+
+type rankProc struct {
+	rank   int
+	host   string // "" on a single-host job
+	remote bool
+	cmd    *exec.Cmd
+	stdin  *os.File // remote ranks: the ssh session's stdin
+	tail   *tail
+	pipes  sync.WaitGroup
+	err    error // from Wait
+	done   chan struct{}
+}
+
+var missingRE = regexp.MustCompile(`missing ranks \[([0-9 ]*)\]`)
+
+func runOnce(ctx context.Context, job Job, lay *layout, attempt int) error {
 	key := p2p.NewJobKey()
 	rdvLog := job.Logf
 	if !job.Verbose {
@@ -141,40 +310,60 @@ func runOnce(ctx context.Context, job Job, attempt int) error {
 		}
 	}
 	rdv, err := p2p.StartRendezvous(ctx, p2p.RendezvousConfig{
-		ListenAddr: "127.0.0.1:0", Size: job.NP, JobKey: key, Timeout: cmp.Or(job.Timeout, collective.DefaultTimeout), Logf: rdvLog,
+		ListenAddr: net.JoinHostPort(lay.listenIP, "0"), Size: job.NP, JobKey: key, Timeout: cmp.Or(job.Timeout, collective.DefaultTimeout), Logf: rdvLog,
 	})
 	if err != nil {
 		return fmt.Errorf("starting the rendezvous: %w", err)
 	}
 	defer rdv.Close()
 	if job.Verbose {
-		job.Logf("rendezvous at %s, starting %d ranks of %s", rdv.Addr(), job.NP, job.Program)
+		job.Logf("rendezvous at %s, starting %d ranks of %s on %d host(s)", rdv.Addr(), job.NP, job.Program, lay.used)
 	}
 
-	env := append(os.Environ(), job.Env...)
-	env = append(env,
+	common := append([]string(nil), job.Env...)
+	common = append(common,
 		collective.EnvSize+"="+strconv.Itoa(job.NP),
-		collective.EnvLocalSize+"="+strconv.Itoa(job.NP),
 		collective.EnvRendezvous+"="+rdv.Addr(),
 		collective.EnvJobKey+"="+hex.EncodeToString(key),
 		collective.EnvRestartCount+"="+strconv.Itoa(attempt),
 	)
 	if job.Timeout > 0 {
-		env = append(env, collective.EnvTimeout+"="+job.Timeout.String())
+		common = append(common, collective.EnvTimeout+"="+job.Timeout.String())
 	}
 	if job.Verbose {
-		env = append(env, collective.EnvVerbose+"=1")
+		common = append(common, collective.EnvVerbose+"=1")
 	}
+	userListenIP := slices.ContainsFunc(job.Env, func(e string) bool { return strings.HasPrefix(e, collective.EnvListenIP+"=") })
 
-	procs := make([]*rankProc, job.NP)
+	procs := make([]*rankProc, 0, job.NP)
 	exited := make(chan *rankProc, job.NP)
 	for r := range job.NP {
-		p, err := startRank(job, r, env, exited)
-		if err != nil {
-			stopAll(procs[:r], job.Grace)
-			return fmt.Errorf("starting rank %d: %w", r, err)
+		h := lay.pl.host[r]
+		env := append(common[:len(common):len(common)],
+			collective.EnvRank+"="+strconv.Itoa(r),
+			collective.EnvLocalRank+"="+strconv.Itoa(lay.pl.localRank[r]),
+			collective.EnvLocalSize+"="+strconv.Itoa(lay.pl.localSize[h]),
+		)
+		p := &rankProc{rank: r, remote: lay.remote[h], tail: &tail{max: 20}, done: make(chan struct{})}
+		if lay.multiHost() {
+			p.host = lay.hosts[h].Name
 		}
-		procs[r] = p
+		if lay.remote[h] {
+			err = startRemote(job, p, lay.hosts[h].Name, lay.listenIP, env, exited)
+		} else {
+			if lay.multiHost() && !userListenIP {
+				env = append(env, collective.EnvListenIP+"="+lay.listenIP)
+			}
+			err = startLocal(job, p, append(os.Environ(), env...), exited)
+		}
+		if err != nil {
+			stopAll(procs, job.Grace)
+			for _, p := range procs {
+				<-p.done
+			}
+			return fmt.Errorf("starting rank %d%s: %w", r, onHost(p.host), err)
+		}
+		procs = append(procs, p)
 	}
 
 	registered := make(chan error, 1)
@@ -191,18 +380,22 @@ func runOnce(ctx context.Context, job Job, attempt int) error {
 		case p := <-exited:
 			running--
 			if p.err != nil {
-				failure = &RankError{Rank: p.rank, PID: p.cmd.Process.Pid, Status: p.err.Error(), LastStderr: p.tail.lines()}
+				failure = &RankError{Rank: p.rank, Host: p.host, PID: p.cmd.Process.Pid, Status: status(p), LastStderr: p.tail.lines()}
 			}
 		case err := <-registered:
 			if err != nil && ctx.Err() == nil {
-				failure = fmt.Errorf("not every rank registered within --start-timeout %v: %w", job.StartTimeout, err)
+				failure = startTimeoutError(job, lay, err)
 			}
 		case <-ctx.Done():
 			failure = fmt.Errorf("stopped: %w", context.Cause(ctx))
 		}
 	}
 	if failure != nil {
+		t0 := time.Now()
 		stopAll(procs, job.Grace)
+		if job.Verbose {
+			job.Logf("stopped the remaining ranks in %v", time.Since(t0).Round(time.Millisecond))
+		}
 	}
 	for _, p := range procs {
 		<-p.done
@@ -210,42 +403,122 @@ func runOnce(ctx context.Context, job Job, attempt int) error {
 	return failure
 }
 
-func startRank(job Job, rank int, env []string, exited chan<- *rankProc) (*rankProc, error) {
+func onHost(h string) string {
+	if h == "" {
+		return ""
+	}
+	return " on host " + h
+}
+
+// startTimeoutError names the ranks (and their hosts) that did not register.
+func startTimeoutError(job Job, lay *layout, err error) error {
+	m := missingRE.FindStringSubmatch(err.Error())
+	if m == nil || strings.TrimSpace(m[1]) == "" {
+		return fmt.Errorf("not every rank registered within --start-timeout %v: %w", job.StartTimeout, err)
+	}
+	var names []string
+	for _, f := range strings.Fields(m[1]) {
+		r, _ := strconv.Atoi(f)
+		n := "rank " + f
+		if lay.multiHost() && r >= 0 && r < len(lay.pl.host) {
+			n += " on host " + lay.hosts[lay.pl.host[r]].Name
+		}
+		names = append(names, n)
+	}
+	return fmt.Errorf("%s did not register with the rendezvous within --start-timeout %v (is the program calling collective.Init? can the host reach %s?)",
+		strings.Join(names, ", "), job.StartTimeout, lay.listenIP)
+}
+
+// status describes how a rank ended; for a remote rank, the status ssh
+// passed on.
+func status(p *rankProc) string {
+	s := p.err.Error()
+	if !p.remote {
+		return s
+	}
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) {
+		switch c := ee.ExitCode(); {
+		case c == 255:
+			return s + " (from ssh: the connection failed or was lost)"
+		case c > 128 && c < 160:
+			return fmt.Sprintf("%s (killed by signal %d: %v)", s, c-128, syscall.Signal(c-128))
+		}
+	}
+	return s
+}
+
+func startLocal(job Job, p *rankProc, env []string, exited chan<- *rankProc) error {
 	cmd := exec.Command(job.Program, job.Args...)
-	cmd.Env = append(env[:len(env):len(env)],
-		collective.EnvRank+"="+strconv.Itoa(rank),
-		collective.EnvLocalRank+"="+strconv.Itoa(rank),
-	)
+	cmd.Env = env
+	return startCmd(job, p, cmd, nil, exited)
+}
+
+// startRemote runs the rank through ssh and the wrapper, and hands it its
+// environment on stdin. gorun keeps stdin open: closing it (or writing
+// "stop") makes the wrapper stop the rank.
+func startRemote(job Job, p *rankProc, host, rdvIP string, env []string, exited chan<- *rankProc) error {
+	block, err := envBlock(env)
+	if err != nil {
+		return err
+	}
+	args := append(job.SSH.args(host), remoteCommand(job.Grace, rdvIP, job.WorkDir, job.Program, job.Args))
+	cmd := exec.Command(job.SSH.command(), args...)
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	cmd.Stdin = inR
+	p.stdin = inW
+	if err := startCmd(job, p, cmd, inR, exited); err != nil {
+		inW.Close()
+		return err
+	}
+	// A pipe holds 64 KiB, so this does not block (envBlock refuses more).
+	if _, err := inW.Write(block); err != nil {
+		inW.Close()
+	}
+	return nil
+}
+
+func startCmd(job Job, p *rankProc, cmd *exec.Cmd, stdin *os.File, exited chan<- *rankProc) error {
 	// Its own process group, so that stopping a rank also stops what it
-	// started; and it dies with gorun even if gorun is killed outright.
+	// started; and it dies with gorun even if gorun is killed outright (a
+	// remote rank's ssh dies, and the wrapper on the remote host stops it).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	p.cmd = cmd
 	// Our own pipes, not cmd.StdoutPipe: a rank's exit is noticed even if
 	// something it started still holds the pipe open.
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		outR.Close()
 		outW.Close()
-		return nil, err
+		return err
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
-	p := &rankProc{rank: rank, cmd: cmd, tail: &tail{max: 20}, done: make(chan struct{})}
 	err = cmd.Start()
 	outW.Close()
 	errW.Close()
+	if stdin != nil {
+		stdin.Close()
+	}
 	if err != nil {
 		outR.Close()
 		errR.Close()
-		return nil, err
+		return err
 	}
 	p.pipes.Add(2)
 	go p.forward(outR, false, job.Line)
 	go p.forward(errR, true, job.Line)
 	go func() {
 		p.err = cmd.Wait()
+		if p.stdin != nil {
+			p.stdin.Close()
+		}
 		// Give the reader a moment to drain what the rank wrote before it
 		// exited, then close, so a leftover child cannot hold the job open.
 		drained := make(chan struct{})
@@ -260,7 +533,7 @@ func startRank(job Job, rank int, env []string, exited chan<- *rankProc) (*rankP
 		close(p.done)
 		exited <- p
 	}()
-	return p, nil
+	return nil
 }
 
 // forward reads whole lines and hands them on; a last line without a newline
@@ -283,30 +556,61 @@ func (p *rankProc) forward(r io.Reader, isErr bool, line func(int, bool, []byte)
 	}
 }
 
-// stopAll sends SIGTERM to every running rank's process group, then SIGKILL
-// to those still alive after grace.
+// stopAll stops every running rank: SIGTERM to a local rank's process group,
+// "stop" to a remote rank's wrapper (which sends SIGTERM there, and SIGKILL
+// after grace); after grace, SIGKILL to local ranks; a remote rank whose ssh
+// has not ended a few seconds later has its ssh killed, which closes the
+// session and makes the wrapper kill the rank.
 func stopAll(procs []*rankProc, grace time.Duration) {
-	signalAll(procs, syscall.SIGTERM)
-	deadline := time.NewTimer(grace)
+	for _, p := range procs {
+		select {
+		case <-p.done:
+			continue
+		default:
+		}
+		if p.remote {
+			p.stdin.Write([]byte("stop\n"))
+			p.stdin.Close()
+		} else {
+			syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+		}
+	}
+	if waitAll(procs, grace) {
+		return
+	}
+	for _, p := range procs {
+		if !p.remote {
+			kill(p)
+		}
+	}
+	if waitAll(procs, 5*time.Second) {
+		return
+	}
+	for _, p := range procs {
+		kill(p)
+	}
+}
+
+func kill(p *rankProc) {
+	select {
+	case <-p.done:
+	default:
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	}
+}
+
+// waitAll reports whether every proc ended within d.
+func waitAll(procs []*rankProc, d time.Duration) bool {
+	deadline := time.NewTimer(d)
 	defer deadline.Stop()
 	for _, p := range procs {
 		select {
 		case <-p.done:
 		case <-deadline.C:
-			signalAll(procs, syscall.SIGKILL)
-			return
+			return false
 		}
 	}
-}
-
-func signalAll(procs []*rankProc, sig syscall.Signal) {
-	for _, p := range procs {
-		select {
-		case <-p.done:
-		default:
-			syscall.Kill(-p.cmd.Process.Pid, sig)
-		}
-	}
+	return true
 }
 
 // tail keeps the last max lines of a stream.

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -38,6 +39,7 @@ type link struct {
 	c    net.Conn       // unix / tcp-plaintext
 	s    network.Stream // libp2p-tls
 	rw   deadliner
+	raw  syscall.RawConn // for polling reads on plain sockets; nil otherwise
 }
 
 func (l *link) close() {
@@ -58,7 +60,11 @@ func newConnLink(c net.Conn, kind string) *link {
 		cc.SetReadBuffer(sockBuf)
 		cc.SetWriteBuffer(sockBuf)
 	}
-	return &link{c: c, rw: c, kind: kind}
+	l := &link{c: c, rw: c, kind: kind}
+	if sc, ok := c.(syscall.Conn); ok {
+		l.raw, _ = sc.SyscallConn()
+	}
+	return l
 }
 
 func (n *Node) acceptLoop(ln net.Listener, kind string) {
@@ -343,7 +349,14 @@ func (n *Node) connectLinks(ctx context.Context) error {
 	if firstErr != nil {
 		return firstErr
 	}
+	local := 0
+	for _, p := range n.peers {
+		if p.HostID == n.hostID {
+			local++
+		}
+	}
 	n.tr = &transport{n: n, send: send, recv: recv}
+	n.tr.pollBudget, n.tr.pollYield = pollConfig(local)
 	n.mu.Lock()
 	if n.peers[next].Link == "" {
 		n.peers[next].Link = send.kind
@@ -376,6 +389,8 @@ const linkGrace = time.Second
 type transport struct {
 	n          *Node
 	send, recv *link
+	pollBudget time.Duration
+	pollYield  bool
 }
 
 // watch applies ctx to one operation: its deadline becomes the socket
@@ -483,7 +498,12 @@ func (t *transport) RecvPrev(ctx context.Context, buf []byte) error {
 	}
 	l := t.recv
 	done := watch(ctx, l.rw.SetReadDeadline)
-	_, err := io.ReadFull(l.rw, buf)
+	var err error
+	if l.raw != nil {
+		err = pollReadFull(l.raw, buf, t.pollBudget, t.pollYield)
+	} else {
+		_, err = io.ReadFull(l.rw, buf)
+	}
 	done()
 	if err != nil {
 		return t.fail(ctx, err, "recv from", l)

@@ -66,7 +66,44 @@ func (r *Ring) Allreduce(ctx context.Context, c Call, buf []byte) error {
 	if r.size == 1 {
 		return nil
 	}
+	if n := len(buf); n > 0 && n <= TinyAllreduceBytes {
+		return r.allreduceTiny(ctx, c, buf)
+	}
 	p := r.setup(c, r.size, c.Count, 2*(r.size-1))
 	p.bufs[bMain] = buf
 	return r.run(ctx)
+}
+
+// TinyAllreduceBytes is the largest buffer reduced by allreduceTiny.
+//
+// Below it an allreduce is bound by latency, not bandwidth: the ring's
+// 2(N-1) dependent hops cost far more than the bytes. allreduceTiny passes
+// whole buffers around the ring instead (an allgather, N-1 hops) and every
+// rank folds the N contributions itself, in rank order 0, 1, ..., N-1, so
+// results are still bitwise identical everywhere. It sends (N-1)*S bytes
+// per rank instead of 2(N-1)/N*S, which is nothing at this size.
+const TinyAllreduceBytes = 4 << 10
+
+func (r *Ring) allreduceTiny(ctx context.Context, c Call, buf []byte) error {
+	n := len(buf)
+	r.gather = growAligned(r.gather, r.size*n)
+	all := r.gather[:r.size*n]
+	copy(all[r.rank*n:], buf)
+	p := r.setup(c, r.size, r.size*c.Count, r.size-1)
+	p.gather = true
+	p.bufs[bMain] = all
+	if err := r.run(ctx); err != nil {
+		return err
+	}
+	r.tmp = growAligned(r.tmp, n)
+	acc := r.tmp[:n]
+	copy(acc, all[:n])
+	for k := 1; k < r.size; k++ {
+		reduceBytes(c.DType, c.Op, acc, acc, all[k*n:(k+1)*n])
+	}
+	if c.Op == Avg {
+		divBytes(c.DType, acc, r.size)
+	}
+	copy(buf, acc)
+	return nil
 }

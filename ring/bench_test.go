@@ -108,6 +108,7 @@ func benchAllreduce(b *testing.B, ts []Transport, size, chunk int) {
 }
 
 func BenchmarkAllreduce(b *testing.B) {
+	b.Run("N=4/4B", func(b *testing.B) { benchAllreduce(b, NewMemRing(4), 4, 0) })
 	for _, size := range []int{1 << 20, 64 << 20} {
 		b.Run(fmt.Sprintf("N=4/%dMiB", size>>20), func(b *testing.B) {
 			benchAllreduce(b, NewMemRing(4), size, 0)

@@ -69,7 +69,8 @@ type Ring struct {
 	rhdr     [HeaderSize]byte
 	scratch  []byte // receive buffer for chunks that are reduced
 	work     []byte // ReduceScatter partial results
-	tmp      []byte // realignment of misaligned user buffers
+	tmp      []byte // realignment of misaligned user buffers; tiny allreduce accumulator
+	gather   []byte // every rank's buffer, for tiny allreduces
 
 	payloadSent, headerSent, msgs, payloadRecv atomic.Uint64
 }
@@ -216,6 +217,9 @@ type plan struct {
 	steps int
 	bufs  [nBufs][]byte
 	base  [nBufs]int // segment-space byte offset of bufs[i][0]
+	// gather: an Allreduce run as an allgather of whole buffers
+	// (allreduceTiny); the fingerprint stays the Allreduce call.
+	gather bool
 }
 
 // step says what a rank does at one step of a plan.
@@ -232,6 +236,9 @@ type step struct {
 func (p *plan) step(rank, size, t int) step {
 	switch p.call.Kind {
 	case Allreduce:
+		if p.gather {
+			return allgatherStep(rank, size, t)
+		}
 		return allreduceStep(rank, size, t)
 	case ReduceScatter:
 		return reduceScatterStep(rank, size, t)
@@ -301,8 +308,8 @@ func (r *Ring) errPrefix(t int) string {
 	return fmt.Sprintf("%s #%d step %d", r.p.call.Kind, r.p.call.Seq, t)
 }
 
-// SmallBytes is the largest segment that run moves without a sender
-// goroutine: each step sends, then receives, on the caller's goroutine.
+// SmallBytes is the largest step (payload and headers) that run moves
+// without a sender goroutine: each step sends, then receives, on the caller's goroutine.
 // Small collectives are bound by latency, and on a virtual machine every
 // hand-off between goroutines on different threads can cost a wake-up of an
 // idle CPU; doing without one halves the latency of tiny allreduces. It is
@@ -315,7 +322,8 @@ func (r *Ring) run(ctx context.Context) error {
 	p := &r.p
 	// Broadcast forwards what it receives in the same step, so it must
 	// receive first: it always pipelines.
-	if maxSeg := (p.count + p.nseg - 1) / p.nseg; p.call.Kind != Broadcast && maxSeg*p.esz <= SmallBytes && maxSeg <= p.ce {
+	maxSeg := (p.count + p.nseg - 1) / p.nseg
+	if p.call.Kind != Broadcast && maxSeg*p.esz+numChunks(maxSeg, p.ce)*HeaderSize <= SmallBytes {
 		return r.runSequential(ctx)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)

@@ -17,7 +17,9 @@ var (
 	allOps      = []Op{Sum, Avg, Min, Max, Prod}
 )
 
-func testCounts(n int) []int { return []int{0, 1, n - 1, 1009} }
+// testCounts covers empty, shorter-than-N, a prime under TinyAllreduceBytes
+// (the gather path) and a prime above it (the ring path, uneven segments).
+func testCounts(n int) []int { return []int{0, 1, n - 1, 1009, 4099} }
 
 // smallInts returns per-rank integer-valued inputs; products stay exact.
 func smallInts(rng *rand.Rand, n, count int, op Op) [][]float64 {
@@ -272,29 +274,39 @@ func TestSize1(t *testing.T) {
 // send 2(N-1)*S otherwise.
 func TestByteCounting(t *testing.T) {
 	for _, n := range []int{2, 3, 4, 7} {
-		for _, count := range []int{n * 1000, 1009, n - 1, 0} {
+		for _, count := range []int{n * 1000, 4099, 1009, n - 1, 0} {
 			rs, _ := newRings(t, n, 256)
 			S := uint64(count * 4)
 			mustAll(t, parallel(n, func(i int) error {
 				return rs[i].Allreduce(testCtx(t), Call{Op: Sum, DType: Float32, Count: count}, make([]byte, S))
 			}))
+			// Below TinyAllreduceBytes whole buffers travel (N-1 hops, each
+			// rank sends (N-1)*S); above, the bandwidth-optimal ring.
+			tiny := S > 0 && S <= TinyAllreduceBytes
+			wantTotal, wantMsgs := 2*uint64(n-1)*S, 2*uint64(n-1)
+			if tiny {
+				wantTotal, wantMsgs = uint64(n*(n-1))*S, uint64(n-1)
+			}
 			var total, recv uint64
 			for i, r := range rs {
 				s := r.Stats()
-				if count%n == 0 && s.PayloadBytesSent != 2*uint64(n-1)*S/uint64(n) {
+				if !tiny && count%n == 0 && s.PayloadBytesSent != 2*uint64(n-1)*S/uint64(n) {
 					t.Errorf("N=%d count=%d rank %d sent %d payload bytes, want %d", n, count, i, s.PayloadBytesSent, 2*uint64(n-1)*S/uint64(n))
+				}
+				if tiny && s.PayloadBytesSent != uint64(n-1)*S {
+					t.Errorf("N=%d count=%d (tiny) rank %d sent %d payload bytes, want %d", n, count, i, s.PayloadBytesSent, uint64(n-1)*S)
 				}
 				if s.HeaderBytesSent != s.MessagesSent*HeaderSize {
 					t.Errorf("header bytes %d != %d messages * %d", s.HeaderBytesSent, s.MessagesSent, HeaderSize)
 				}
-				if s.MessagesSent < 2*uint64(n-1) {
-					t.Errorf("rank %d sent %d messages, want >= %d (one per step at least)", i, s.MessagesSent, 2*(n-1))
+				if s.MessagesSent < wantMsgs {
+					t.Errorf("rank %d sent %d messages, want >= %d (one per step at least)", i, s.MessagesSent, wantMsgs)
 				}
 				total += s.PayloadBytesSent
 				recv += s.PayloadBytesRecv
 			}
-			if total != 2*uint64(n-1)*S || recv != total {
-				t.Errorf("N=%d count=%d: total sent %d recv %d, want %d", n, count, total, recv, 2*uint64(n-1)*S)
+			if total != wantTotal || recv != total {
+				t.Errorf("N=%d count=%d: total sent %d recv %d, want %d", n, count, total, recv, wantTotal)
 			}
 		}
 	}

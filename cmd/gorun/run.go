@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/gorun/gorun/launcher"
 )
@@ -17,86 +20,228 @@ import (
 type runFlags struct {
 	np           int
 	hosts        string
+	hostfile     string
+	sshPort      int
+	sshIdentity  string
+	netIf        string
 	timeout      time.Duration
 	startTimeout time.Duration
 	grace        time.Duration
+	outputDir    string
 	env          []string
 	maxRestarts  int
 	verbose      bool
+	config       string
 }
 
 func newRootCmd() *cobra.Command {
 	var f runFlags
 	cmd := &cobra.Command{
-		Use:   "gorun -np N [flags] [--] PROGRAM [ARGS...]",
-		Short: "Launch a data-parallel job: N ranks of PROGRAM that meet over libp2p",
+		Use:   "gorun -np N [-H host:slots,...] [flags] [--] PROGRAM [ARGS...]",
+		Short: "Launch a data-parallel job: N ranks of PROGRAM, on one host or many, that meet over libp2p",
 		Long: `gorun starts N ranks of PROGRAM, gives each its identity and the job's secret
 key in the environment (GORUN_RANK, GORUN_SIZE, GORUN_LOCAL_RANK,
 GORUN_LOCAL_SIZE, GORUN_RENDEZVOUS, GORUN_JOB_KEY, GORUN_TIMEOUT,
-GORUN_RESTART_COUNT), hosts the rendezvous where they find each other,
-prefixes every output line with its rank, and fails the job as a whole: when
-a rank fails, the others are stopped (SIGTERM, then SIGKILL) and gorun exits
-non-zero naming the rank, its exit status and its last stderr lines.
+GORUN_RESTART_COUNT, GORUN_LISTEN_IP), hosts the rendezvous where they find
+each other, prefixes every output line with its rank ([rank], or [host:rank]
+when the job spans hosts), and fails the job as a whole: when a rank fails,
+the others are stopped (SIGTERM, then SIGKILL after --grace) on every host,
+and gorun exits non-zero naming the rank, its host, its exit status and its
+last stderr lines. Ctrl-C stops every rank the same way.
+
+Hosts (-H or --hostfile) are filled in order: the first host takes as many
+ranks as it has slots, then the next. Without -np, the job has one rank per
+slot. Ranks on this host (localhost, its name or one of its addresses) run
+without ssh; the others run through the system ssh client (BatchMode, so keys
+or an agent, not passwords; ~/.ssh/config applies; extra ssh options can be
+given in GORUN_SSH_OPTS, e.g. GORUN_SSH_OPTS="-F ./ssh_config"). As with
+horovodrun, PROGRAM must exist at the same path on every host, and gorun's
+working directory must exist on every host: remote ranks start there. Remote
+hosts need a POSIX sh and setsid (util-linux); ip (iproute2) is used to find
+the address a remote rank listens on.
+
+Before starting anything, gorun checks that every remote host can be reached
+(all at once); an unreachable host is named with ssh's error and nothing
+starts. The job key is sent to remote ranks over the ssh session's stdin,
+never on a command line. The rendezvous listens on the address from which
+the remote hosts reach this host (--verbose says which; --network-interface
+chooses), and every rank listens on its host's address on that network.
+Ranks on the same host talk over unix sockets, ranks on different hosts over
+TLS.
+
+--config FILE reads any of these flags from YAML (keys are the long flag
+names: np, hosts, hostfile, env: [A=1, B], start-timeout: 60s, ...); flags
+on the command line win.
 
 If PROGRAM is a Go package directory (./examples/mnist), gorun builds it once
-and runs the binary on every rank.`,
+and runs the binary on every rank (on this host; for remote hosts, build it
+to a shared path yourself).`,
 		Example: `  gorun -np 4 ./examples/mnist
   gorun -np 2 --timeout 30s ./train --epochs 3
-  gorun -np 4 -x OMP_NUM_THREADS=1 -- ./train -v
+  gorun -np 4 -x OMP_NUM_THREADS=1 -x PATH -- ./train -v
+  gorun -np 8 -H node1:4,node2:4 /shared/bin/train
+  gorun -H node1:4,node2:4 --network-interface eth1 /shared/bin/train
+  gorun --hostfile hosts.txt --ssh-port 2222 --ssh-identity-file ~/.ssh/id_ed25519 ./train
+        (hosts.txt: one "host slots=N" per line, # comments)
+  gorun -np 8 -H node1:4,node2:4 --output-dir logs --max-restarts 2 ./train
+  gorun --config job.yaml ./train
   gorun bench -np 4 --sizes 4,1M,64M`,
 		Args:          cobra.MinimumNArgs(1),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runJob(cmd.Context(), f, args)
+			if f.config != "" {
+				if err := applyConfig(cmd.Flags(), f.config); err != nil {
+					return err
+				}
+			}
+			return runJob(cmd.Context(), f, cmd.Flags().Changed("np"), args)
 		},
 	}
 	cmd.Flags().SetInterspersed(false) // flags after PROGRAM belong to PROGRAM
 	fl := cmd.Flags()
-	fl.IntVar(&f.np, "np", 1, "number of ranks (also -np N, as in horovodrun and mpirun)")
-	fl.StringVarP(&f.hosts, "hosts", "H", "", "hosts and slots, host1:2,host2:2 (this version runs on localhost only)")
+	fl.IntVar(&f.np, "np", 1, "number of ranks, also -np N as in horovodrun and mpirun (default: 1, or every slot of -H/--hostfile)")
+	fl.StringVarP(&f.hosts, "hosts", "H", "", "hosts and their slots: host1:2,host2:2 (a host without :N has 1 slot)")
+	fl.StringVar(&f.hostfile, "hostfile", "", "file listing hosts, one \"host slots=N\" per line, # comments")
+	fl.IntVar(&f.sshPort, "ssh-port", 0, "ssh port of the remote hosts (default: ssh's, or ~/.ssh/config's)")
+	fl.StringVar(&f.sshIdentity, "ssh-identity-file", "", "ssh private key for the remote hosts (ssh -i)")
+	fl.StringVar(&f.netIf, "network-interface", "", "interface NAME or CIDR whose address the rendezvous and ranks on this host listen on and advertise (default: the address the remote hosts reach this host at)")
 	fl.DurationVar(&f.timeout, "timeout", 0, "collective timeout handed to the ranks as GORUN_TIMEOUT (default 60s)")
-	fl.DurationVar(&f.startTimeout, "start-timeout", 30*time.Second, "every rank must register within this")
+	fl.DurationVar(&f.startTimeout, "start-timeout", 30*time.Second, "every rank must register with the rendezvous within this, and ssh connect timeout")
 	fl.DurationVar(&f.grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when stopping ranks")
-	fl.StringArrayVarP(&f.env, "env", "x", nil, "pass NAME=VALUE, or NAME from gorun's environment, to every rank (repeatable)")
-	fl.IntVar(&f.maxRestarts, "max-restarts", 0, "relaunch the whole job after a failure, up to this many times")
-	fl.BoolVar(&f.verbose, "verbose", false, "say what gorun does")
+	fl.StringVar(&f.outputDir, "output-dir", "", "also write each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr")
+	fl.StringArrayVarP(&f.env, "env", "x", nil, "pass NAME=VALUE, or NAME from gorun's environment, to every rank (repeatable; remote ranks get only these and GORUN_*)")
+	fl.IntVar(&f.maxRestarts, "max-restarts", 0, "relaunch the whole job after a failure, up to this many times (ranks see GORUN_RESTART_COUNT)")
+	fl.BoolVar(&f.verbose, "verbose", false, "say what gorun does: hosts checked, addresses chosen, rendezvous, stop times")
+	fl.StringVar(&f.config, "config", "", "YAML file of flag values (long flag names as keys); command-line flags win")
 	cmd.AddCommand(newBenchCmd(), newBenchWorkerCmd())
 	return cmd
 }
 
-func (f runFlags) validate() error {
-	if f.np < 1 {
-		return fmt.Errorf("-np must be at least 1, got %d", f.np)
+// applyConfig sets every flag named in the YAML file that the command line
+// did not set.
+func applyConfig(fl *pflag.FlagSet, name string) error {
+	data, err := os.ReadFile(name)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
 	}
-	if f.hosts != "" {
-		slots := 0
-		for _, h := range strings.Split(f.hosts, ",") {
-			name, n, ok := strings.Cut(h, ":")
-			k, err := strconv.Atoi(n)
-			if !ok || err != nil || k < 1 || name == "" {
-				return fmt.Errorf("-H %q: write host:slots[,host:slots...], e.g. -H localhost:4", f.hosts)
-			}
-			if name != "localhost" && name != "127.0.0.1" {
-				return fmt.Errorf("-H %s: launching on other hosts is not supported by this version; use -H localhost:%d", name, k)
-			}
-			slots += k
-		}
-		if slots < f.np {
-			return fmt.Errorf("-np %d needs %d slots but -H %s has %d", f.np, f.np, f.hosts, slots)
-		}
+	var m map[string]any
+	if err := yaml.Unmarshal(data, &m); err != nil {
+		return fmt.Errorf("--config %s: not a YAML mapping of flag names to values: %v", name, strings.ReplaceAll(err.Error(), "\n", " "))
 	}
-	if f.maxRestarts < 0 {
-		return fmt.Errorf("--max-restarts must be 0 or more, got %d", f.maxRestarts)
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fname := strings.ReplaceAll(k, "_", "-")
+		if fname == "x" || fname == "H" {
+			fname = map[string]string{"x": "env", "H": "hosts"}[fname]
+		}
+		f := fl.Lookup(fname)
+		if f == nil || fname == "config" || fname == "help" {
+			return fmt.Errorf("--config %s: unknown key %q; use long flag names such as np, hosts, hostfile, env, start-timeout", name, k)
+		}
+		if f.Changed {
+			continue // the command line wins
+		}
+		var vals []string
+		switch v := m[k].(type) {
+		case []any:
+			for _, x := range v {
+				vals = append(vals, fmt.Sprint(x))
+			}
+			if fname == "hosts" {
+				vals = []string{strings.Join(vals, ",")}
+			}
+		case map[string]any:
+			if fname != "env" {
+				return fmt.Errorf("--config %s: %s: want a value, not a mapping", name, k)
+			}
+			for _, n := range sortedKeys(v) {
+				vals = append(vals, n+"="+fmt.Sprint(v[n]))
+			}
+		case nil:
+			continue
+		default:
+			s := fmt.Sprint(v)
+			if f.Value.Type() == "duration" {
+				if _, err := strconv.ParseFloat(s, 64); err == nil {
+					s += "s" // plain numbers are seconds
+				}
+			}
+			vals = []string{s}
+		}
+		for _, s := range vals {
+			if err := fl.Set(fname, s); err != nil {
+				return fmt.Errorf("--config %s: %s: %v", name, k, err)
+			}
+		}
+		f.Changed = false // still "not from the command line"
 	}
 	return nil
+}
+
+func sortedKeys(m map[string]any) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// hostList reads -H or --hostfile.
+func (f runFlags) hostList() ([]launcher.Host, error) {
+	switch {
+	case f.hosts != "" && f.hostfile != "":
+		return nil, errors.New("-H and --hostfile both given: use one of them")
+	case f.hosts != "":
+		return launcher.ParseHosts(f.hosts)
+	case f.hostfile != "":
+		return launcher.ParseHostfile(f.hostfile)
+	}
+	return nil, nil
+}
+
+func (f *runFlags) validate(npSet bool) ([]launcher.Host, error) {
+	hosts, err := f.hostList()
+	if err != nil {
+		return nil, err
+	}
+	if hosts != nil && !npSet {
+		f.np = launcher.TotalSlots(hosts)
+	}
+	if f.np < 1 {
+		return nil, fmt.Errorf("-np must be at least 1, got %d", f.np)
+	}
+	if slots := launcher.TotalSlots(hosts); hosts != nil && slots < f.np {
+		where := "-H " + f.hosts
+		if f.hostfile != "" {
+			where = "--hostfile " + f.hostfile
+		}
+		return nil, fmt.Errorf("-np %d needs %d slots but %s has %d: add hosts or slots (host:slots), or lower -np", f.np, f.np, where, slots)
+	}
+	if f.maxRestarts < 0 {
+		return nil, fmt.Errorf("--max-restarts must be 0 or more, got %d", f.maxRestarts)
+	}
+	if f.sshPort < 0 || f.sshPort > 65535 {
+		return nil, fmt.Errorf("--ssh-port %d is not a port number (1-65535)", f.sshPort)
+	}
+	if f.sshIdentity != "" {
+		if _, err := os.Stat(f.sshIdentity); err != nil {
+			return nil, fmt.Errorf("--ssh-identity-file: %v", err)
+		}
+	}
+	return hosts, nil
 }
 
 func (f runFlags) envPairs() ([]string, error) {
 	var out []string
 	for _, e := range f.env {
 		name, _, hasValue := strings.Cut(e, "=")
-		if name == "" {
+		if name == "" || strings.ContainsAny(name, " \t\n") {
 			return nil, fmt.Errorf("-x %q: write NAME=VALUE or NAME", e)
 		}
 		if !hasValue {
@@ -111,8 +256,9 @@ func (f runFlags) envPairs() ([]string, error) {
 	return out, nil
 }
 
-func runJob(ctx context.Context, f runFlags, args []string) error {
-	if err := f.validate(); err != nil {
+func runJob(ctx context.Context, f runFlags, npSet bool, args []string) error {
+	hosts, err := f.validate(npSet)
+	if err != nil {
 		return err
 	}
 	env, err := f.envPairs()
@@ -128,14 +274,32 @@ func runJob(ctx context.Context, f runFlags, args []string) error {
 	if err != nil {
 		return err
 	}
+	if program != args[0] {
+		for _, h := range hosts {
+			if !launcher.IsLocalHost(h.Name) {
+				return fmt.Errorf("%s is a Go package: gorun builds it in a temporary directory that remote hosts do not see; build it to a path shared by every host and pass the binary", args[0])
+			}
+		}
+	}
 	err = launcher.Run(ctx, launcher.Job{
 		NP: f.np, Program: program, Args: args[1:], Env: env,
 		Timeout: f.timeout, StartTimeout: f.startTimeout, Grace: f.grace,
 		MaxRestarts: f.maxRestarts, Verbose: f.verbose,
+		Hosts: hosts, NetworkInterface: f.netIf, OutputDir: f.outputDir,
+		SSH: launcher.SSH{
+			Port: f.sshPort, IdentityFile: f.sshIdentity,
+			ConnectTimeout: min(f.startTimeout, 30*time.Second),
+			Options:        strings.Fields(os.Getenv("GORUN_SSH_OPTS")),
+		},
 	})
 	var rankErr *launcher.RankError
-	if errors.As(err, &rankErr) {
+	var hostErr *launcher.HostError
+	switch {
+	case errors.As(err, &rankErr):
 		fmt.Fprintf(os.Stderr, "gorun: job failed: %v\n", err)
+		return exitError(1)
+	case errors.As(err, &hostErr):
+		fmt.Fprintf(os.Stderr, "gorun: %v\n", err)
 		return exitError(1)
 	}
 	return err
