@@ -37,6 +37,9 @@ type Handle struct {
 	run  func(ctx context.Context) error
 	done chan struct{}
 	err  error
+
+	comm   *Comm
+	queued time.Time // when the call was numbered
 }
 
 // Done is closed when the collective has finished, successfully or not.
@@ -46,6 +49,15 @@ func (h *Handle) Done() <-chan struct{} { return h.done }
 // error. If ctx ends first the collective itself goes on (its buffers are
 // still in use); Wait again to collect it.
 func (h *Handle) Wait(ctx context.Context) error {
+	select {
+	case <-h.done:
+		return h.err
+	default:
+	}
+	start := time.Now()
+	if h.comm != nil {
+		defer func() { h.comm.stats.waitNanos.Add(uint64(time.Since(start))) }()
+	}
 	select {
 	case <-h.done:
 		return h.err
@@ -93,7 +105,7 @@ func (c *Comm) prepare(ctx context.Context, call ring.Call, opts []CallOption, r
 	for _, o := range opts {
 		o(&call)
 	}
-	h := &Handle{call: call, ctx: ctx, done: make(chan struct{})}
+	h := &Handle{call: call, ctx: ctx, done: make(chan struct{}), comm: c, queued: time.Now()}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -171,10 +183,19 @@ func (c *Comm) execute(h *Handle) error {
 	defer stop()
 
 	start := time.Now()
+	queued := start.Sub(h.queued)
+	c.stats.queueNanos.Add(uint64(queued))
+	if c.node != nil {
+		c.node.SetProgress(h.call.Seq)
+	}
+	stall := c.watchStall(h, start)
 	err := h.run(ctx)
+	stall()
+	end := time.Now()
+	c.traceCall(h, start, end, err)
 	if err == nil {
 		c.stats.collectives.Add(1)
-		c.stats.nanos.Add(uint64(time.Since(start)))
+		c.stats.nanos.Add(uint64(end.Sub(start)))
 		return nil
 	}
 	if c.life.Err() != nil {
@@ -367,6 +388,9 @@ type Stats struct {
 	Collectives uint64        // collectives completed
 	Bytes       uint64        // bytes of user buffers passed to collectives
 	CommTime    time.Duration // time spent inside collectives
+	QueueTime   time.Duration // time calls spent queued behind earlier calls
+	WaitTime    time.Duration // time callers spent blocked in Handle.Wait (and sync calls behind a queue)
+	Stalls      uint64        // stall warnings logged
 	ring.Stats                // bytes and messages this rank put on the wire
 }
 
@@ -376,6 +400,9 @@ func (c *Comm) Stats() Stats {
 		Collectives: c.stats.collectives.Load(),
 		Bytes:       c.stats.bytes.Load(),
 		CommTime:    time.Duration(c.stats.nanos.Load()),
+		QueueTime:   time.Duration(c.stats.queueNanos.Load()),
+		WaitTime:    time.Duration(c.stats.waitNanos.Load()),
+		Stalls:      c.stats.stalls.Load(),
 		Stats:       c.ring.Stats(),
 	}
 }

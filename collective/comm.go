@@ -25,6 +25,7 @@ type Comm struct {
 	localRank, localSize int
 	timeout              time.Duration
 	logf                 func(string, ...any)
+	warnf                func(string, ...any) // stall warnings
 
 	node *p2p.Node
 	rdv  *p2p.Rendezvous // non-nil when this rank hosts the rendezvous
@@ -45,7 +46,14 @@ type Comm struct {
 
 	stats struct {
 		collectives, bytes, nanos atomic.Uint64
+		queueNanos, waitNanos     atomic.Uint64
+		stalls                    atomic.Uint64
 	}
+
+	tl             *Timeline // nil: no timeline
+	ownTL          bool      // opened from GORUN_TIMELINE: Close closes it
+	stallThreshold time.Duration
+	metrics        *metricsServer
 }
 
 // Option configures Init. Explicit options win over the environment.
@@ -63,6 +71,11 @@ type config struct {
 	chunkBytes           int
 	logf                 func(string, ...any)
 	setRank, setLocal    bool
+	timeline             *Timeline
+	timelinePath         string
+	stallThreshold       time.Duration
+	metricsAddr          string
+	warnf                func(string, ...any)
 }
 
 // WithRank sets this process's rank and the job size instead of reading them
@@ -99,6 +112,25 @@ func WithDataPlane(mode string) Option { return func(c *config) { c.dataPlane = 
 // WithChunkBytes overrides the ring's pipelining chunk size.
 func WithChunkBytes(n int) Option { return func(c *config) { c.chunkBytes = n } }
 
+// WithTimeline makes the Comm write its events to tl (which several Comms
+// may share; the caller closes it), instead of to GORUN_TIMELINE.
+func WithTimeline(tl *Timeline) Option { return func(c *config) { c.timeline = tl } }
+
+// WithTimelinePath makes the Comm write its own trace file, as
+// GORUN_TIMELINE=path does: path for a one-rank job, path.rankN otherwise.
+// Close finishes the file.
+func WithTimelinePath(path string) Option { return func(c *config) { c.timelinePath = path } }
+
+// WithStallThreshold sets how long a collective may wait before the rank
+// logs a stall warning (default 60 s, or GORUN_STALL_THRESHOLD; negative
+// disables it). The warning does not end the call: the timeout does.
+func WithStallThreshold(d time.Duration) Option { return func(c *config) { c.stallThreshold = d } }
+
+// WithMetricsAddr serves this rank's counters in Prometheus text format at
+// http://addr/metrics, as GORUN_METRICS_ADDR does (there, the port is
+// offset by the local rank so that ranks sharing a host do not collide).
+func WithMetricsAddr(addr string) Option { return func(c *config) { c.metricsAddr = addr } }
+
 // WithLogger receives the Comm's diagnostics. By default they are dropped,
 // or printed with log.Printf when GORUN_VERBOSE is set (gorun --verbose):
 // failures do not need them, since every error names its rank and cause.
@@ -134,14 +166,30 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 			return nil, fmt.Errorf("gorun: %s=%q is not a positive byte count", EnvChunkBytes, s)
 		}
 	}
+	cfg.timelinePath = os.Getenv(EnvTimeline)
+	if s := os.Getenv(EnvStallThreshold); s != "" {
+		if cfg.stallThreshold, err = parseDuration(EnvStallThreshold, s); err != nil {
+			return nil, fmt.Errorf("gorun: %w", err)
+		}
+	}
+	envMetrics := os.Getenv(EnvMetricsAddr)
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if cfg.metricsAddr == "" && envMetrics != "" {
+		if cfg.metricsAddr, err = offsetPort(envMetrics, cfg.localRank); err != nil {
+			return nil, fmt.Errorf("gorun: %s: %w", EnvMetricsAddr, err)
+		}
 	}
 	if cfg.setRank && !cfg.setLocal {
 		cfg.localRank, cfg.localSize = cfg.rank, cfg.size
 	}
 	if cfg.timeout <= 0 {
 		cfg.timeout = DefaultTimeout
+	}
+	cfg.warnf = cfg.logf
+	if cfg.warnf == nil {
+		cfg.warnf = log.Printf // warnings are printed even when diagnostics are not
 	}
 	if cfg.logf == nil {
 		cfg.logf = func(string, ...any) {}
@@ -160,6 +208,13 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		rank: cfg.rank, size: cfg.size, localRank: cfg.localRank, localSize: cfg.localSize,
 		timeout: cfg.timeout, logf: cfg.logf,
 		queue: make(chan *Handle, 1024), stopped: make(chan struct{}),
+		tl: cfg.timeline, stallThreshold: cfg.stallThreshold, warnf: cfg.warnf,
+	}
+	if c.warnf == nil {
+		c.warnf = log.Printf
+	}
+	if c.stallThreshold == 0 {
+		c.stallThreshold = DefaultStallThreshold
 	}
 	c.life, c.cancel = context.WithCancelCause(context.Background())
 	defer func() {
@@ -205,6 +260,17 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 	c.ring, err = ring.New(ring.Config{Rank: cfg.rank, Size: cfg.size, ChunkBytes: cfg.chunkBytes}, transport)
 	if err != nil {
 		return nil, fmt.Errorf("gorun: %w", err)
+	}
+	if c.tl == nil && cfg.timelinePath != "" {
+		if c.tl, err = OpenTimeline(timelinePath(cfg.timelinePath, cfg.rank, cfg.size)); err != nil {
+			return nil, fmt.Errorf("gorun: rank %d: %w", cfg.rank, err)
+		}
+		c.ownTL = true
+	}
+	if cfg.metricsAddr != "" {
+		if c.metrics, err = c.serveMetrics(cfg.metricsAddr); err != nil {
+			return nil, fmt.Errorf("gorun: rank %d: metrics on %s: %w", cfg.rank, cfg.metricsAddr, err)
+		}
 	}
 	go c.worker()
 	return c, nil
@@ -269,6 +335,12 @@ func (c *Comm) shutdown(cause error) error {
 	}
 	if c.rdv != nil {
 		errs = append(errs, c.rdv.Close())
+	}
+	if c.metrics != nil {
+		c.metrics.close()
+	}
+	if c.ownTL {
+		errs = append(errs, c.tl.Close())
 	}
 	return errors.Join(errs...)
 }

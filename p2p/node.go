@@ -102,14 +102,19 @@ type Node struct {
 
 	tr *transport
 
-	done      chan struct{}
-	err       error
-	closing   atomic.Bool
-	stopped   bool        // under mu: no new handler goroutines
-	frozen    atomic.Bool // tests: simulate a stopped process
-	closeOnce sync.Once
-	stop      chan struct{}
-	wg        sync.WaitGroup
+	done    chan struct{}
+	err     error
+	closing atomic.Bool
+	stopped bool        // under mu: no new handler goroutines
+	frozen  atomic.Bool // tests: simulate a stopped process
+
+	progress   atomic.Uint64 // last collective entered (SetProgress)
+	progSent   uint64        // last value reported, owned by progressLoop
+	progQuery  sync.Mutex    // one QueryProgress at a time
+	progAnswer chan []uint64
+	closeOnce  sync.Once
+	stop       chan struct{}
+	wg         sync.WaitGroup
 }
 
 func (n *Node) logf(format string, args ...any) {
@@ -163,6 +168,7 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 		goCh:       make(chan struct{}),
 		byeCh:      make(chan struct{}),
 		ctlDead:    make(chan struct{}),
+		progAnswer: make(chan []uint64, 1),
 		expect:     map[int]bool{},
 		have:       map[int]bool{},
 		accepted:   make(chan *link, 2),
@@ -361,9 +367,10 @@ func (n *Node) register(ctx context.Context, rzAddrs []ma.Multiaddr) error {
 	s.SetDeadline(time.Time{})
 	n.ctl = s
 	n.logf("registered with rendezvous %s", n.cfg.Rendezvous)
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go n.ctlReader()
 	go n.heartbeat()
+	go n.progressLoop()
 	return nil
 }
 
@@ -392,6 +399,69 @@ func (n *Node) heartbeat() {
 				return
 			}
 		}
+	}
+}
+
+// progressInterval is how often a changed SetProgress value is reported to
+// the rendezvous: cheap (one small control message), and fresh enough for
+// stall warnings, which fire after tens of seconds.
+const progressInterval = 200 * time.Millisecond
+
+// SetProgress records the sequence number of the last collective this rank
+// entered. It is reported to the rendezvous within progressInterval, so that
+// QueryProgress on any rank can tell which ranks have not reached a call.
+func (n *Node) SetProgress(seq uint64) { n.progress.Store(seq) }
+
+func (n *Node) progressLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(progressInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-n.ctlDead:
+			return
+		case <-t.C:
+			if n.frozen.Load() {
+				continue
+			}
+			if s := n.progress.Load(); s != n.progSent {
+				if n.sendCtl(&msg{T: tProgress, Rank: n.cfg.Rank, Seq: s}) != nil {
+					return
+				}
+				n.progSent = s
+			}
+		}
+	}
+}
+
+// QueryProgress asks the rendezvous for every rank's last reported
+// SetProgress value (indexed by rank; 0 if a rank reported none). This
+// rank's own value is reported first, so it is current.
+func (n *Node) QueryProgress(ctx context.Context) ([]uint64, error) {
+	n.progQuery.Lock()
+	defer n.progQuery.Unlock()
+	select { // drop a stale answer to an earlier, abandoned query
+	case <-n.progAnswer:
+	default:
+	}
+	if err := n.sendCtl(&msg{T: tProgress, Rank: n.cfg.Rank, Seq: n.progress.Load()}); err != nil {
+		return nil, fmt.Errorf("p2p: progress query: %w", err)
+	}
+	if err := n.sendCtl(&msg{T: tProgQuery, Rank: n.cfg.Rank}); err != nil {
+		return nil, fmt.Errorf("p2p: progress query: %w", err)
+	}
+	select {
+	case p := <-n.progAnswer:
+		if len(p) != n.cfg.Size {
+			return nil, fmt.Errorf("p2p: progress query: the rendezvous answered for %d ranks, want %d (an older rendezvous?)", len(p), n.cfg.Size)
+		}
+		return p, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("p2p: progress query: no answer from the rendezvous: %w", context.Cause(ctx))
+	case <-n.ctlDead:
+		return nil, errors.New("p2p: progress query: control path to the rendezvous is closed")
 	}
 }
 
@@ -432,6 +502,11 @@ func (n *Node) ctlReader() {
 			}
 		case tAbort:
 			n.abortLocal(errors.New(m.Text))
+		case tProgress:
+			select {
+			case n.progAnswer <- m.Progress:
+			default:
+			}
 		case tBye:
 			select {
 			case <-n.byeCh:

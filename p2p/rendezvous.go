@@ -38,6 +38,7 @@ type Rendezvous struct {
 	addr string
 
 	mu        sync.Mutex
+	progress  map[int]uint64 // last collective each rank reported entering
 	regs      map[int]*rzConn
 	tableSent bool
 	goSent    bool
@@ -326,6 +327,26 @@ func (r *Rendezvous) handle(s network.Stream) {
 		}
 		switch m.T {
 		case tPing:
+		case tProgress:
+			r.mu.Lock()
+			if r.progress == nil {
+				r.progress = map[int]uint64{}
+			}
+			r.progress[c.rank] = max(r.progress[c.rank], m.Seq)
+			r.mu.Unlock()
+		case tProgQuery:
+			r.mu.Lock()
+			p := make([]uint64, r.cfg.Size)
+			for rank, seq := range r.progress {
+				if rank >= 0 && rank < len(p) {
+					p[rank] = seq
+				}
+			}
+			r.mu.Unlock()
+			if c.send(&msg{T: tProgress, Progress: p}, to) != nil {
+				r.lost(c, errors.New("progress reply failed"))
+				return
+			}
 		case tAck:
 			r.ack(c)
 		case tAbort:

@@ -37,6 +37,8 @@ const (
 	tDChal     = "dchal"     // data acceptor -> dialer: nonce
 	tDHello    = "dhello"    // data dialer -> acceptor: rank, link, proof, nonce
 	tDOK       = "dok"       // data acceptor -> dialer: proof
+	tProgress  = "progress"  // client -> server: last collective entered (Seq); server -> client: every rank's (Progress)
+	tProgQuery = "progq"     // client -> server: send me every rank's progress
 )
 
 // msg is the single wire message type; unused fields are omitted.
@@ -53,6 +55,9 @@ type msg struct {
 	Text    string      `json:"text,omitempty"`
 	Missing []int       `json:"missing,omitempty"`
 	Table   []tableItem `json:"table,omitempty"`
+	Seq     uint64      `json:"seq,omitempty"`
+	// Progress is every rank's last reported Seq, indexed by rank.
+	Progress []uint64 `json:"progress,omitempty"`
 }
 
 // tableItem is one rank's entry of the job table.
@@ -141,6 +146,10 @@ func (m *msg) check() error {
 	case tTable:
 		if _, err := checkTable(m.Table); err != nil {
 			return err
+		}
+	case tProgress, tProgQuery:
+		if m.Rank < 0 {
+			return fmt.Errorf("bad %s: negative rank", m.T)
 		}
 	case tAbort, tError, tAck, tGo, tPing, tLeave, tBye:
 		if m.Rank < 0 {

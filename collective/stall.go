@@ -1,0 +1,126 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// EnvStallThreshold sets the stall warning threshold (a Go duration or
+// seconds; negative disables).
+const EnvStallThreshold = "GORUN_STALL_THRESHOLD"
+
+// DefaultStallThreshold is how long a collective may wait before a stall
+// warning, unless WithStallThreshold or GORUN_STALL_THRESHOLD says otherwise.
+const DefaultStallThreshold = 60 * time.Second
+
+// watchStall arms the stall warning for h, which started running at start,
+// and returns the function that disarms it. The warning repeats every
+// threshold while the call waits; it never ends the call (the timeout does).
+func (c *Comm) watchStall(h *Handle, start time.Time) func() {
+	d := c.stallThreshold
+	if d <= 0 {
+		return func() {}
+	}
+	var t *time.Timer
+	done := make(chan struct{})
+	warn := func() {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		c.stats.stalls.Add(1)
+		c.warnf("%s", c.stallMessage(h, start))
+		c.trace().instant(c.rank, laneCollectives, "stall warning", map[string]any{"seq": h.call.Seq, "call": h.call.String()})
+		t.Reset(d)
+	}
+	t = time.AfterFunc(d, warn)
+	return func() { close(done); t.Stop() }
+}
+
+// stallMessage names the call by its fingerprint, how long it has waited and
+// what this rank can tell about the ranks that have not reached it.
+func (c *Comm) stallMessage(h *Handle, start time.Time) string {
+	waited := time.Since(start).Round(time.Millisecond)
+	msg := fmt.Sprintf("gorun: stall warning: rank %d has waited %v in %s #%d %s (queued %v before it ran); the collective timeout is %v",
+		c.rank, waited, h.call.Kind.Name(), h.call.Seq, h.call, start.Sub(h.queued).Round(time.Millisecond), c.timeout)
+	if c.node == nil {
+		return msg
+	}
+	behind, known := c.ranksBehind(h.call.Seq)
+	switch {
+	case !known:
+		msg += "; the other ranks' progress is unknown"
+	case len(behind) == 0:
+		msg += "; every rank has entered this call, so the ring is slow or a link is stuck"
+	default:
+		var parts []string
+		for _, b := range behind {
+			parts = append(parts, fmt.Sprintf("rank %d (last entered #%d)", b.rank, b.seq))
+		}
+		msg += fmt.Sprintf("; not yet called by %s", strings.Join(parts, ", "))
+	}
+	return msg
+}
+
+type rankProgress struct {
+	rank int
+	seq  uint64
+}
+
+// parseDuration accepts a Go duration ("90s") or seconds ("90"); negative
+// values are allowed (they disable the feature).
+func parseDuration(env, s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if secs, err := strconv.ParseFloat(s, 64); err == nil {
+		return time.Duration(secs * float64(time.Second)), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q is not a duration (write 60s or 60)", env, s)
+	}
+	return d, nil
+}
+
+// ranksBehind asks the rendezvous which ranks have not yet entered call seq.
+func (c *Comm) ranksBehind(seq uint64) ([]rankProgress, bool) {
+	ctx, cancel := context.WithTimeout(c.life, 5*time.Second)
+	defer cancel()
+	p, err := c.node.QueryProgress(ctx)
+	if err != nil {
+		c.logf("rank %d: stall inspector: %v", c.rank, err)
+		return nil, false
+	}
+	var behind []rankProgress
+	for r, s := range p {
+		if s < seq {
+			behind = append(behind, rankProgress{r, s})
+		}
+	}
+	return behind, true
+}
+
+// traceCall writes a finished call to the timeline: its wait in the queue
+// (an async event, since queued calls overlap) and its run on the ring.
+func (c *Comm) traceCall(h *Handle, start, end time.Time, err error) {
+	tl := c.trace()
+	if tl == nil {
+		return
+	}
+	id := strconv.FormatUint(h.call.Seq, 10)
+	name := h.call.Kind.Name()
+	if h.call.Name != "" {
+		name += " " + h.call.Name
+	}
+	if start.Sub(h.queued) > 0 {
+		tl.async(c.rank, laneQueue, "queue", "queued: "+name, id, h.queued, start, nil)
+	}
+	args := map[string]any{"seq": h.call.Seq, "call": h.call.String(), "queued_us": start.Sub(h.queued).Microseconds()}
+	if err != nil {
+		args["error"] = err.Error()
+	}
+	tl.span(c.rank, laneCollectives, name, start, end, args)
+}
