@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -24,7 +25,10 @@ func (c *Comm) watchStall(h *Handle, start time.Time) func() {
 	if d <= 0 {
 		return func() {}
 	}
-	var t *time.Timer
+	var (
+		mu sync.Mutex // orders the assignment of t before its use in warn
+		t  *time.Timer
+	)
 	done := make(chan struct{})
 	warn := func() {
 		select {
@@ -35,9 +39,13 @@ func (c *Comm) watchStall(h *Handle, start time.Time) func() {
 		c.stats.stalls.Add(1)
 		c.warnf("%s", c.stallMessage(h, start))
 		c.trace().instant(c.rank, laneCollectives, "stall warning", map[string]any{"seq": h.call.Seq, "call": h.call.String()})
+		mu.Lock()
 		t.Reset(d)
+		mu.Unlock()
 	}
+	mu.Lock()
 	t = time.AfterFunc(d, warn)
+	mu.Unlock()
 	return func() { close(done); t.Stop() }
 }
 
@@ -45,8 +53,8 @@ func (c *Comm) watchStall(h *Handle, start time.Time) func() {
 // what this rank can tell about the ranks that have not reached it.
 func (c *Comm) stallMessage(h *Handle, start time.Time) string {
 	waited := time.Since(start).Round(time.Millisecond)
-	msg := fmt.Sprintf("gorun: stall warning: rank %d has waited %v in %s #%d %s (queued %v before it ran); the collective timeout is %v",
-		c.rank, waited, h.call.Kind.Name(), h.call.Seq, h.call, start.Sub(h.queued).Round(time.Millisecond), c.timeout)
+	msg := fmt.Sprintf("gorun: stall warning: rank %d has waited %v in call #%d %s (after %v in the queue); the collective timeout is %v",
+		c.rank, waited, h.call.Seq, h.call, start.Sub(h.queued).Round(time.Millisecond), c.timeout)
 	if c.node == nil {
 		return msg
 	}

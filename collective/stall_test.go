@@ -1,0 +1,96 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// A collective that waits longer than the stall threshold logs a warning
+// naming its fingerprint and the ranks that have not called it yet; the call
+// itself still completes.
+func TestStallWarningNamesMissingRanks(t *testing.T) {
+	var mu sync.Mutex
+	var warnings []string
+	logf := func(format string, args ...any) {
+		msg := fmt.Sprintf(format, args...)
+		if strings.Contains(msg, "stall warning") {
+			mu.Lock()
+			warnings = append(warnings, msg)
+			mu.Unlock()
+		}
+		t.Log(msg)
+	}
+	comms := newJob(t, 3, WithStallThreshold(300*time.Millisecond), WithLogger(logf))
+	ctx := context.Background()
+	mustAll(t, onEach(comms, func(c *Comm) error { return c.Barrier(ctx) }))
+	mustAll(t, onEach(comms, func(c *Comm) error {
+		if c.Rank() == 2 {
+			time.Sleep(1100 * time.Millisecond) // the straggler
+		}
+		return c.Allreduce(ctx, make([]float32, 10), Sum, Name("layer3.grad"))
+	}))
+	mu.Lock()
+	defer mu.Unlock()
+	if len(warnings) == 0 {
+		t.Fatal("no stall warning")
+	}
+	found := false
+	for _, w := range warnings {
+		if strings.Contains(w, `call #2 Allreduce(float32[10], Sum, name="layer3.grad")`) &&
+			strings.Contains(w, "not yet called by rank 2 (last entered #1)") {
+			found = true
+		}
+		if strings.Contains(w, "rank 2 has waited") {
+			t.Errorf("the straggler itself warned: %s", w)
+		}
+	}
+	if !found {
+		t.Fatalf("no warning names the call and rank 2: %q", warnings)
+	}
+	if comms[0].Stats().Stalls == 0 {
+		t.Fatal("Stats().Stalls is 0")
+	}
+}
+
+// Counters are readable in code and served in Prometheus text format.
+func TestMetrics(t *testing.T) {
+	comms := newJob(t, 2, WithMetricsAddr("127.0.0.1:0"))
+	ctx := context.Background()
+	mustAll(t, onEach(comms, func(c *Comm) error {
+		h := c.AllreduceAsync(ctx, make([]float64, 1000), Sum)
+		if err := c.Allreduce(ctx, make([]float32, 1000), Sum); err != nil {
+			return err
+		}
+		return h.Wait(ctx)
+	}))
+	s := comms[0].Stats()
+	if s.Collectives != 2 || s.Bytes != 12000 || s.PayloadBytesSent == 0 || s.CommTime <= 0 {
+		t.Fatalf("stats: %+v", s)
+	}
+	resp, err := http.Get("http://" + comms[1].MetricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		"# TYPE gorun_collectives_total counter\ngorun_collectives_total{rank=\"1\"} 2\n",
+		"gorun_collective_bytes_total{rank=\"1\"} 12000\n",
+		"gorun_wire_payload_bytes_sent_total{rank=\"1\"} ",
+		"gorun_communication_seconds_total{rank=\"1\"} ",
+		"gorun_wait_seconds_total{rank=\"1\"} ",
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Fatalf("metrics lack %q:\n%s", want, body)
+		}
+	}
+	if a, err := offsetPort("127.0.0.1:9100", 3); err != nil || a != "127.0.0.1:9103" {
+		t.Fatalf("offsetPort = %q, %v", a, err)
+	}
+}
