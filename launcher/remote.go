@@ -235,14 +235,14 @@ if [ -z "${GORUN_LISTEN_IP:-}" ]; then
   export GORUN_LISTEN_IP
 fi
 cd "$d" || exit 127
-exec 3<&0
-setsid "$@" </dev/null 3<&- &
+exec 3<&0 4>&2 2>/dev/null
+setsid "$@" </dev/null 2>&4 3<&- 4>&- &
 p=$!
 ( read -r x <&3; kill -TERM -$p 2>/dev/null; i=0
   while [ $i -lt $g ] && kill -0 -$p 2>/dev/null; do sleep 0.1; i=$((i+1)); done
   kill -KILL -$p 2>/dev/null ) &
 w=$!
-exec 3<&-
+exec 3<&- 4>&-
 wait $p; s=$?
 kill -KILL -$p 2>/dev/null
 kill $w 2>/dev/null

@@ -2,6 +2,7 @@
 //
 //	gorun -np 4 ./train --epochs 10     start 4 ranks of ./train on this host
 //	gorun -np 4 ./examples/mnist        build a Go package once, run it on 4 ranks
+//	gorun -H node1:4,node2:4 /shared/train  8 ranks on two hosts, over ssh
 //	gorun bench -np 4 --sizes 4,1M,64M  allreduce bandwidth, like nccl-tests
 package main
 
@@ -59,7 +60,8 @@ func takesValue(a string) bool {
 		return false
 	}
 	switch strings.TrimLeft(a, "-") {
-	case "np", "H", "hosts", "timeout", "start-timeout", "x", "env", "max-restarts", "sizes", "iters", "op", "grace", "warmup":
+	case "np", "H", "hosts", "hostfile", "ssh-port", "ssh-identity-file", "network-interface", "output-dir", "config",
+		"timeout", "start-timeout", "x", "env", "max-restarts", "sizes", "iters", "op", "grace", "warmup":
 		return true
 	}
 	return false

@@ -6,6 +6,11 @@
 //	TESTPROG_MODE=exit      rank VICTIM exits with status 3 while an allreduce is in flight
 //	TESTPROG_MODE=freeze    rank VICTIM stops itself with SIGSTOP before the allreduce
 //	TESTPROG_MODE=fail      rank VICTIM prints to stderr and exits 7 before joining
+//	TESTPROG_MODE=loop      every rank runs allreduces until it is stopped, printing
+//	                        "rank R looping" after the first one
+//	TESTPROG_FAIL_ONCE=R    rank R exits 5 on the first launch (GORUN_RESTART_COUNT=0)
+//	TESTPROG_SHOWENV=1      every rank prints its GORUN_* identity and listen address
+//	TESTPROG_LINES=N        every rank prints N long lines (to check they are never cut)
 package main
 
 import (
@@ -13,7 +18,9 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/gorun/gorun/collective"
 )
@@ -28,6 +35,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "testprog: failing on purpose")
 		os.Exit(7)
 	}
+	if once := os.Getenv("TESTPROG_FAIL_ONCE"); once != "" && once == rankEnv && os.Getenv("GORUN_RESTART_COUNT") == "0" {
+		fmt.Fprintf(os.Stderr, "testprog: rank %s failing once on purpose\n", rankEnv)
+		os.Exit(5)
+	}
 	ctx := context.Background()
 	comm, err := collective.Init(ctx)
 	if err != nil {
@@ -36,6 +47,16 @@ func main() {
 	}
 	defer comm.Close()
 	rank, n := comm.Rank(), comm.Size()
+	if os.Getenv("TESTPROG_SHOWENV") != "" {
+		fmt.Printf("rank %d env local_rank=%s local_size=%s listen_ip=%s restart=%s\n", rank,
+			os.Getenv("GORUN_LOCAL_RANK"), os.Getenv("GORUN_LOCAL_SIZE"), os.Getenv("GORUN_LISTEN_IP"), os.Getenv("GORUN_RESTART_COUNT"))
+	}
+	if k, _ := strconv.Atoi(os.Getenv("TESTPROG_LINES")); k > 0 {
+		line := strings.Repeat(strconv.Itoa(rank), 3000)
+		for i := range k {
+			fmt.Printf("line %d %s end\n", i, line)
+		}
+	}
 	buf := make([]float32, 1<<20)
 	for it := range iters {
 		for i := range buf {
@@ -60,6 +81,18 @@ func main() {
 				fmt.Fprintf(os.Stderr, "rank %d: element %d = %v, want %v\n", rank, i, v, want)
 				os.Exit(4)
 			}
+		}
+	}
+	if mode == "loop" {
+		for it := 0; ; it++ {
+			if err := comm.Allreduce(ctx, buf[:1024], collective.Sum); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(2)
+			}
+			if it == 0 {
+				fmt.Printf("rank %d looping\n", rank)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	fmt.Printf("rank %d of %d ok (source %s)\n", rank, n, os.Getenv("TESTPROG_SOURCE"))
