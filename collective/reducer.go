@@ -383,7 +383,9 @@ func (r *Reducer) ready(ctx context.Context, i int) error {
 		} else {
 			addBytes(b.dtype, dst, e.gv.bytes)
 		}
-		r.comm.trace().span(r.comm.rank, laneReducer, "fusion copy in", start, time.Now(), map[string]any{"tensor": e.name, "bytes": len(dst), "accumulate": r.micro > 0})
+		if tl := r.comm.trace(); tl != nil {
+			tl.span(r.comm.rank, laneReducer, "fusion copy in", start, time.Now(), map[string]any{"tensor": e.name, "bytes": len(dst), "accumulate": r.micro > 0})
+		}
 	}
 	r.handed++
 	final := r.micro == r.k-1
@@ -393,7 +395,9 @@ func (r *Reducer) ready(ctx context.Context, i int) error {
 	if r.handed == len(r.entries) {
 		r.handed = 0
 		r.micro++
-		r.comm.trace().instant(r.comm.rank, laneReducer, fmt.Sprintf("micro-batch %d/%d", r.micro, r.k), map[string]any{"step": r.steps + 1})
+		if tl := r.comm.trace(); tl != nil {
+			tl.instant(r.comm.rank, laneReducer, fmt.Sprintf("micro-batch %d/%d", r.micro, r.k), map[string]any{"step": r.steps + 1})
+		}
 	}
 	if final {
 		return r.launch(ctx)
@@ -492,14 +496,18 @@ func (r *Reducer) Step(ctx context.Context) error {
 			e := r.entries[i]
 			scaleInto(b.dtype, e.gv.bytes, b.buf[e.off:e.off+len(e.gv.bytes)], scale)
 		}
-		r.comm.trace().span(r.comm.rank, laneReducer, "fusion copy out", t, time.Now(), map[string]any{"tensors": len(b.entries), "bytes": b.bytes})
+		if tl := r.comm.trace(); tl != nil {
+			tl.span(r.comm.rank, laneReducer, "fusion copy out", t, time.Now(), map[string]any{"tensors": len(b.entries), "bytes": b.bytes})
+		}
 	}
 	for _, b := range r.buckets {
 		b.ready, b.h = 0, nil
 	}
 	r.micro, r.next = 0, 0
 	r.steps++
-	r.comm.trace().span(r.comm.rank, laneReducer, fmt.Sprintf("step %d wait", r.steps), start, time.Now(), nil)
+	if tl := r.comm.trace(); tl != nil {
+		tl.span(r.comm.rank, laneReducer, fmt.Sprintf("step %d wait", r.steps), start, time.Now(), nil)
+	}
 	return errors.Join(errs...)
 }
 

@@ -182,7 +182,7 @@ func TestReducerAggregationEqualsLargeBatch(t *testing.T) {
 	for _, tc := range []struct {
 		k, fusion int
 		perTensor bool
-	}{{1, 0, false}, {2, 0, true}, {3, 64, false}, {2, -1, true}} {
+	}{{1, 0, false}, {2, 0, true}, {3, 64, false}, {2, -1, true}, {1, -1, true}} {
 		label := fmt.Sprintf("np=3 k=%d b=4 fusion=%d", tc.k, tc.fusion)
 		dw, db := runAggregation(t, comms, ReducerOptions{BackwardPassesPerStep: tc.k, FusionThreshold: tc.fusion}, 4, tc.perTensor)
 		checkLargeBatch(t, label, dw, db, 3*tc.k*4)

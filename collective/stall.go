@@ -118,7 +118,7 @@ func (c *Comm) traceCall(h *Handle, start, end time.Time, err error) {
 	if tl == nil {
 		return
 	}
-	id := strconv.FormatUint(h.call.Seq, 10)
+	id := fmt.Sprintf("r%d-%d", c.rank, h.call.Seq) // async ids are global: qualify by rank
 	name := h.call.Kind.Name()
 	if h.call.Name != "" {
 		name += " " + h.call.Name
