@@ -43,7 +43,6 @@ type Timeline struct {
 	mu     sync.Mutex
 	w      io.Writer
 	f      *os.File
-	t0     time.Time
 	named  map[int]bool
 	closed bool
 	err    error
@@ -62,7 +61,7 @@ func OpenTimeline(path string) (*Timeline, error) {
 
 // NewTimeline starts a trace on w; Close does not close w.
 func NewTimeline(w io.Writer) *Timeline {
-	t := &Timeline{w: w, t0: time.Now(), named: map[int]bool{}}
+	t := &Timeline{w: w, named: map[int]bool{}}
 	_, t.err = io.WriteString(w, "[\n")
 	return t
 }
@@ -88,8 +87,11 @@ type traceEvent struct {
 	Args map[string]any `json:"args,omitempty"`
 }
 
+// us is the trace timestamp of at: microseconds since the Unix epoch, so
+// that the files of ranks in different processes (or hosts, up to clock
+// skew) line up when merged.
 func (t *Timeline) us(at time.Time) float64 {
-	return float64(at.Sub(t.t0).Nanoseconds()) / 1e3
+	return float64(at.UnixNano()) / 1e3
 }
 
 // emit writes one event; t may be nil (no timeline).
