@@ -437,6 +437,9 @@ func (r *Reducer) Backward(ctx context.Context) error {
 	if err := r.Seal(ctx); err != nil {
 		return err
 	}
+	if len(r.entries) == 0 {
+		return fmt.Errorf("gorun: Reducer: Backward with no gradient registered")
+	}
 	if r.micro >= r.k {
 		return fmt.Errorf("gorun: Reducer: Backward after all %d micro-batches of the step: call Step first", r.k)
 	}

@@ -456,3 +456,22 @@ func TestReducerConsistency(t *testing.T) {
 		}
 	}
 }
+
+func TestReducerFusionThresholdFromEnvironment(t *testing.T) {
+	t.Setenv(EnvFusionThreshold, "4096")
+	r, err := NewReducer(&Comm{size: 1}, ReducerOptions{})
+	if err != nil || r.FusionThreshold() != 4096 {
+		t.Fatalf("threshold %d, %v", r.FusionThreshold(), err)
+	}
+	if r, _ := NewReducer(&Comm{size: 1}, ReducerOptions{FusionThreshold: 10}); r.FusionThreshold() != 10 {
+		t.Fatalf("option did not win over the environment: %d", r.FusionThreshold())
+	}
+	t.Setenv(EnvFusionThreshold, "")
+	if r, _ := NewReducer(&Comm{size: 1}, ReducerOptions{}); r.FusionThreshold() != DefaultFusionThreshold {
+		t.Fatalf("default threshold %d", r.FusionThreshold())
+	}
+	t.Setenv(EnvFusionThreshold, "64MB")
+	if _, err := NewReducer(&Comm{size: 1}, ReducerOptions{}); err == nil || !strings.Contains(err.Error(), EnvFusionThreshold) {
+		t.Fatalf("got %v", err)
+	}
+}

@@ -69,7 +69,7 @@ func (c *Comm) stallMessage(h *Handle, start time.Time) string {
 		for _, b := range behind {
 			parts = append(parts, fmt.Sprintf("rank %d (last entered #%d)", b.rank, b.seq))
 		}
-		msg += fmt.Sprintf("; not yet called by %s", strings.Join(parts, ", "))
+		msg += fmt.Sprintf("; ranks that have not entered it yet: %s", strings.Join(parts, ", "))
 	}
 	return msg
 }

@@ -43,7 +43,7 @@ func TestStallWarningNamesMissingRanks(t *testing.T) {
 	found := false
 	for _, w := range warnings {
 		if strings.Contains(w, `call #2 Allreduce(float32[10], Sum, name="layer3.grad")`) &&
-			strings.Contains(w, "not yet called by rank 2 (last entered #1)") {
+			strings.Contains(w, "ranks that have not entered it yet: rank 2 (last entered #1)") {
 			found = true
 		}
 		if strings.Contains(w, "rank 2 has waited") {
