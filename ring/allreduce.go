@@ -1,6 +1,9 @@
 package ring
 
-import "context"
+import (
+	"context"
+	"fmt"
+)
 
 // Ring allreduce = ring reduce-scatter followed by ring allgather
 // (Patarasuk & Yuan; the schedule Gloo's AllreduceRing, Horovod and NCCL use).
@@ -62,6 +65,9 @@ func (r *Ring) Allreduce(ctx context.Context, c Call, buf []byte) error {
 	defer r.end()
 	if err := checkLen(c, "buffer", buf, c.Count*c.DType.Size()); err != nil {
 		return err
+	}
+	if c.Codec != "" {
+		return fmt.Errorf("ring: %s #%d: codec %q: use AllreduceCompressed", c.Kind, c.Seq, c.Codec)
 	}
 	if r.size == 1 {
 		return nil

@@ -25,7 +25,8 @@ import (
 //	 40    4 step
 //	 44    4 chunk index within the segment
 //	 48    4 payload length in bytes
-//	 52    4 reserved, must be zero
+//	 52    1 codec   (0 none, 1 fp16, 2 bf16, 3 int8; Allreduce only)
+//	 53    3 reserved, must be zero
 //
 // The payload is the raw in-memory representation of the elements, which is
 // little endian on every platform Go targets for this project (amd64, arm64).
@@ -48,11 +49,24 @@ type Header struct {
 	Step   uint32
 	Chunk  uint32
 	Length uint32 // payload bytes following the header
+	Codec  string // "" (none), "fp16", "bf16" or "int8"
+}
+
+// codecIDs are the wire numbers of Call.Codec.
+var codecIDs = []string{"", "fp16", "bf16", "int8"}
+
+func codecID(name string) byte {
+	for i, n := range codecIDs {
+		if n == name {
+			return byte(i)
+		}
+	}
+	return 0
 }
 
 // Call returns the call fingerprint carried by h (Name is empty).
 func (h *Header) Call() Call {
-	return Call{Kind: h.Kind, Seq: h.Seq, Op: h.Op, DType: h.DType, Count: int(h.Count), Root: int(h.Root)}
+	return Call{Kind: h.Kind, Seq: h.Seq, Op: h.Op, DType: h.DType, Count: int(h.Count), Root: int(h.Root), Codec: h.Codec}
 }
 
 // ErrShortHeader is returned by DecodeHeader for fewer than HeaderSize bytes.
@@ -75,7 +89,7 @@ func EncodeHeader(dst []byte, h *Header) {
 	le.PutUint32(dst[40:], h.Step)
 	le.PutUint32(dst[44:], h.Chunk)
 	le.PutUint32(dst[48:], h.Length)
-	le.PutUint32(dst[52:], 0)
+	le.PutUint32(dst[52:], uint32(codecID(h.Codec)))
 }
 
 // DecodeHeader parses src[:HeaderSize]. It checks the magic, the version,
@@ -107,8 +121,10 @@ func DecodeHeader(src []byte) (Header, error) {
 		Length: le.Uint32(src[48:]),
 	}
 	switch {
-	case le.Uint32(src[52:]) != 0:
+	case src[53] != 0 || src[54] != 0 || src[55] != 0:
 		return Header{}, errors.New("ring: nonzero reserved header field")
+	case int(src[52]) >= len(codecIDs):
+		return Header{}, fmt.Errorf("ring: bad header codec %d", src[52])
 	case !h.Kind.valid():
 		return Header{}, fmt.Errorf("ring: bad header kind %d", src[5])
 	case h.Op > maxOp:
@@ -120,6 +136,7 @@ func DecodeHeader(src []byte) (Header, error) {
 	case h.Root > maxRoot:
 		return Header{}, fmt.Errorf("ring: header root %d out of range", h.Root)
 	}
+	h.Codec = codecIDs[src[52]]
 	return h, nil
 }
 

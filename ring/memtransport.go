@@ -10,57 +10,82 @@ import (
 // TCP socket buffer.
 const MemPipeCapacity = 1 << 20
 
-// MemTransport is an in-memory Transport for tests and benchmarks, in the
-// spirit of etcd/raft's in-memory network: rank i writes into a bounded byte
-// pipe that rank i+1 reads. Blocking calls honour ctx cancellation.
+// MemTransport is an in-memory Mesh for tests and benchmarks, in the spirit
+// of etcd/raft's in-memory network: rank i writes into a bounded byte pipe
+// that rank j reads, one pipe per ordered pair. Blocking calls honour ctx
+// cancellation.
 type MemTransport struct {
-	rank int
-	send *memPipe // to rank+1
-	recv *memPipe // from rank-1
+	rank  int
+	pipes [][]*memPipe // pipes[i][j]: rank i -> rank j (shared by all ranks)
 }
 
 // NewMemRing returns n connected in-memory transports; element i is for rank
-// i and is a *MemTransport (use Close to inject failures).
+// i and is a *MemTransport (a Mesh; use Close to inject failures).
 func NewMemRing(n int) []Transport {
 	if n < 1 {
 		return nil
 	}
-	pipes := make([]*memPipe, n) // pipes[i]: rank i -> rank i+1
+	pipes := make([][]*memPipe, n)
 	for i := range pipes {
-		pipes[i] = &memPipe{
-			from: i, to: (i + 1) % n,
-			buf: make([]byte, MemPipeCapacity),
-			rd:  make(chan struct{}, 1), wr: make(chan struct{}, 1),
+		pipes[i] = make([]*memPipe, n)
+		for j := range pipes[i] {
+			pipes[i][j] = &memPipe{
+				from: i, to: j,
+				rd: make(chan struct{}, 1), wr: make(chan struct{}, 1),
+			}
 		}
 	}
 	ts := make([]Transport, n)
 	for i := range ts {
-		ts[i] = &MemTransport{rank: i, send: pipes[i], recv: pipes[(i+n-1)%n]}
+		ts[i] = &MemTransport{rank: i, pipes: pipes}
 	}
 	return ts
 }
 
+func (m *MemTransport) to(rank int) *memPipe   { return m.pipes[m.rank][rank] }
+func (m *MemTransport) from(rank int) *memPipe { return m.pipes[rank][m.rank] }
+
 // SendNext implements Transport.
 func (m *MemTransport) SendNext(ctx context.Context, bufs ...[]byte) error {
+	return m.SendTo(ctx, (m.rank+1)%len(m.pipes), bufs...)
+}
+
+// RecvPrev implements Transport.
+func (m *MemTransport) RecvPrev(ctx context.Context, buf []byte) error {
+	return m.RecvFrom(ctx, (m.rank+len(m.pipes)-1)%len(m.pipes), buf)
+}
+
+// SendTo implements Mesh.
+func (m *MemTransport) SendTo(ctx context.Context, rank int, bufs ...[]byte) error {
+	if rank < 0 || rank >= len(m.pipes) || rank == m.rank {
+		return fmt.Errorf("mem transport: rank %d cannot send to rank %d", m.rank, rank)
+	}
 	for _, b := range bufs {
-		if err := m.send.write(ctx, b); err != nil {
+		if err := m.to(rank).write(ctx, b); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// RecvPrev implements Transport.
-func (m *MemTransport) RecvPrev(ctx context.Context, buf []byte) error {
-	return m.recv.read(ctx, buf)
+// RecvFrom implements Mesh.
+func (m *MemTransport) RecvFrom(ctx context.Context, rank int, buf []byte) error {
+	if rank < 0 || rank >= len(m.pipes) || rank == m.rank {
+		return fmt.Errorf("mem transport: rank %d cannot receive from rank %d", m.rank, rank)
+	}
+	return m.from(rank).read(ctx, buf)
 }
 
-// Close simulates a crash of this rank: both of its links break with err
+// Close simulates a crash of this rank: all of its links break with err
 // (wrapped), waking every blocked reader and writer on them. Buffered data
 // is discarded. Close is idempotent; the first error wins.
 func (m *MemTransport) Close(err error) {
-	m.send.close(err)
-	m.recv.close(err)
+	for j := range m.pipes {
+		if j != m.rank {
+			m.to(j).close(err)
+			m.from(j).close(err)
+		}
+	}
 }
 
 // memPipe is a single-producer single-consumer bounded byte ring buffer. The
@@ -103,6 +128,9 @@ func (p *memPipe) write(ctx context.Context, b []byte) error {
 			return context.Cause(ctx)
 		}
 		p.mu.Lock()
+		if p.buf == nil { // allocated on first use: most pairs of a big mesh never talk
+			p.buf = make([]byte, MemPipeCapacity)
+		}
 		err, free, tail := p.err, len(p.buf)-p.n, (p.head+p.n)%len(p.buf)
 		p.mu.Unlock()
 		if err != nil {
@@ -132,7 +160,7 @@ func (p *memPipe) read(ctx context.Context, b []byte) error {
 			return context.Cause(ctx)
 		}
 		p.mu.Lock()
-		err, n, head := p.err, p.n, p.head
+		err, n, head, buf := p.err, p.n, p.head, p.buf
 		p.mu.Unlock()
 		if err != nil {
 			return err
@@ -145,7 +173,7 @@ func (p *memPipe) read(ctx context.Context, b []byte) error {
 			}
 			continue
 		}
-		k := copy(b, p.buf[head:min(len(p.buf), head+n)])
+		k := copy(b, buf[head:min(len(buf), head+n)])
 		b = b[k:]
 		p.mu.Lock()
 		if p.err == nil {

@@ -26,3 +26,20 @@ type Transport interface {
 	// one, or when the stream breaks (naming the peer).
 	RecvPrev(ctx context.Context, buf []byte) error
 }
+
+// Mesh is a Transport that also reaches every rank directly. Compressed
+// allreduce needs it: each rank sends its compressed share of segment j
+// straight to j's owner, so no partial sum is ever re-compressed on the way
+// (see compressed.go).
+//
+// SendTo and RecvFrom follow the rules of SendNext and RecvPrev, per peer:
+// calls for different peers may run concurrently, calls for the same peer
+// and direction never do. The stream to a peer is the same ordered stream
+// that SendNext uses when the peer is the next rank (and RecvPrev, for the
+// previous rank), so callers must not interleave the two for one peer
+// within a collective.
+type Mesh interface {
+	Transport
+	SendTo(ctx context.Context, rank int, bufs ...[]byte) error
+	RecvFrom(ctx context.Context, rank int, buf []byte) error
+}

@@ -158,6 +158,9 @@ type Call struct {
 	Count int    // elements in this rank's input buffer
 	Root  int    // Broadcast only
 	Name  string // optional tensor name, only used in messages; not part of the fingerprint
+	// Codec names the compression of an Allreduce ("" or "none": none;
+	// "fp16", "bf16", "int8"); see compressed.go. Part of the fingerprint.
+	Codec string
 }
 
 // String formats the call, e.g. "Allreduce(float32[1000], Sum)",
@@ -168,6 +171,9 @@ func (c Call) String() string {
 	switch c.Kind {
 	case Allreduce, ReduceScatter:
 		s = fmt.Sprintf("%s(%s[%d], %s", c.Kind.Name(), c.DType, c.Count, c.Op)
+		if c.Codec != "" && c.Codec != "none" {
+			s += ", " + c.Codec
+		}
 	case Broadcast:
 		s = fmt.Sprintf("%s(%s[%d], root=%d", c.Kind.Name(), c.DType, c.Count, c.Root)
 	case Barrier:
@@ -189,6 +195,7 @@ func (c Call) normalize() Call {
 	switch c.Kind {
 	case Broadcast:
 		c.Op = 0
+		c.Codec = ""
 	case Allgather:
 		c.Op, c.Root = 0, 0
 	case Barrier:
@@ -196,13 +203,16 @@ func (c Call) normalize() Call {
 	default:
 		c.Root = 0
 	}
+	if c.Kind != Allreduce || c.Codec == "none" {
+		c.Codec = ""
+	}
 	return c
 }
 
 // sameFingerprint reports whether two normalized calls match.
 func sameFingerprint(a, b Call) bool {
 	return a.Kind == b.Kind && a.Seq == b.Seq && a.Op == b.Op &&
-		a.DType == b.DType && a.Count == b.Count && a.Root == b.Root
+		a.DType == b.DType && a.Count == b.Count && a.Root == b.Root && a.Codec == b.Codec
 }
 
 // MismatchError reports that two ranks issued different collectives at the
