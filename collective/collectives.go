@@ -257,9 +257,12 @@ func (c *Comm) allreduce(buf any, op Op) (ring.Call, runFunc, error) {
 	if v.dtype == ring.Uint8 {
 		return ring.Call{}, nil, fmt.Errorf("gorun: Allreduce: []byte cannot be reduced: use a numeric slice")
 	}
-	call := ring.Call{Kind: ring.Allreduce, Op: op, DType: v.dtype, Count: v.count}
+	call := ring.Call{Kind: ring.Allreduce, Op: op, DType: v.dtype, Count: v.count, Codec: c.compression.defaultName()}
 	return call, func(ctx context.Context, call ring.Call) error {
 		c.stats.bytes.Add(uint64(len(v.bytes)))
+		if call = c.compression.gate(call); call.Codec != "" {
+			return c.allreduceCompressed(ctx, call, v)
+		}
 		return c.ring.Allreduce(ctx, call, v.bytes)
 	}, nil
 }

@@ -21,6 +21,7 @@ import (
 // the same sequence (each call's sequence number travels in every message and
 // a rank that called something else fails fast).
 type Comm struct {
+	compression          *compressionState // codecs, residuals and stats of compressed allreduces
 	rank, size           int
 	localRank, localSize int
 	timeout              time.Duration
@@ -76,6 +77,7 @@ type config struct {
 	stallThreshold       time.Duration
 	metricsAddr          string
 	warnf                func(string, ...any)
+	compression          compressionConfig
 }
 
 // WithRank sets this process's rank and the job size instead of reading them
@@ -256,6 +258,9 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 			case <-c.life.Done():
 			}
 		}()
+	}
+	if c.compression, err = newCompressionState(cfg.compression, os.Getenv); err != nil {
+		return nil, fmt.Errorf("gorun: %w", err)
 	}
 	c.ring, err = ring.New(ring.Config{Rank: cfg.rank, Size: cfg.size, ChunkBytes: cfg.chunkBytes}, transport)
 	if err != nil {

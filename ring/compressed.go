@@ -279,10 +279,13 @@ func (r *Ring) exchange(ctx context.Context, mesh Mesh, step0 int,
 	return serr
 }
 
-// segmentOf returns the element offset and length of rank's segment of a
-// count-element buffer: the part it owns in a compressed allreduce, which
-// is the length its owner residual must have.
-func (r *Ring) segmentOf(count, rank int) (off, n int) {
-	p := plan{count: count, nseg: r.size}
+// Segment returns the element offset and length of rank's segment of a
+// count-element buffer split over size ranks: the part rank owns after a
+// reduce-scatter, and in a compressed allreduce the length of its owner
+// residual (Feedback.Owner).
+func Segment(count, size, rank int) (off, n int) {
+	p := plan{count: count, nseg: size}
 	return p.segment(rank)
 }
+
+func (r *Ring) segmentOf(count, rank int) (off, n int) { return Segment(count, r.size, rank) }

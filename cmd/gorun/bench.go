@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/compress"
 	"github.com/gorun/gorun/internal/bench"
 	"github.com/gorun/gorun/launcher"
 )
@@ -23,9 +24,10 @@ func newBenchCmd() *cobra.Command {
 		op      string
 		asJSON  bool
 		timeout time.Duration
+		codec   string
 	)
 	cmd := &cobra.Command{
-		Use:   "bench -np N [--sizes 4,1K,1M,64M] [--iters N] [--op allreduce|broadcast|allgather|reducescatter] [--json]",
+		Use:   "bench -np N [--sizes 4,1K,1M,64M] [--iters N] [--op allreduce|broadcast|allgather|reducescatter] [--compression int8] [--json]",
 		Short: "Measure collective bandwidth and latency, like nccl-tests' all_reduce_perf",
 		Long: `gorun bench launches N ranks of itself on this host and times a collective on
 float32 data at each size: it warms up, checks every result against the exact
@@ -35,7 +37,8 @@ busbw = algbw*2(N-1)/N for allreduce ((N-1)/N for allgather and
 reducescatter, 1 for broadcast), so numbers compare across rank counts.`,
 		Example: `  gorun bench -np 4
   gorun bench -np 2 --sizes 4,1048576,67108864 --json
-  gorun bench -np 4 --op broadcast --sizes 1M,64M --iters 20`,
+  gorun bench -np 4 --op broadcast --sizes 1M,64M --iters 20
+  gorun bench -np 4 --sizes 64M --compression int8 --json`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -56,6 +59,15 @@ reducescatter, 1 for broadcast), so numbers compare across rank counts.`,
 				"--iters", strconv.Itoa(iters), "--warmup", strconv.Itoa(warmup)}
 			if asJSON {
 				args = append(args, "--json")
+			}
+			if codec != "" && codec != "none" {
+				if _, err := compress.ByName(codec); err != nil {
+					return fmt.Errorf("--compression: %w", err)
+				}
+				if op != "allreduce" {
+					return fmt.Errorf("--compression applies to --op allreduce only")
+				}
+				args = append(args, "--compression", codec)
 			}
 			// Rank 0 prints the report: pass its stdout through unprefixed.
 			out := newLineWriter(os.Stdout)
@@ -84,6 +96,7 @@ reducescatter, 1 for broadcast), so numbers compare across rank counts.`,
 	fl.StringVar(&op, "op", "allreduce", "allreduce, broadcast, allgather or reducescatter")
 	fl.BoolVar(&asJSON, "json", false, "print one JSON object per size")
 	fl.DurationVar(&timeout, "timeout", 0, "collective timeout (default 60s)")
+	fl.StringVar(&codec, "compression", "", "compress allreduces: none, fp16, bf16 or int8 (prints wire bytes, ratio and error)")
 	return cmd
 }
 
@@ -106,7 +119,15 @@ func newBenchWorkerCmd() *cobra.Command {
 				return err
 			}
 			ctx := cmd.Context()
-			comm, err := collective.Init(ctx)
+			var opts []collective.Option
+			if o.Compression != "" {
+				codec, err := compress.ByName(o.Compression)
+				if err != nil {
+					return err
+				}
+				opts = append(opts, collective.WithCompression(codec))
+			}
+			comm, err := collective.Init(ctx, opts...)
 			if err != nil {
 				return err
 			}
@@ -120,6 +141,7 @@ func newBenchWorkerCmd() *cobra.Command {
 	fl.IntVar(&o.Iters, "iters", 0, "")
 	fl.IntVar(&o.Warmup, "warmup", 0, "")
 	fl.BoolVar(&asJSON, "json", false, "")
+	fl.StringVar(&o.Compression, "compression", "", "")
 	return cmd
 }
 

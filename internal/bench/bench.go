@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,6 +28,13 @@ type Result struct {
 	AlgBWGBps float64 `json:"algbw_gbps"`
 	BusBWGBps float64 `json:"busbw_gbps"`
 	Correct   bool    `json:"correct"`
+	// With --compression: the codec, the payload bytes one rank sent per op,
+	// their ratio to the uncompressed ring's, and the relative RMS error of
+	// the result against the exact sum.
+	Compression string  `json:"compression,omitempty"`
+	WireBytes   uint64  `json:"wire_bytes,omitempty"`
+	WireRatio   float64 `json:"wire_ratio,omitempty"`
+	RelError    float64 `json:"rel_error,omitempty"`
 }
 
 // Options are the measurement's parameters.
@@ -35,7 +43,14 @@ type Options struct {
 	Sizes  []int64 // bytes of float32 data (rounded down to whole elements, at least one)
 	Iters  int     // timed iterations per size (0 = choose by size)
 	Warmup int     // untimed iterations per size
+	// Compression names the codec of a compressed allreduce ("" = none);
+	// the Comm must have been created WithCompression of it.
+	Compression string
 }
+
+// Tolerances: the largest relative RMS error a compressed result may have
+// and still count as correct.
+var tolerance = map[string]float64{"int8": 0.02, "fp16": 0.002, "bf16": 0.01}
 
 // ParseSizes reads "4,1K,1M,64M" (K, M, G are powers of 1024).
 func ParseSizes(s string) ([]int64, error) {
@@ -85,9 +100,19 @@ func busFactor(op string, n int) float64 {
 // (a table, or one JSON object per size).
 func Run(ctx context.Context, comm *collective.Comm, o Options, asJSON bool, w io.Writer) error {
 	n := comm.Size()
+	if o.Compression != "" && o.Op != "allreduce" {
+		return fmt.Errorf("--compression applies to allreduce only")
+	}
 	if comm.Rank() == 0 && !asJSON {
-		fmt.Fprintf(w, "# gorun bench: %s, float32 Sum, np=%d\n", o.Op, n)
-		fmt.Fprintf(w, "%12s %8s %12s %12s %12s %8s\n", "bytes", "iters", "time_us", "algbw_GB/s", "busbw_GB/s", "correct")
+		fmt.Fprintf(w, "# gorun bench: %s, float32 Sum, np=%d", o.Op, n)
+		if o.Compression != "" {
+			fmt.Fprintf(w, ", compression %s", o.Compression)
+		}
+		fmt.Fprintf(w, "\n%12s %8s %12s %12s %12s %8s", "bytes", "iters", "time_us", "algbw_GB/s", "busbw_GB/s", "correct")
+		if o.Compression != "" {
+			fmt.Fprintf(w, " %12s %8s %10s", "wire_bytes", "ratio", "rel_error")
+		}
+		fmt.Fprintln(w)
 	}
 	for _, size := range o.Sizes {
 		r, err := measure(ctx, comm, o, size)
@@ -101,7 +126,11 @@ func Run(ctx context.Context, comm *collective.Comm, o Options, asJSON bool, w i
 			b, _ := json.Marshal(r)
 			fmt.Fprintln(w, string(b))
 		} else {
-			fmt.Fprintf(w, "%12d %8d %12.1f %12.4f %12.4f %8v\n", r.Bytes, r.Iters, r.TimeUS, r.AlgBWGBps, r.BusBWGBps, r.Correct)
+			fmt.Fprintf(w, "%12d %8d %12.1f %12.4f %12.4f %8v", r.Bytes, r.Iters, r.TimeUS, r.AlgBWGBps, r.BusBWGBps, r.Correct)
+			if o.Compression != "" {
+				fmt.Fprintf(w, " %12d %8.4f %10.2e", r.WireBytes, r.WireRatio, r.RelError)
+			}
+			fmt.Fprintln(w)
 		}
 	}
 	return nil
@@ -123,8 +152,11 @@ func measure(ctx context.Context, comm *collective.Comm, o Options, size int64) 
 		warmup = min(max(iters/5, 2), 10)
 	}
 	c := newCase(o.Op, count, n, rank)
+	c.codec = o.Compression
 	times := make([]float64, iters)
 	correct := true
+	before, _ := comm.CompressionStats()
+	var worstErr float64
 	for i := -warmup; i < iters; i++ {
 		c.fill(i)
 		// Filling and checking take different times on different ranks; a
@@ -139,11 +171,22 @@ func measure(ctx context.Context, comm *collective.Comm, o Options, size int64) 
 		if i >= 0 {
 			times[i] = time.Since(start).Seconds()
 		}
+		if c.codec != "" {
+			// Lossy: correct means within the codec's tolerance.
+			e := c.relError(i)
+			worstErr = max(worstErr, e)
+			if e > tolerance[c.codec] {
+				return Result{}, fmt.Errorf("rank %d: %s allreduce of %d bytes, iteration %d: relative error %.3g exceeds %s's tolerance %g",
+					rank, c.codec, size, i, e, c.codec, tolerance[c.codec])
+			}
+			continue
+		}
 		if bad := c.check(i); bad != "" {
 			correct = false
 			return Result{}, fmt.Errorf("rank %d: %s of %d bytes, iteration %d: %s", rank, o.Op, size, i, bad)
 		}
 	}
+	after, _ := comm.CompressionStats()
 	// The op takes as long as its slowest rank: reduce the per-iteration
 	// times with Max, then take the median.
 	if err := comm.Allreduce(ctx, times, collective.Max, collective.Name("bench-times")); err != nil {
@@ -160,10 +203,18 @@ func measure(ctx context.Context, comm *collective.Comm, o Options, size int64) 
 	med := times[len(times)/2]
 	bytes := int64(c.bytes())
 	alg := float64(bytes) / med / 1e9
-	return Result{
+	res := Result{
 		Op: o.Op, NP: n, Bytes: bytes, Iters: iters, TimeUS: med * 1e6,
 		AlgBWGBps: alg, BusBWGBps: alg * busFactor(o.Op, n), Correct: ok[0] == 1,
-	}, nil
+	}
+	if c.codec != "" {
+		res.Compression, res.RelError = c.codec, worstErr
+		if calls := after.Calls - before.Calls; calls > 0 {
+			res.WireBytes = (after.WireBytes - before.WireBytes) / calls
+			res.WireRatio = float64(after.WireBytes-before.WireBytes) / float64(after.RawBytes-before.RawBytes)
+		}
+	}
+	return res, nil
 }
 
 // benchCase holds the buffers of one op and knows the exact answer: every
@@ -171,6 +222,7 @@ func measure(ctx context.Context, comm *collective.Comm, o Options, size int64) 
 // equality.
 type benchCase struct {
 	op          string
+	codec       string
 	n, rank     int
 	in, out     []float32
 	root        int
@@ -208,6 +260,9 @@ func (c *benchCase) fill(it int) {
 func (c *benchCase) run(ctx context.Context, comm *collective.Comm, it int) error {
 	switch c.op {
 	case "allreduce":
+		if c.codec != "" {
+			return comm.Allreduce(ctx, c.in, collective.Sum, collective.Name("bench"), collective.Compression(c.codec))
+		}
 		return comm.Allreduce(ctx, c.in, collective.Sum)
 	case "broadcast":
 		return comm.Broadcast(ctx, c.in, c.root)
@@ -249,4 +304,25 @@ func (c *benchCase) check(it int) string {
 		}
 	}
 	return ""
+}
+
+// relError is the relative RMS error of an allreduce result against the
+// exact sum.
+func (c *benchCase) relError(it int) float64 {
+	var sums [13]float64
+	for k := range sums {
+		for r := range c.n {
+			sums[k] += float64(value(r, k, it))
+		}
+	}
+	var sq, ref float64
+	for i, v := range c.in {
+		w := sums[i%13]
+		sq += (float64(v) - w) * (float64(v) - w)
+		ref += w * w
+	}
+	if ref == 0 {
+		return math.Sqrt(sq)
+	}
+	return math.Sqrt(sq / ref)
 }
