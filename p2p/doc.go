@@ -23,8 +23,10 @@
 //     "leave" is broadcast as "rank N (addr) disconnected". Both ends send
 //     heartbeats and put a read deadline of Timeout on the stream, so a frozen
 //     (SIGSTOPped) process is noticed within Timeout.
-//   - Data plane: one ordered byte stream per ring edge r -> r+1. The lower
-//     rank of the pair always dials (simultaneous dials of the same pair make
+//   - Data plane: one ordered byte stream per ordered pair of ranks i -> j
+//     (a full mesh, set up at Join; Node.Mesh), of which the ring edges
+//     r -> r+1 carry SendNext/RecvPrev. The lower rank of a pair dials both
+//     of its links (simultaneous dials of the same pair make
 //     a fraction of libp2p TLS handshakes fail, go-libp2p#2925). Ranks on the
 //     same host use a unix abstract socket (no file to clean up, no cipher,
 //     the kernel does the copy), authenticated by an HMAC handshake; with
@@ -37,5 +39,6 @@
 // Config.Timeout, and its error says what (which rank) was being waited for.
 // When a Node aborts (Abort, an abort relayed by the rendezvous, a
 // disconnected rank, or a lost rendezvous) its data links are closed, so a
-// collective blocked in SendNext/RecvPrev returns at once with Node.Err().
+// collective blocked in SendNext/RecvPrev (or SendTo/RecvFrom) returns at
+// once with Node.Err().
 package p2p

@@ -9,9 +9,11 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/gorun/gorun/ring"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/protocol"
 )
@@ -30,7 +32,8 @@ type deadliner interface {
 	SetWriteDeadline(time.Time) error
 }
 
-// link is one ring edge: id is the rank that sends on it.
+// link is one ordered stream between this rank and peer: id is the rank
+// that sends on it (this rank or peer).
 type link struct {
 	id   int
 	peer int    // the other rank
@@ -137,12 +140,19 @@ func (n *Node) acceptHandshake(l *link, from string) error {
 	if l.s != nil && l.s.Conn().RemotePeer().String() != table[m.Rank].ID {
 		return fmt.Errorf("peer %s claims rank %d", l.s.Conn().RemotePeer(), m.Rank)
 	}
-	n.mu.Lock()
-	if !n.expect[m.Link] || n.have[m.Link] {
-		n.mu.Unlock()
-		return fmt.Errorf("unexpected or duplicate link %d from rank %d", m.Link, m.Rank)
+	recv := m.Link == m.Rank // the dialer sends, we receive
+	key := linkKey(m.Rank, n.cfg.Rank, n.cfg.Size)
+	dir := fmt.Sprintf("link %d -> %d", m.Rank, n.cfg.Rank)
+	if !recv {
+		key = linkKey(n.cfg.Rank, m.Rank, n.cfg.Size)
+		dir = fmt.Sprintf("link %d -> %d", n.cfg.Rank, m.Rank)
 	}
-	n.have[m.Link] = true
+	n.mu.Lock()
+	if !n.expect[key] || n.have[key] {
+		n.mu.Unlock()
+		return fmt.Errorf("unexpected or duplicate %s dialed by rank %d", dir, m.Rank)
+	}
+	n.have[key] = true
 	n.mu.Unlock()
 	if err := writeMsg(l.rw, &msg{T: tDOK, Proof: dataOKProof(n.cfg.JobKey, m.Nonce, n.cfg.Rank, m.Link)}); err != nil {
 		return err
@@ -155,17 +165,20 @@ func (n *Node) acceptHandshake(l *link, from string) error {
 }
 
 // checkDataHello verifies that a data hello names a link between the
-// dialer and me (rank) of which the dialer is the designated dialer.
+// dialer and me (rank), in either direction, and that the dialer is the
+// designated dialer of the pair (the lower rank).
 func checkDataHello(m *msg, me, size int) error {
-	if m.Rank < 0 || m.Rank >= size || m.Link < 0 || m.Link >= size || size < 2 {
+	if size < 2 || me < 0 || me >= size || m.Rank < 0 || m.Rank >= size || m.Link < 0 || m.Link >= size {
 		return fmt.Errorf("rank %d / link %d out of range", m.Rank, m.Link)
 	}
-	a, b := m.Link, (m.Link+1)%size
-	if !((a == me && b == m.Rank) || (b == me && a == m.Rank)) {
-		return fmt.Errorf("link %d does not join rank %d and rank %d", m.Link, m.Rank, me)
+	if m.Rank == me {
+		return fmt.Errorf("rank %d dialed itself", m.Rank)
 	}
-	if dialerOf(m.Link, size) != m.Rank {
-		return fmt.Errorf("rank %d is not the dialer of link %d", m.Rank, m.Link)
+	if m.Link != m.Rank && m.Link != me {
+		return fmt.Errorf("link from rank %d does not join rank %d and rank %d", m.Link, m.Rank, me)
+	}
+	if dialerOf(m.Rank, me) != m.Rank {
+		return fmt.Errorf("rank %d is not the dialer of its links with rank %d", m.Rank, me)
 	}
 	return nil
 }
@@ -198,7 +211,8 @@ func (n *Node) chooseKind(p tableItem) string {
 	return LinkLibp2pTLS
 }
 
-// dialLink opens link id to rank to and authenticates both ends.
+// dialLink opens the link between this rank and rank to on which rank id
+// (this rank or to) sends, and authenticates both ends.
 func (n *Node) dialLink(ctx context.Context, id, to int) (*link, error) {
 	n.mu.Lock()
 	p := n.table[to]
@@ -271,35 +285,40 @@ func (n *Node) dialLink(ctx context.Context, id, to int) (*link, error) {
 	return l, nil
 }
 
-// connectLinks establishes this rank's send link (to rank+1) and receive
-// link (from rank-1): dialing the ones we are the lower rank of, waiting for
-// the others.
+// connectLinks establishes this rank's links to and from every other rank:
+// it dials both links of every pair of which it is the lower rank and waits
+// for the higher ranks to dial the others. Setup is bounded by ctx and
+// Timeout; a timeout names the ranks whose links are missing.
 func (n *Node) connectLinks(ctx context.Context) error {
 	size, me := n.cfg.Size, n.cfg.Rank
 	if size == 1 {
 		return nil
 	}
-	next, prev := (me+1)%size, (me-1+size)%size
-	sctx, cancel := n.stepCtx(ctx, fmt.Sprintf("connecting ring links (to rank %d, from rank %d)", next, prev))
+	sctx, cancel := n.stepCtx(ctx, fmt.Sprintf("connecting data links (rank %d of %d, to and from every peer)", me, size))
 	defer cancel()
 	type res struct {
 		l   *link
 		err error
 	}
-	dials := make(chan res, 2)
+	dials := make(chan res, 2*size)
 	ndial, nwait := 0, 0
-	for _, lk := range []struct{ id, peer int }{{me, next}, {prev, prev}} {
-		if dialerOf(lk.id, size) == me {
+	for p := range size {
+		if p == me {
+			continue
+		}
+		if dialerOf(me, p) != me {
+			nwait += 2
+			continue
+		}
+		for _, id := range []int{me, p} { // me -> p, then p -> me
 			ndial++
 			go func() {
-				l, err := n.dialLink(sctx, lk.id, lk.peer)
+				l, err := n.dialLink(sctx, id, p)
 				dials <- res{l, err}
 			}()
-		} else {
-			nwait++
 		}
 	}
-	var send, recv *link
+	to, from := make([]*link, size), make([]*link, size)
 	var firstErr error
 	put := func(l *link) {
 		n.mu.Lock()
@@ -310,9 +329,9 @@ func (n *Node) connectLinks(ctx context.Context) error {
 			l.close()
 		}
 		if l.id == me {
-			send = l
+			to[l.peer] = l
 		} else {
-			recv = l
+			from[l.peer] = l
 		}
 	}
 	stepDone, nodeDone := sctx.Done(), n.done
@@ -334,7 +353,7 @@ func (n *Node) connectLinks(ctx context.Context) error {
 		case <-stepDone:
 			stepDone = nil
 			if firstErr == nil {
-				firstErr = n.waitingErr(sctx, send, recv, next, prev)
+				firstErr = missingLinksErr(sctx, me, to, from)
 			}
 			nwait = 0 // stop waiting for accepts; dials end via ctx
 		case <-nodeDone:
@@ -355,43 +374,81 @@ func (n *Node) connectLinks(ctx context.Context) error {
 			local++
 		}
 	}
-	n.tr = &transport{n: n, send: send, recv: recv}
+	n.tr = &transport{n: n, me: me, size: size, to: to, from: from}
 	n.tr.pollBudget, n.tr.pollYield = pollConfig(local)
+	kinds := map[string]int{}
 	n.mu.Lock()
-	if n.peers[next].Link == "" {
-		n.peers[next].Link = send.kind
-	}
-	if n.peers[prev].Link == "" {
-		n.peers[prev].Link = recv.kind
+	for p, l := range to {
+		if l == nil {
+			continue
+		}
+		kinds[l.kind]++
+		if n.peers[p].Link == "" {
+			n.peers[p].Link = l.kind
+		}
 	}
 	n.mu.Unlock()
-	n.logf("ring links up: to rank %d via %s (%s), from rank %d via %s (%s)",
-		next, send.kind, send.addr, prev, recv.kind, recv.addr)
+	next, prev := (me+1)%size, (me-1+size)%size
+	n.logf("data links up to and from %d peers %v; ring: to rank %d via %s (%s), from rank %d via %s (%s)",
+		size-1, kinds, next, to[next].kind, to[next].addr, prev, from[prev].kind, from[prev].addr)
 	return nil
 }
 
-func (n *Node) waitingErr(ctx context.Context, send, recv *link, next, prev int) error {
+// missingLinksErr names the peers whose links did not come up in time.
+func missingLinksErr(ctx context.Context, me int, to, from []*link) error {
+	var ranks []int
 	var miss []string
-	if send == nil {
-		miss = append(miss, fmt.Sprintf("link to rank %d", next))
+	for p := range to {
+		if p == me || (to[p] != nil && from[p] != nil) {
+			continue
+		}
+		ranks = append(ranks, p)
+		if to[p] == nil {
+			miss = append(miss, fmt.Sprintf("to rank %d", p))
+		}
+		if from[p] == nil {
+			miss = append(miss, fmt.Sprintf("from rank %d", p))
+		}
 	}
-	if recv == nil {
-		miss = append(miss, fmt.Sprintf("link from rank %d", prev))
+	return fmt.Errorf("waiting for data links with ranks %v (%s): %w", ranks, strings.Join(miss, ", "), context.Cause(ctx))
+}
+
+// dialerOf returns which rank of a pair dials both links between them: the
+// lower one, so a pair never dials each other at the same time
+// (go-libp2p#2925).
+func dialerOf(a, b int) int { return min(a, b) }
+
+// linkKey identifies the ordered link from -> to among size ranks.
+func linkKey(from, to, size int) int { return from*size + to }
+
+// expectLinks lists the links this rank accepts: both links of every pair
+// with a lower rank. Called with n.mu held.
+func (n *Node) expectLinks() {
+	size, me := n.cfg.Size, n.cfg.Rank
+	for p := range size {
+		if p != me && dialerOf(me, p) == p {
+			n.expect[linkKey(p, me, size)] = true
+			n.expect[linkKey(me, p, size)] = true
+		}
 	}
-	return fmt.Errorf("waiting for %v: %w", miss, context.Cause(ctx))
 }
 
 // linkGrace is how long a failed transfer waits for the control path to
 // explain the failure.
 const linkGrace = time.Second
 
-// transport implements ring.Transport over the node's two links.
+// transport implements ring.Mesh over the node's links: one ordered stream
+// to and one from every other rank. SendNext and RecvPrev use the streams
+// to rank+1 and from rank-1.
 type transport struct {
 	n          *Node
-	send, recv *link
+	me, size   int
+	to, from   []*link // indexed by peer rank; nil at me
 	pollBudget time.Duration
 	pollYield  bool
 }
+
+var _ ring.Mesh = (*transport)(nil)
 
 // watch applies ctx to one operation: its deadline becomes the socket
 // deadline, and cancellation sets a past deadline so a blocked call returns.
@@ -463,10 +520,24 @@ func (t *transport) fail(ctx context.Context, err error, op string, l *link) err
 
 // SendNext writes bufs, in order, to rank+1 (one writev for socket links).
 func (t *transport) SendNext(ctx context.Context, bufs ...[]byte) error {
+	return t.SendTo(ctx, (t.me+1)%t.size, bufs...)
+}
+
+// RecvPrev reads exactly len(buf) bytes from rank-1.
+func (t *transport) RecvPrev(ctx context.Context, buf []byte) error {
+	return t.RecvFrom(ctx, (t.me-1+t.size)%t.size, buf)
+}
+
+// SendTo writes bufs, in order, to rank (one writev for socket links). Calls
+// for different ranks may run concurrently.
+func (t *transport) SendTo(ctx context.Context, rank int, bufs ...[]byte) error {
+	if rank < 0 || rank >= t.size || rank == t.me {
+		return fmt.Errorf("p2p: rank %d cannot send to rank %d (size %d)", t.me, rank, t.size)
+	}
 	if err := t.pre(ctx); err != nil {
 		return err
 	}
-	l := t.send
+	l := t.to[rank]
 	done := watch(ctx, l.rw.SetWriteDeadline)
 	var err error
 	if l.c != nil {
@@ -491,12 +562,16 @@ func (t *transport) SendNext(ctx context.Context, bufs ...[]byte) error {
 	return nil
 }
 
-// RecvPrev reads exactly len(buf) bytes from rank-1.
-func (t *transport) RecvPrev(ctx context.Context, buf []byte) error {
+// RecvFrom reads exactly len(buf) bytes from rank. Calls for different
+// ranks may run concurrently.
+func (t *transport) RecvFrom(ctx context.Context, rank int, buf []byte) error {
+	if rank < 0 || rank >= t.size || rank == t.me {
+		return fmt.Errorf("p2p: rank %d cannot receive from rank %d (size %d)", t.me, rank, t.size)
+	}
 	if err := t.pre(ctx); err != nil {
 		return err
 	}
-	l := t.recv
+	l := t.from[rank]
 	done := watch(ctx, l.rw.SetReadDeadline)
 	var err error
 	if l.raw != nil {

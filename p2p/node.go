@@ -67,7 +67,7 @@ type Peer struct {
 	ID     peer.ID
 	Addrs  []string
 	HostID string
-	Link   string // "unix", "tcp-plaintext", "libp2p-tls" for ring neighbours, "" otherwise
+	Link   string // "unix", "tcp-plaintext", "libp2p-tls" for every other rank, "" for this one
 }
 
 // Node is one rank's membership in a job.
@@ -122,8 +122,8 @@ func (n *Node) logf(format string, args ...any) {
 }
 
 // Join starts this rank's host, registers with the rendezvous, waits for the
-// whole job and connects the ring links. The returned Node no longer depends
-// on ctx.
+// whole job and connects the data links to and from every other rank. The
+// returned Node no longer depends on ctx.
 func Join(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.Size < 1 || cfg.Rank < 0 || cfg.Rank >= cfg.Size {
 		return nil, fmt.Errorf("p2p: rank %d out of range for size %d", cfg.Rank, cfg.Size)
@@ -171,7 +171,7 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 		progAnswer: make(chan []uint64, 1),
 		expect:     map[int]bool{},
 		have:       map[int]bool{},
-		accepted:   make(chan *link, 2),
+		accepted:   make(chan *link, 2*cfg.Size),
 		done:       make(chan struct{}),
 		stop:       make(chan struct{}),
 	}
@@ -545,14 +545,7 @@ func (n *Node) installTable(t []tableItem) error {
 	n.table = t
 	n.peers = peers
 	n.missing = nil
-	if n.cfg.Size > 1 {
-		// Accept the links of which we are the higher rank.
-		for _, l := range []int{n.cfg.Rank, (n.cfg.Rank - 1 + n.cfg.Size) % n.cfg.Size} {
-			if dialerOf(l, n.cfg.Size) != n.cfg.Rank {
-				n.expect[l] = true
-			}
-		}
-	}
+	n.expectLinks() // the links of which we are the higher rank
 	n.mu.Unlock()
 	return nil
 }
@@ -585,14 +578,19 @@ func parseTable(t []tableItem, size, rank int, self peer.ID) ([]Peer, error) {
 	return peers, nil
 }
 
-// dialerOf returns which rank dials link l (the edge l -> l+1): the lower
-// rank, so a pair never dials each other at the same time.
-func dialerOf(l, size int) int {
-	return min(l, (l+1)%size)
+// Transport returns the data links as a ring.Transport (nil when Size is
+// 1). The value also implements ring.Mesh; see Mesh.
+func (n *Node) Transport() ring.Transport {
+	if n.tr == nil {
+		return nil
+	}
+	return n.tr
 }
 
-// Transport returns the ring links (nil when Size is 1).
-func (n *Node) Transport() ring.Transport {
+// Mesh returns the data links to and from every rank (nil when Size is 1).
+// Its SendNext/RecvPrev streams are the SendTo/RecvFrom streams of the ring
+// neighbours.
+func (n *Node) Mesh() ring.Mesh {
 	if n.tr == nil {
 		return nil
 	}
