@@ -15,6 +15,7 @@ import (
 
 	"gorgonia.org/tensor"
 
+	"github.com/gorun/gorun/compress"
 	"github.com/gorun/gorun/ring"
 )
 
@@ -42,10 +43,31 @@ type ReducerOptions struct {
 	// collective. 0 means GORUN_FUSION_THRESHOLD or 64 MiB; a negative
 	// value turns fusion off (one collective per gradient).
 	FusionThreshold int
-	// Compression names a codec of package compress to apply per gradient.
-	// It is a placeholder: the ring does not carry compressed payloads yet,
-	// so anything but "" or "none" is refused rather than faked.
-	Compression string
+	// Compression picks, per gradient, the codec of package compress its
+	// allreduce uses ("fp16", "bf16", "int8"; "" or "none": uncompressed),
+	// from the gradient's name and size in bytes; CompressLarge is the usual
+	// choice. Gradients with different codecs never share a fusion buffer.
+	// Only float32 gradients are compressed, and only in buffers of at least
+	// the Comm's compression threshold (WithCompressionThreshold, 64 KiB by
+	// default). nil leaves the Comm's default (WithCompression,
+	// GORUN_COMPRESSION) to apply to the fusion buffers.
+	//
+	// Error feedback is kept per fusion buffer, under the buffer's name,
+	// which lists its gradients: the layout is the same every step, so each
+	// gradient's residuals survive from step to step (ResetResiduals
+	// forgets them, e.g. after loading a checkpoint).
+	Compression func(name string, bytes int) string
+}
+
+// CompressLarge returns a ReducerOptions.Compression policy: codec for
+// gradients of at least minBytes, none for the others.
+func CompressLarge(codec string, minBytes int) func(name string, bytes int) string {
+	return func(_ string, bytes int) string {
+		if bytes >= minBytes {
+			return codec
+		}
+		return "none"
+	}
 }
 
 // Reducer averages a training loop's gradients across ranks and
@@ -90,6 +112,7 @@ type gradEntry struct {
 	name         string
 	param, grad  any
 	pv, gv       view
+	codec        string // "" when ReducerOptions.Compression is nil
 	shape        []int
 	bucket, off  int // bucket index and byte offset of the gradient in it
 	seen         uint64
@@ -98,6 +121,8 @@ type gradEntry struct {
 
 type bucket struct {
 	dtype   ring.DType
+	codec   string
+	name    string // call name: also the key of its error-feedback residuals
 	entries []int
 	bytes   int
 	buf     []byte // fusion buffer (nil when direct)
@@ -110,9 +135,6 @@ type bucket struct {
 // NewReducer returns a Reducer for comm. It computes k from the options and
 // fails if they are inconsistent.
 func NewReducer(comm *Comm, o ReducerOptions) (*Reducer, error) {
-	if o.Compression != "" && o.Compression != "none" {
-		return nil, fmt.Errorf("gorun: Reducer: compression %q is not available yet: the ring does not carry compressed payloads (use \"none\")", o.Compression)
-	}
 	k := o.BackwardPassesPerStep
 	if k < 0 {
 		return nil, fmt.Errorf("gorun: Reducer: BackwardPassesPerStep %d is negative", k)
@@ -189,6 +211,15 @@ func (r *Reducer) Register(name string, param, grad any) error {
 		return fmt.Errorf("gorun: Reducer: gradient %q is %s: use float32 or float64", name, gv.dtype)
 	}
 	e := &gradEntry{name: name, param: param, grad: grad, gv: gv, shape: shapeOf(grad)}
+	if r.opts.Compression != nil {
+		e.codec = r.opts.Compression(name, len(gv.bytes))
+		if e.codec == "" {
+			e.codec = "none"
+		}
+		if _, err := compress.ByName(e.codec); err != nil {
+			return fmt.Errorf("gorun: Reducer: gradient %q: %w", name, err)
+		}
+	}
 	if param != nil {
 		if e.pv, err = viewOf(param); err != nil {
 			return fmt.Errorf("gorun: Reducer: parameter %q: %w", name, err)
@@ -219,7 +250,11 @@ func (r *Reducer) describe() []string {
 		if e.param != nil {
 			p = e.pv.dtype.String()
 		}
-		lines = append(lines, fmt.Sprintf("%q grad %s%v param %s", e.name, e.gv.dtype, e.shape, p))
+		line := fmt.Sprintf("%q grad %s%v param %s", e.name, e.gv.dtype, e.shape, p)
+		if e.codec != "" {
+			line += " codec " + e.codec
+		}
+		lines = append(lines, line)
 	}
 	return lines
 }
@@ -243,15 +278,19 @@ func (r *Reducer) layout() {
 	var cur *bucket
 	for i, e := range r.entries {
 		n := len(e.gv.bytes)
-		if cur == nil || cur.dtype != e.gv.dtype || r.threshold < 0 || cur.bytes+n > r.threshold {
-			cur = &bucket{dtype: e.gv.dtype}
+		if cur == nil || cur.dtype != e.gv.dtype || cur.codec != e.codec || r.threshold < 0 || cur.bytes+n > r.threshold {
+			cur = &bucket{dtype: e.gv.dtype, codec: e.codec}
 			r.buckets = append(r.buckets, cur)
 		}
 		e.bucket, e.off = len(r.buckets)-1, cur.bytes
 		cur.entries = append(cur.entries, i)
 		cur.bytes += n
 	}
-	for _, b := range r.buckets {
+	for i, b := range r.buckets {
+		b.name = r.entries[b.entries[0]].name
+		if len(b.entries) > 1 {
+			b.name = fmt.Sprintf("bucket %d (%d tensors, %s..%s)", i, len(b.entries), b.name, r.entries[b.entries[len(b.entries)-1]].name)
+		}
 		if len(b.entries) == 1 && r.k == 1 {
 			b.direct = true
 			b.arg = r.entries[b.entries[0]].grad
@@ -414,11 +453,11 @@ func (r *Reducer) launch(ctx context.Context) error {
 		if b.direct {
 			op = Avg
 		}
-		name := r.entries[b.entries[0]].name
-		if len(b.entries) > 1 {
-			name = fmt.Sprintf("bucket %d (%d tensors, %s..%s)", r.next, len(b.entries), name, r.entries[b.entries[len(b.entries)-1]].name)
+		opts := []CallOption{Name(b.name)}
+		if b.codec != "" {
+			opts = append(opts, Compression(b.codec))
 		}
-		b.h = r.comm.AllreduceAsync(ctx, b.arg, op, Name(name))
+		b.h = r.comm.AllreduceAsync(ctx, b.arg, op, opts...)
 		r.next++
 		select {
 		case <-b.h.Done():
@@ -512,6 +551,25 @@ func (r *Reducer) Step(ctx context.Context) error {
 		tl.span(r.comm.rank, laneReducer, fmt.Sprintf("step %d wait", r.steps), start, time.Now(), nil)
 	}
 	return errors.Join(errs...)
+}
+
+// ResetResiduals forgets the compression error-feedback residuals of every
+// gradient (e.g. after loading a checkpoint).
+func (r *Reducer) ResetResiduals() {
+	for _, b := range r.buckets {
+		r.comm.ResetResiduals(b.name)
+	}
+}
+
+// BucketNames are the names of the step's collectives, in order: a
+// gradient's own name when it travels alone, else "bucket i (n tensors,
+// first..last)". Compression statistics and residuals are kept under them.
+func (r *Reducer) BucketNames() []string {
+	names := make([]string, len(r.buckets))
+	for i, b := range r.buckets {
+		names[i] = b.name
+	}
+	return names
 }
 
 // BroadcastParameters copies every registered parameter from rank root to
