@@ -97,67 +97,104 @@ func (r *Ring) AllreduceCompressed(ctx context.Context, c Call, buf []byte, code
 	return r.compressed(ctx, mesh, x, codec, fb)
 }
 
+// compressedBufs are the scratch buffers of compressed allreduces, kept in
+// the Ring and reused from call to call.
+type compressedBufs struct {
+	enc, gathered, recv, out []byte
+	meant, sent, sum, dec    []float32
+}
+
+func growF32(b []float32, n int) []float32 {
+	if cap(b) >= n {
+		return b[:n]
+	}
+	return make([]float32, n)
+}
+
+func growBytes(b []byte, n int) []byte {
+	if cap(b) >= n {
+		return b[:n]
+	}
+	return make([]byte, n)
+}
+
+// statsStride samples every statsStride-th value for the error statistic:
+// it describes the codec's error well and costs little.
+const statsStride = 8
+
 func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec compress.Codec, fb *Feedback) (CompressionStats, error) {
 	p, n, rank := &r.p, r.size, r.rank
 	var st CompressionStats
+	cb := &r.cbufs
 
-	// Encode every share but our own into one buffer, segment by segment.
+	// Layout of the encoded shares: segment j at enc[encOff[j]:encOff[j+1]]
+	// (empty for our own segment).
 	encOff := make([]int, n+1)
+	maxSeg := 0
 	for j := range n {
 		_, cnt := p.segment(j)
+		maxSeg = max(maxSeg, cnt)
 		encOff[j+1] = encOff[j]
 		if j != rank {
 			encOff[j+1] += codec.EncodedLen(cnt)
 		}
 	}
-	enc := make([]byte, encOff[n])
+	ownOff, ownLen := p.segment(rank)
+	shareLen := codec.EncodedLen(ownLen)
+	cb.enc = growBytes(cb.enc, encOff[n])
+	cb.gathered = growBytes(cb.gathered, encOff[n])
+	cb.recv = growBytes(cb.recv, (n-1)*shareLen) // round k's share at (k-1)*shareLen
+	cb.out = growBytes(cb.out, shareLen)
+	cb.meant = growF32(cb.meant, maxSeg)
+	cb.sent = growF32(cb.sent, maxSeg)
+	cb.sum = growF32(cb.sum, ownLen)
+	cb.dec = growF32(cb.dec, ownLen)
+
+	// encodeShare encodes our share of segment j just before it is sent, on
+	// the sender goroutine, so encoding overlaps with receiving and summing.
 	var sq, sqRef float64
-	for j := range n {
-		if j == rank {
-			continue
-		}
+	encodeShare := func(j int) ([]byte, error) {
 		off, cnt := p.segment(j)
-		seg := x[off : off+cnt]
+		seg, dst := x[off:off+cnt], cb.enc[encOff[j]:encOff[j+1]]
 		meant := seg
 		if fb != nil {
-			meant = make([]float32, cnt)
+			meant = cb.meant[:cnt]
+			res := fb.Contrib[off : off+cnt]
 			for i, v := range seg {
-				meant[i] = v + fb.Contrib[off+i]
+				meant[i] = v + res[i]
 			}
 		}
-		st.Clamped += codec.Encode(enc[encOff[j]:encOff[j+1]], meant).Clamped
-		sent := make([]float32, cnt)
-		if err := codec.Decode(sent, enc[encOff[j]:encOff[j+1]]); err != nil {
-			return st, fmt.Errorf("%s: decoding own share: %w", r.errPrefix(0), err)
+		st.Clamped += codec.Encode(dst, meant).Clamped
+		sent := cb.sent[:cnt]
+		if err := codec.Decode(sent, dst); err != nil {
+			return nil, fmt.Errorf("%s: decoding own share: %w", r.errPrefix(0), err)
 		}
-		for i := range sent {
+		if fb != nil {
+			res := fb.Contrib[off : off+cnt]
+			for i, m := range meant {
+				res[i] = m - sent[i]
+			}
+		}
+		for i := 0; i < cnt; i += statsStride {
 			d := float64(meant[i]) - float64(sent[i])
 			sq += d * d
 			sqRef += float64(meant[i]) * float64(meant[i])
-			if fb != nil {
-				fb.Contrib[off+i] = float32(d)
-			}
 		}
-	}
-	if sqRef > 0 {
-		st.RelRMSE = math.Sqrt(sq / sqRef)
+		return dst, nil
 	}
 
 	// Scatter the shares to their owners; sum ours in a fixed order.
-	ownOff, ownLen := p.segment(rank)
-	sum := make([]float32, ownLen)
+	sum, dec := cb.sum, cb.dec
 	copy(sum, x[ownOff:ownOff+ownLen])
-	shareLen := codec.EncodedLen(ownLen)
-	recv := make([]byte, shareLen)
-	dec := make([]float32, ownLen)
 	err := r.exchange(ctx, mesh, 0,
-		func(k int) (int, []byte) { // round k: our share of segment rank+k
+		func(k int) (int, []byte, error) { // round k: our share of segment rank+k
 			j := mod(rank+k, n)
-			return j, enc[encOff[j]:encOff[j+1]]
+			b, err := encodeShare(j)
+			return j, b, err
 		},
-		func(k int) (int, []byte) { return mod(rank-k, n), recv },
+		func(k int) (int, []byte) { return mod(rank-k, n), cb.recv[(k-1)*shareLen : k*shareLen] },
 		func(k, from int) error {
-			if err := codec.Decode(dec, recv); err != nil {
+			if err := codec.Decode(dec, cb.recv[(k-1)*shareLen:k*shareLen]); err != nil {
 				return fmt.Errorf("%s: share from rank %d: %w", r.errPrefix(k), from, err)
 			}
 			for i, v := range dec {
@@ -165,6 +202,9 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 			}
 			return nil
 		})
+	if sqRef > 0 {
+		st.RelRMSE = math.Sqrt(sq / sqRef)
+	}
 	if err != nil {
 		return st, err
 	}
@@ -181,9 +221,8 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 			sum[i] += fb.Owner[i]
 		}
 	}
-	out := make([]byte, shareLen)
-	st.Clamped += codec.Encode(out, sum).Clamped
-	if err := codec.Decode(x[ownOff:ownOff+ownLen], out); err != nil {
+	st.Clamped += codec.Encode(cb.out, sum).Clamped
+	if err := codec.Decode(x[ownOff:ownOff+ownLen], cb.out); err != nil {
 		return st, fmt.Errorf("%s: decoding own sum: %w", r.errPrefix(n), err)
 	}
 	if fb != nil {
@@ -193,16 +232,15 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 	}
 
 	// Allgather the encoded sums.
-	gathered := make([]byte, encOff[n]) // same layout as enc: segment j at encOff[j]
 	err = r.exchange(ctx, mesh, n,
-		func(k int) (int, []byte) { return mod(rank+k, n), out },
+		func(k int) (int, []byte, error) { return mod(rank+k, n), cb.out, nil },
 		func(k int) (int, []byte) {
 			j := mod(rank-k, n)
-			return j, gathered[encOff[j]:encOff[j+1]]
+			return j, cb.gathered[encOff[j]:encOff[j+1]]
 		},
 		func(k, from int) error {
 			off, cnt := p.segment(from)
-			if err := codec.Decode(x[off:off+cnt], gathered[encOff[from]:encOff[from+1]]); err != nil {
+			if err := codec.Decode(x[off:off+cnt], cb.gathered[encOff[from]:encOff[from+1]]); err != nil {
 				return fmt.Errorf("%s: sum from rank %d: %w", r.errPrefix(n+k), from, err)
 			}
 			return nil
@@ -216,7 +254,7 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 // goroutine sends send(k) and this goroutine receives recv(k) and then calls
 // got(k, from). step0 numbers the rounds in headers and errors.
 func (r *Ring) exchange(ctx context.Context, mesh Mesh, step0 int,
-	send, recv func(k int) (int, []byte), got func(k, from int) error) error {
+	send func(k int) (int, []byte, error), recv func(k int) (int, []byte), got func(k, from int) error) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	p, n := &r.p, r.size
@@ -226,7 +264,12 @@ func (r *Ring) exchange(ctx context.Context, mesh Mesh, step0 int,
 			Count: uint64(p.call.Count), Sender: uint32(r.rank), Codec: p.call.Codec}
 		var hdr [HeaderSize]byte
 		for k := 1; k < n; k++ {
-			to, payload := send(k)
+			to, payload, err := send(k)
+			if err != nil {
+				cancel(err)
+				sent <- err
+				return
+			}
 			h.Step, h.Length = uint32(step0+k), uint32(len(payload))
 			EncodeHeader(hdr[:], &h)
 			if err := mesh.SendTo(ctx, to, hdr[:], payload); err != nil {
@@ -241,36 +284,56 @@ func (r *Ring) exchange(ctx context.Context, mesh Mesh, step0 int,
 		}
 		sent <- nil
 	}()
-	rerr := func() error {
+	// The receiver only moves bytes, into a buffer per round, so senders are
+	// never held up by decoding; this goroutine processes the rounds in
+	// order, which keeps the sum's order fixed.
+	arrived := make(chan int, n)
+	recvErr := make(chan error, 1)
+	go func() {
+		defer close(arrived)
 		var hdr [HeaderSize]byte
 		for k := 1; k < n; k++ {
 			from, buf := recv(k)
 			if err := mesh.RecvFrom(ctx, from, hdr[:]); err != nil {
-				return fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(step0+k), from, err)
+				recvErr <- fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(step0+k), from, err)
+				return
 			}
 			h, err := DecodeHeader(hdr[:])
 			if err != nil {
-				return fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(step0+k), from, err)
+				recvErr <- fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(step0+k), from, err)
+				return
 			}
 			if remote := h.Call(); !sameFingerprint(p.call, remote) {
-				return &MismatchError{Local: p.call, Remote: remote, LocalRank: r.rank, RemoteRank: int(h.Sender)}
+				recvErr <- &MismatchError{Local: p.call, Remote: remote, LocalRank: r.rank, RemoteRank: int(h.Sender)}
+				return
 			}
 			if h.Sender != uint32(from) || h.Step != uint32(step0+k) || h.Length != uint32(len(buf)) {
-				return fmt.Errorf("%s: recv from rank %d: protocol error: got sender %d step %d length %d, want sender %d step %d length %d",
+				recvErr <- fmt.Errorf("%s: recv from rank %d: protocol error: got sender %d step %d length %d, want sender %d step %d length %d",
 					r.errPrefix(step0+k), from, h.Sender, h.Step, h.Length, from, step0+k, len(buf))
+				return
 			}
 			if err := mesh.RecvFrom(ctx, from, buf); err != nil {
-				return fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(step0+k), from, err)
+				recvErr <- fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(step0+k), from, err)
+				return
 			}
 			r.payloadRecv.Add(uint64(len(buf)))
+			arrived <- k
+		}
+		recvErr <- nil
+	}()
+	rerr := func() error {
+		for k := range arrived {
+			from, _ := recv(k)
 			if err := got(k, from); err != nil {
 				return err
 			}
 		}
-		return nil
+		return <-recvErr
 	}()
 	if rerr != nil {
 		cancel(rerr)
+		for range arrived { // let the receiver finish
+		}
 	}
 	serr := <-sent
 	if rerr != nil {

@@ -71,6 +71,7 @@ type Ring struct {
 	work     []byte // ReduceScatter partial results
 	tmp      []byte // realignment of misaligned user buffers; tiny allreduce accumulator
 	gather   []byte // every rank's buffer, for tiny allreduces
+	cbufs    compressedBufs
 
 	payloadSent, headerSent, msgs, payloadRecv atomic.Uint64
 }
