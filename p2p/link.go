@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -584,4 +586,50 @@ func (t *transport) RecvFrom(ctx context.Context, rank int, buf []byte) error {
 		return t.fail(ctx, err, "recv from", l)
 	}
 	return nil
+}
+
+// drainLinks ends the data links in order before a clean Close: it
+// half-closes every link this rank sends on, so the peer reads all data and
+// then EOF, and waits, bounded by Timeout, for EOF on every link it receives
+// on. Closing a socket or a libp2p connection outright while a peer's data
+// is in flight resets it, and the peer would lose the end of the last
+// collective. On a job that was aborted there is nothing to save.
+func (n *Node) drainLinks() {
+	select {
+	case <-n.done:
+		return
+	default:
+	}
+	n.mu.Lock()
+	links := slices.Clone(n.links)
+	n.mu.Unlock()
+	deadline := time.Now().Add(n.cfg.Timeout)
+	for _, l := range links {
+		if l.id != n.cfg.Rank {
+			continue
+		}
+		switch {
+		case l.s != nil:
+			l.s.CloseWrite()
+		case l.c != nil:
+			if cw, ok := l.c.(interface{ CloseWrite() error }); ok {
+				cw.CloseWrite()
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for _, l := range links {
+		if l.id == n.cfg.Rank {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.rw.SetReadDeadline(deadline)
+			if _, err := io.Copy(io.Discard, l.rw); err != nil && time.Now().After(deadline) {
+				n.logf("rank %d did not finish its side of the link within %v", l.peer, n.cfg.Timeout)
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -683,6 +683,7 @@ func (n *Node) abortLocal(err error) bool {
 func (n *Node) Close() error {
 	var err error
 	n.closeOnce.Do(func() {
+		n.drainLinks()
 		n.closing.Store(true)
 		if n.ctl != nil {
 			select {
