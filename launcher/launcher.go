@@ -380,7 +380,7 @@ func runOnce(ctx context.Context, job Job, lay *layout, attempt int) error {
 		case p := <-exited:
 			running--
 			if p.err != nil {
-				failure = &RankError{Rank: p.rank, Host: p.host, PID: p.cmd.Process.Pid, Status: status(p), LastStderr: p.tail.lines()}
+				failure = firstCause(p, exited, &running)
 			}
 		case err := <-registered:
 			if err != nil && ctx.Err() == nil {
@@ -401,6 +401,57 @@ func runOnce(ctx context.Context, job Job, lay *layout, attempt int) error {
 		<-p.done
 	}
 	return failure
+}
+
+// causeWindow is how long, after a rank fails, gorun waits for other ranks'
+// exits before naming the culprit.
+const causeWindow = time.Second
+
+// firstCause names the rank that made the job fail. The first rank seen to
+// fail is often a survivor reporting a lost peer (a remote rank's death
+// reaches gorun through ssh, later than its peers notice it), so gorun
+// collects the failures of a short window and prefers a rank killed by a
+// signal; otherwise the first one.
+func firstCause(first *rankProc, exited <-chan *rankProc, running *int) *RankError {
+	failed := []*rankProc{first}
+	timer := time.NewTimer(causeWindow)
+	defer timer.Stop()
+wait:
+	for *running > 0 && !killedBySignal(first) {
+		select {
+		case p := <-exited:
+			*running--
+			if p.err != nil {
+				failed = append(failed, p)
+				if killedBySignal(p) {
+					break wait
+				}
+			}
+		case <-timer.C:
+			break wait
+		}
+	}
+	culprit := first
+	for _, p := range failed {
+		if killedBySignal(p) {
+			culprit = p
+			break
+		}
+	}
+	p := culprit
+	return &RankError{Rank: p.rank, Host: p.host, PID: p.cmd.Process.Pid, Status: status(p), LastStderr: p.tail.lines()}
+}
+
+func killedBySignal(p *rankProc) bool {
+	var ee *exec.ExitError
+	if !errors.As(p.err, &ee) {
+		return false
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && !p.remote {
+		return true
+	}
+	c := ee.ExitCode()
+	return p.remote && c > 128 && c < 160
 }
 
 func onHost(h string) string {

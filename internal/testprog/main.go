@@ -10,6 +10,8 @@
 //	                        "rank R looping" after the first one
 //	TESTPROG_FAIL_ONCE=R    rank R exits 5 on the first launch (GORUN_RESTART_COUNT=0)
 //	TESTPROG_SHOWENV=1      every rank prints its GORUN_* identity and listen address
+//	TESTPROG_STAMP=1        every rank prints the time its first allreduce finished
+//	TESTPROG_LINGER=D       every rank waits D before closing its communicator
 //	TESTPROG_LINES=N        every rank prints N long lines (to check they are never cut)
 package main
 
@@ -46,6 +48,12 @@ func main() {
 		os.Exit(1)
 	}
 	defer comm.Close()
+	if d, err := time.ParseDuration(os.Getenv("TESTPROG_LINGER")); err == nil {
+		// Give the last sends time to reach their peers before Close: p2p's
+		// libp2p-tls links reset their streams on Close, which can discard a
+		// final send to a rank on another host that is still in flight.
+		defer time.Sleep(d)
+	}
 	rank, n := comm.Rank(), comm.Size()
 	if os.Getenv("TESTPROG_SHOWENV") != "" {
 		fmt.Printf("rank %d env local_rank=%s local_size=%s listen_ip=%s restart=%s\n", rank,
@@ -75,6 +83,9 @@ func main() {
 		if err := comm.Allreduce(ctx, buf, collective.Sum); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)
+		}
+		if it == 0 && os.Getenv("TESTPROG_STAMP") != "" {
+			fmt.Printf("rank %d first allreduce done at %d\n", rank, time.Now().UnixNano())
 		}
 		for i, v := range buf {
 			if want := float32(n * (n + 1) / 2 * (i%7 + it)); v != want {
