@@ -124,8 +124,9 @@ func WithTimeline(tl *Timeline) Option { return func(c *config) { c.timeline = t
 func WithTimelinePath(path string) Option { return func(c *config) { c.timelinePath = path } }
 
 // WithStallThreshold sets how long a collective may wait before the rank
-// logs a stall warning (default 60 s, or GORUN_STALL_THRESHOLD; negative
-// disables it). The warning does not end the call: the timeout does.
+// logs a stall warning (default 60 s or half the timeout, whichever is
+// shorter, or GORUN_STALL_THRESHOLD; negative disables it). The warning
+// does not end the call: the timeout does.
 func WithStallThreshold(d time.Duration) Option { return func(c *config) { c.stallThreshold = d } }
 
 // WithMetricsAddr serves this rank's counters in Prometheus text format at
@@ -216,7 +217,8 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		c.warnf = log.Printf
 	}
 	if c.stallThreshold == 0 {
-		c.stallThreshold = DefaultStallThreshold
+		// Warn before the timeout ends the call, or the warning never shows.
+		c.stallThreshold = min(DefaultStallThreshold, c.timeout/2)
 	}
 	c.life, c.cancel = context.WithCancelCause(context.Background())
 	defer func() {

@@ -14,7 +14,9 @@ import (
 const EnvStallThreshold = "GORUN_STALL_THRESHOLD"
 
 // DefaultStallThreshold is how long a collective may wait before a stall
-// warning, unless WithStallThreshold or GORUN_STALL_THRESHOLD says otherwise.
+// warning, unless WithStallThreshold or GORUN_STALL_THRESHOLD says otherwise;
+// with a collective timeout of 2 minutes or less, half the timeout is used
+// instead, so that the warning comes before the timeout.
 const DefaultStallThreshold = 60 * time.Second
 
 // watchStall arms the stall warning for h, which started running at start,

@@ -94,3 +94,22 @@ func TestMetrics(t *testing.T) {
 		t.Fatalf("offsetPort = %q, %v", a, err)
 	}
 }
+
+func TestStallThresholdDefault(t *testing.T) {
+	for _, tc := range []struct {
+		timeout, opt, want time.Duration
+	}{{60 * time.Second, 0, 30 * time.Second}, {10 * time.Minute, 0, DefaultStallThreshold}, {60 * time.Second, 5 * time.Second, 5 * time.Second}} {
+		opts := []Option{WithTimeout(tc.timeout)}
+		if tc.opt != 0 {
+			opts = append(opts, WithStallThreshold(tc.opt))
+		}
+		c, err := Init(context.Background(), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.stallThreshold != tc.want {
+			t.Errorf("timeout %v, option %v: threshold %v, want %v", tc.timeout, tc.opt, c.stallThreshold, tc.want)
+		}
+		c.Close()
+	}
+}
