@@ -76,3 +76,11 @@ func TestGorunOutputDir(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestGorunStartTimeoutNamesRank(t *testing.T) {
+	out, errOut, code := run(t, []string{"TESTPROG_MODE=noinit", "TESTPROG_VICTIM=1"}, gorunBin, "-np", "3", "--start-timeout", "2s", "--grace", "1s", testprogBin)
+	want := "gorun: rank 1 did not register with the rendezvous within --start-timeout 2s"
+	if code == 0 || !strings.Contains(errOut, want) {
+		t.Errorf("exit %d, stderr lacks %q\nstdout:\n%s\nstderr:\n%s", code, want, out, errOut)
+	}
+}

@@ -312,3 +312,29 @@ func TestMultiHostKeyNotOnCommandLine(t *testing.T) {
 	}
 	noneLeft(t, c)
 }
+
+// gorun killed outright (SIGKILL, no chance to clean up) still leaves no
+// rank behind: its ssh clients die with it, and each remote wrapper stops
+// its rank when the session's stdin closes.
+func TestMultiHostGorunKilled(t *testing.T) {
+	c := netns.New(t, 2)
+	h0, h1 := c.Hosts[0], c.Hosts[1]
+	cmd, o, e := startGorunIn(c, h0, []string{"TESTPROG_MODE=loop"}, "-H", fmt.Sprintf("%s:1,%s:2", h0.IP, h1.IP), "--grace", "1s", testprogBin)
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for strings.Count(o.String(), "looping") < 3 {
+		if time.Since(start) > 60*time.Second {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("ranks did not start\nstdout:\n%s\nstderr:\n%s", o, e)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	killed := time.Now()
+	noneLeft(t, c)
+	t.Logf("every process of the job gone %v after gorun was SIGKILLed", time.Since(killed).Round(time.Millisecond))
+}

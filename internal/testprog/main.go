@@ -6,6 +6,7 @@
 //	TESTPROG_MODE=exit      rank VICTIM exits with status 3 while an allreduce is in flight
 //	TESTPROG_MODE=freeze    rank VICTIM stops itself with SIGSTOP before the allreduce
 //	TESTPROG_MODE=fail      rank VICTIM prints to stderr and exits 7 before joining
+//	TESTPROG_MODE=noinit    rank VICTIM sleeps a minute instead of joining
 //	TESTPROG_MODE=loop      every rank runs allreduces until it is stopped, printing
 //	                        "rank R looping" after the first one
 //	TESTPROG_FAIL_ONCE=R    rank R exits 5 on the first launch (GORUN_RESTART_COUNT=0)
@@ -36,6 +37,9 @@ func main() {
 	if mode == "fail" && rankEnv == strconv.Itoa(victim) {
 		fmt.Fprintln(os.Stderr, "testprog: failing on purpose")
 		os.Exit(7)
+	}
+	if mode == "noinit" && rankEnv == strconv.Itoa(victim) {
+		time.Sleep(time.Minute) // never registers
 	}
 	if once := os.Getenv("TESTPROG_FAIL_ONCE"); once != "" && once == rankEnv && os.Getenv("GORUN_RESTART_COUNT") == "0" {
 		fmt.Fprintf(os.Stderr, "testprog: rank %s failing once on purpose\n", rankEnv)
