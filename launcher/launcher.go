@@ -405,7 +405,7 @@ func runOnce(ctx context.Context, job Job, lay *layout, attempt int) error {
 
 // causeWindow is how long, after a rank fails, gorun waits for other ranks'
 // exits before naming the culprit.
-const causeWindow = time.Second
+const causeWindow = 500 * time.Millisecond
 
 // firstCause names the rank that made the job fail. The first rank seen to
 // fail is often a survivor reporting a lost peer (a remote rank's death
