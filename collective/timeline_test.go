@@ -150,11 +150,8 @@ func TestTimelineFilePerRank(t *testing.T) {
 	t.Setenv(EnvTimeline, path)
 	comms := newJob(t, 2)
 	trainSteps(t, comms)
-	for _, c := range comms {
-		if err := c.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// Close every rank at once: a clean Close waits for its peers to close.
+	mustAll(t, onEach(comms, func(c *Comm) error { return c.Close() }))
 	var files []string
 	for rank := range 2 {
 		f := fmt.Sprintf("%s.rank%d", path, rank)
