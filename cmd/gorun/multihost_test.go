@@ -255,9 +255,12 @@ func TestMultiHostRestart(t *testing.T) {
 	c := netns.New(t, 2)
 	h0, h1 := c.Hosts[0], c.Hosts[1]
 	stdout, stderr, code, took := gorunIn(t, c, h0, []string{"TESTPROG_MODE=ok", "TESTPROG_FAIL_ONCE=3", "TESTPROG_SHOWENV=1"}, 90*time.Second,
-		"-H", fmt.Sprintf("%s:2,%s:2", h0.IP, h1.IP), "--max-restarts", "1", testprogBin)
+		"-H", fmt.Sprintf("%s:2,%s:2", h0.IP, h1.IP), "--max-restarts", "1", "--network-interface", "10.213.0.0/24", "--verbose", testprogBin)
 	if code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	if want := "rendezvous and local ranks use " + h0.IP + " (--network-interface 10.213.0.0/24)"; !strings.Contains(stderr, want) {
+		t.Errorf("stderr lacks %q", want)
 	}
 	want := fmt.Sprintf("gorun: restart 1 of 1 (GORUN_RESTART_COUNT=1) after failure: rank 3 on host %s failed: exit status 5", h1.IP)
 	if !strings.Contains(stderr, want) {
@@ -271,7 +274,7 @@ func TestMultiHostRestart(t *testing.T) {
 	if strings.Contains(stdout, "restart=0") || !strings.Contains(stdout, "restart=1") {
 		t.Errorf("want every finished rank at GORUN_RESTART_COUNT=1:\n%s", stdout)
 	}
-	t.Logf("recovered in %v; gorun said:\n%s", took.Round(time.Millisecond), stderr)
+	t.Logf("recovered in %v; gorun said:\n%s", took.Round(time.Millisecond), regexp.MustCompile(`(?m)^gorun: restart.*\n.*$`).FindString(stderr))
 	noneLeft(t, c)
 }
 
@@ -319,7 +322,7 @@ func TestMultiHostKeyNotOnCommandLine(t *testing.T) {
 func TestMultiHostGorunKilled(t *testing.T) {
 	c := netns.New(t, 2)
 	h0, h1 := c.Hosts[0], c.Hosts[1]
-	cmd, o, e := startGorunIn(c, h0, []string{"TESTPROG_MODE=loop"}, "-H", fmt.Sprintf("%s:1,%s:2", h0.IP, h1.IP), "--grace", "1s", testprogBin)
+	cmd, o, e := startGorunIn(c, h0, []string{"TESTPROG_MODE=loop"}, "-H", fmt.Sprintf("%s:1,%s:2", h0.IP, h1.IP), "--grace", "1s", "--network-interface", "eth0", testprogBin)
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
