@@ -264,7 +264,11 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 	if c.compression, err = newCompressionState(cfg.compression, os.Getenv); err != nil {
 		return nil, fmt.Errorf("gorun: %w", err)
 	}
-	c.ring, err = ring.New(ring.Config{Rank: cfg.rank, Size: cfg.size, ChunkBytes: cfg.chunkBytes}, transport)
+	rc := ring.Config{Rank: cfg.rank, Size: cfg.size, ChunkBytes: cfg.chunkBytes}
+	if cfg.timeline != nil || cfg.timelinePath != "" {
+		rc.Phase = c.tracePhase
+	}
+	c.ring, err = ring.New(rc, transport)
 	if err != nil {
 		return nil, fmt.Errorf("gorun: %w", err)
 	}

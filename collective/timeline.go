@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"github.com/gorun/gorun/ring"
 	"io"
 	"os"
 	"strings"
@@ -20,6 +21,7 @@ const (
 	laneQueue       = 2 // async events: each call's wait in the queue
 	laneReducer     = 3 // fusion copies, micro-batches and steps
 	laneMarks       = 4 // user marks (checkpoints, epochs)
+	lanePhases      = 5 // phases inside each collective, from the ring
 )
 
 var laneNames = map[int]string{
@@ -27,6 +29,7 @@ var laneNames = map[int]string{
 	laneQueue:       "queue wait",
 	laneReducer:     "reducer (fusion, aggregation)",
 	laneMarks:       "marks",
+	lanePhases:      "collective phases",
 }
 
 // Timeline writes a Chrome trace (the JSON array format that chrome://tracing
@@ -185,6 +188,14 @@ func (c *Comm) Mark(name string, args map[string]any) {
 
 // trace returns the Comm's timeline or nil.
 func (c *Comm) trace() *Timeline { return c.tl }
+
+// tracePhase puts one phase of a collective, as the ring reports it, on the
+// rank's "collective phases" track.
+func (c *Comm) tracePhase(call ring.Call, phase string, start, end time.Time) {
+	if tl := c.trace(); tl != nil {
+		tl.span(c.rank, lanePhases, phase, start, end, map[string]any{"seq": call.Seq, "call": call.String()})
+	}
+}
 
 // MergeTimelines writes to dst one trace holding the events of the srcs
 // (for example the path.rankN files of a job), each of which may be complete

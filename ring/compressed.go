@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 	"unsafe"
 
 	"github.com/gorun/gorun/compress"
@@ -184,6 +185,7 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 	}
 
 	// Scatter the shares to their owners; sum ours in a fixed order.
+	t0 := time.Now()
 	sum, dec := cb.sum, cb.dec
 	copy(sum, x[ownOff:ownOff+ownLen])
 	err := r.exchange(ctx, mesh, 0,
@@ -216,6 +218,7 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 	}
 
 	// Encode the owned sum once; everybody, us included, uses its decoding.
+	t1 := time.Now()
 	if fb != nil {
 		for i := range sum {
 			sum[i] += fb.Owner[i]
@@ -232,6 +235,7 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 	}
 
 	// Allgather the encoded sums.
+	t2 := time.Now()
 	err = r.exchange(ctx, mesh, n,
 		func(k int) (int, []byte, error) { return mod(rank+k, n), cb.out, nil },
 		func(k int) (int, []byte) {
@@ -247,6 +251,11 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 		})
 	st.WireBytes = 2 * encOff[n]
 	st.RawBytes = 2 * 4 * (p.count - ownLen)
+	if err == nil && r.phase != nil {
+		r.phase(p.call, "compress+scatter+reduce", t0, t1)
+		r.phase(p.call, "encode sum", t1, t2)
+		r.phase(p.call, "allgather+decode", t2, time.Now())
+	}
 	return st, err
 }
 

@@ -40,6 +40,13 @@ type Config struct {
 	// split into chunks of at most this size which are pipelined. 0 means
 	// DefaultChunkBytes. It is rounded down to whole elements (at least one).
 	ChunkBytes int
+	// Phase, if set, is told the phases of every collective once it has
+	// finished: "wait for peers" (until the first message arrived),
+	// "reduce-scatter" and "allgather" for a ring allreduce, "gather" for
+	// a tiny one, "compress+scatter+reduce", "encode sum" and
+	// "allgather+decode" for a compressed one, and the kind's name for the
+	// others. It runs on the caller's goroutine and must be quick.
+	Phase func(c Call, phase string, start, end time.Time)
 }
 
 // Ring runs collectives over a Transport connecting Rank to Rank+1 (send)
@@ -55,8 +62,12 @@ type Ring struct {
 	prev, next int
 	chunkBytes int
 	t          Transport
+	phase      func(Call, string, time.Time, time.Time)
 
-	busy atomic.Bool
+	// Phase timing of the running call (only when phase is set).
+	callStart, firstRecv time.Time
+	stepDone             []time.Time
+	busy                 atomic.Bool
 
 	// Per-call state, owned by the running collective.
 	p        plan
@@ -101,6 +112,7 @@ func New(cfg Config, t Transport) (*Ring, error) {
 		next:       (cfg.Rank + 1) % cfg.Size,
 		chunkBytes: cb,
 		t:          t,
+		phase:      cfg.Phase,
 		wake:       make(chan struct{}, 1),
 		sendErr:    make(chan error, 1),
 		first:      make(chan struct{}, 1),
@@ -320,6 +332,15 @@ const SmallBytes = 64 << 10
 
 // run executes r.p and returns the first (root-cause) error.
 func (r *Ring) run(ctx context.Context) error {
+	r.startPhases(r.p.steps)
+	err := r.runSteps(ctx)
+	if err == nil {
+		r.reportPhases()
+	}
+	return err
+}
+
+func (r *Ring) runSteps(ctx context.Context) error {
 	p := &r.p
 	// Broadcast forwards what it receives in the same step, so it must
 	// receive first: it always pipelines.
@@ -487,6 +508,9 @@ func (r *Ring) recvSteps(ctx context.Context, t0, t1 int) error {
 			if err := r.checkHeader(t, c, off+lo, nb); err != nil {
 				return err
 			}
+			if r.phase != nil && r.firstRecv.IsZero() {
+				r.firstRecv = time.Now()
+			}
 			if nb > 0 {
 				if st.reduce {
 					sc := r.scratch[:nb]
@@ -505,8 +529,47 @@ func (r *Ring) recvSteps(ctx context.Context, t0, t1 int) error {
 			default:
 			}
 		}
+		if r.phase != nil {
+			r.stepDone[t] = time.Now()
+		}
 	}
 	return nil
+}
+
+// startPhases begins phase timing for a call of steps steps.
+func (r *Ring) startPhases(steps int) {
+	if r.phase == nil {
+		return
+	}
+	r.callStart, r.firstRecv = time.Now(), time.Time{}
+	if cap(r.stepDone) < steps {
+		r.stepDone = make([]time.Time, steps)
+	}
+	r.stepDone = r.stepDone[:steps]
+	clear(r.stepDone)
+}
+
+// reportPhases tells Config.Phase how the call just run spent its time.
+func (r *Ring) reportPhases() {
+	if r.phase == nil {
+		return
+	}
+	c, end := r.p.call, time.Now()
+	start := r.callStart
+	if !r.firstRecv.IsZero() {
+		r.phase(c, "wait for peers", start, r.firstRecv)
+		start = r.firstRecv
+	}
+	switch {
+	case c.Kind == Allreduce && !r.p.gather && len(r.stepDone) == 2*(r.size-1) && !r.stepDone[r.size-2].IsZero():
+		mid := r.stepDone[r.size-2]
+		r.phase(c, "reduce-scatter", start, mid)
+		r.phase(c, "allgather", mid, end)
+	case c.Kind == Allreduce && r.p.gather:
+		r.phase(c, "gather", start, end)
+	default:
+		r.phase(c, c.Kind.String(), start, end)
+	}
 }
 
 // checkHeader validates the header in r.rhdr before its payload is read.
