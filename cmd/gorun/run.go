@@ -100,14 +100,14 @@ to a shared path yourself).`,
 	}
 	cmd.Flags().SetInterspersed(false) // flags after PROGRAM belong to PROGRAM
 	fl := cmd.Flags()
-	fl.IntVar(&f.np, "np", 1, "number of ranks, also -np N as in horovodrun and mpirun (default: 1, or every slot of -H/--hostfile)")
+	fl.IntVar(&f.np, "np", 1, "number of ranks, also -np N as in horovodrun and mpirun; with -H/--hostfile and no -np, one per slot")
 	fl.StringVarP(&f.hosts, "hosts", "H", "", "hosts and their slots: host1:2,host2:2 (a host without :N has 1 slot)")
 	fl.StringVar(&f.hostfile, "hostfile", "", "file listing hosts, one \"host slots=N\" per line, # comments")
 	fl.IntVar(&f.sshPort, "ssh-port", 0, "ssh port of the remote hosts (default: ssh's, or ~/.ssh/config's)")
 	fl.StringVar(&f.sshIdentity, "ssh-identity-file", "", "ssh private key for the remote hosts (ssh -i)")
 	fl.StringVar(&f.netIf, "network-interface", "", "interface NAME or CIDR whose address the rendezvous and ranks on this host listen on and advertise (default: the address the remote hosts reach this host at)")
 	fl.DurationVar(&f.timeout, "timeout", 0, "collective timeout handed to the ranks as GORUN_TIMEOUT (default 60s)")
-	fl.DurationVar(&f.startTimeout, "start-timeout", 30*time.Second, "every rank must register with the rendezvous within this, and ssh connect timeout")
+	fl.DurationVar(&f.startTimeout, "start-timeout", 30*time.Second, "every rank must register with the rendezvous within this; also the ssh connect timeout (at most 30s)")
 	fl.DurationVar(&f.grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when stopping ranks")
 	fl.StringVar(&f.outputDir, "output-dir", "", "also write each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr")
 	fl.StringArrayVarP(&f.env, "env", "x", nil, "pass NAME=VALUE, or NAME from gorun's environment, to every rank (repeatable; remote ranks get only these and GORUN_*)")
