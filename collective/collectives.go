@@ -200,6 +200,7 @@ func (c *Comm) execute(h *Handle) error {
 	}
 	if c.life.Err() != nil {
 		// Another rank aborted first: its cause is the one worth reading.
+		c.awaitAbortRelay()
 		return fmt.Errorf("gorun: rank %d: %w", c.rank, context.Cause(c.life))
 	}
 	if ctx.Err() != nil && !errors.Is(err, context.Cause(ctx)) {
@@ -211,7 +212,23 @@ func (c *Comm) execute(h *Handle) error {
 	// The ring's errors already say which collective and which peer; the
 	// abort sent to the other ranks carries them as they are.
 	c.fail(err)
+	c.awaitAbortRelay()
 	return fmt.Errorf("gorun: rank %d: %w", c.rank, err)
+}
+
+// awaitAbortRelay holds the error of a rank that hosts the rendezvous until
+// the abort has reached the other ranks (bounded): programs exit on errors,
+// and the rendezvous dies with them.
+func (c *Comm) awaitAbortRelay() {
+	if c.rdv == nil {
+		return
+	}
+	t := time.NewTimer(2 * time.Second)
+	defer t.Stop()
+	select {
+	case <-c.rdv.AbortDelivered():
+	case <-t.C:
+	}
 }
 
 // runFunc runs one numbered call on the ring.

@@ -45,6 +45,7 @@ type Rendezvous struct {
 	aborted   bool
 	allReg    chan struct{}
 	allGone   chan struct{} // closed when every registered rank left or died (after table)
+	abortSent chan struct{} // closed once an abort has been sent to every rank
 	closed    bool
 	closeCh   chan struct{}
 	wg        sync.WaitGroup
@@ -130,7 +131,7 @@ func StartRendezvous(ctx context.Context, cfg RendezvousConfig) (*Rendezvous, er
 		cfg: cfg, h: h, id: id,
 		regs:    map[int]*rzConn{},
 		allReg:  make(chan struct{}),
-		allGone: make(chan struct{}),
+		allGone: make(chan struct{}), abortSent: make(chan struct{}),
 		closeCh: make(chan struct{}),
 	}
 	// Find the bound port.
@@ -469,7 +470,14 @@ func (r *Rendezvous) abort(text string) {
 		}()
 	}
 	wg.Wait()
+	close(r.abortSent)
 }
+
+// AbortDelivered is closed once the job has been aborted and every rank
+// still connected has been sent the cause. A rank that hosts the
+// rendezvous waits for it before it exits on an error, or the other ranks
+// would see only "lost rendezvous" instead of what went wrong.
+func (r *Rendezvous) AbortDelivered() <-chan struct{} { return r.abortSent }
 
 // lost handles the end of a control stream. err == nil: orderly leave.
 func (r *Rendezvous) lost(c *rzConn, err error) {
