@@ -247,3 +247,41 @@ func TestFrozenRankProcess(t *testing.T) {
 		t.Logf("rank %d after %v: %s", r, el.Round(time.Millisecond), strings.TrimSpace(outs[r]))
 	}
 }
+
+// gorun --timeline merges the ranks' traces into one valid Chrome trace with
+// a track per rank and each collective's phases.
+func TestGorunTimeline(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.json")
+	out, errOut, code := run(t, []string{"TESTPROG_MODE=ok", "TESTPROG_ITERS=2"}, gorunBin, "-np", "3", "--timeline", path, testprogBin)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []struct {
+		Name string `json:"name"`
+		Ph   string `json:"ph"`
+		Pid  int    `json:"pid"`
+	}
+	if err := json.Unmarshal(b, &events); err != nil {
+		t.Fatalf("trace is not valid JSON: %v", err)
+	}
+	seen := map[string]int{}
+	for _, e := range events {
+		if e.Ph == "X" {
+			seen[fmt.Sprint(e.Pid, " ", e.Name)]++
+		}
+	}
+	for r := range 3 {
+		for _, name := range []string{"Allreduce", "reduce-scatter", "allgather"} {
+			if seen[fmt.Sprint(r, " ", name)] != 2 {
+				t.Errorf("rank %d: %d %q events, want 2 (all: %v)", r, seen[fmt.Sprint(r, " ", name)], name, seen)
+			}
+		}
+	}
+	if parts, _ := filepath.Glob(path + ".rank*"); len(parts) != 0 {
+		t.Errorf("per-rank files left behind: %v", parts)
+	}
+}

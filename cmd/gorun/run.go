@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/launcher"
 )
 
@@ -32,6 +34,7 @@ type runFlags struct {
 	maxRestarts  int
 	verbose      bool
 	config       string
+	timeline     string
 }
 
 func newRootCmd() *cobra.Command {
@@ -114,6 +117,7 @@ to a shared path yourself).`,
 	fl.IntVar(&f.maxRestarts, "max-restarts", 0, "relaunch the whole job after a failure, up to this many times (ranks see GORUN_RESTART_COUNT)")
 	fl.BoolVar(&f.verbose, "verbose", false, "say what gorun does: hosts checked, addresses chosen, rendezvous, stop times")
 	fl.StringVar(&f.config, "config", "", "YAML file of flag values (long flag names as keys); command-line flags win")
+	fl.StringVar(&f.timeline, "timeline", "", "write a Chrome trace of every rank's collectives to this file (GORUN_TIMELINE; open in chrome://tracing or Perfetto)")
 	cmd.AddCommand(newBenchCmd(), newBenchWorkerCmd())
 	return cmd
 }
@@ -281,6 +285,13 @@ func runJob(ctx context.Context, f runFlags, npSet bool, args []string) error {
 			}
 		}
 	}
+	if f.timeline != "" {
+		if f.timeline, err = filepath.Abs(f.timeline); err != nil {
+			return err
+		}
+		env = append(env, collective.EnvTimeline+"="+f.timeline)
+		defer mergeTimeline(f.timeline, f.np)
+	}
 	err = launcher.Run(ctx, launcher.Job{
 		NP: f.np, Program: program, Args: args[1:], Env: env,
 		Timeout: f.timeout, StartTimeout: f.startTimeout, Grace: f.grace,
@@ -303,4 +314,31 @@ func runJob(ctx context.Context, f runFlags, npSet bool, args []string) error {
 		return exitError(1)
 	}
 	return err
+}
+
+// mergeTimeline joins the ranks' trace files (PATH.rankN, written as the job
+// ran, so they hold what happened even if it failed) into PATH.
+func mergeTimeline(path string, np int) {
+	if np <= 1 {
+		return // a one-rank job writes PATH itself
+	}
+	var parts []string
+	for r := range np {
+		p := fmt.Sprintf("%s.rank%d", path, r)
+		if _, err := os.Stat(p); err == nil {
+			parts = append(parts, p)
+		}
+	}
+	if len(parts) == 0 {
+		fmt.Fprintf(os.Stderr, "gorun: --timeline: no rank wrote a trace (do the ranks call collective.Init?)\n")
+		return
+	}
+	if err := collective.MergeTimelines(path, parts...); err != nil {
+		fmt.Fprintf(os.Stderr, "gorun: --timeline: %v\n", err)
+		return
+	}
+	for _, p := range parts {
+		os.Remove(p)
+	}
+	fmt.Fprintf(os.Stderr, "gorun: timeline of %d ranks written to %s\n", len(parts), path)
 }
