@@ -1,0 +1,329 @@
+package checkpoint
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// ManifestName is the file whose presence commits a checkpoint.
+const ManifestName = "manifest.json"
+
+// Format is the version of the on-disk layout.
+const Format = 1
+
+// Manifest describes one committed checkpoint. Rank 0 writes it last.
+type Manifest struct {
+	Format     int          `json:"format"`
+	Step       int64        `json:"step"`
+	WorldSize  int          `json:"world_size"`
+	ByteOrder  string       `json:"byte_order"`
+	TotalBytes int64        `json:"tensor_bytes"` // of the tensors, concatenated in order
+	Tensors    []TensorInfo `json:"tensors"`
+	Shards     []FileInfo   `json:"shards"` // rank r wrote bytes [Offset, Offset+Size) of the concatenation
+	Blobs      []FileInfo   `json:"blobs"`  // rank r's per-rank state
+}
+
+// TensorInfo is one replicated tensor in a checkpoint.
+type TensorInfo struct {
+	Name   string `json:"name"`
+	DType  string `json:"dtype"`
+	Shape  []int  `json:"shape"`
+	Offset int64  `json:"offset"`
+	Bytes  int64  `json:"bytes"`
+}
+
+// FileInfo is one file of a checkpoint.
+type FileInfo struct {
+	Rank   int      `json:"rank"`
+	File   string   `json:"file"`
+	Offset int64    `json:"offset,omitempty"`
+	Size   int64    `json:"size"`
+	SHA256 string   `json:"sha256"`
+	Blobs  []string `json:"blob_names,omitempty"`
+}
+
+// Size is the checkpoint's size on disk, without the manifest.
+func (m *Manifest) Size() int64 {
+	var n int64
+	for _, f := range append(append([]FileInfo(nil), m.Shards...), m.Blobs...) {
+		n += f.Size
+	}
+	return n
+}
+
+// StepDir is the directory of the checkpoint of step under dir.
+func StepDir(dir string, step int64) string {
+	return filepath.Join(dir, fmt.Sprintf("step-%012d", step))
+}
+
+func shardName(rank, n int) string { return fmt.Sprintf("shard-%05d-of-%05d.bin", rank, n) }
+func blobName(rank int) string     { return fmt.Sprintf("rank-%05d.state", rank) }
+
+// Entry is one checkpoint directory found by Scan.
+type Entry struct {
+	Step      int64
+	Dir       string
+	Committed bool      // manifest.json exists
+	Manifest  *Manifest // nil when not committed or unreadable
+	Problem   string    // why it cannot be restored; "" when it verified
+}
+
+// Report is what Scan found in a checkpoint directory.
+type Report struct {
+	Entries []Entry // newest first
+	Pick    int64   // the step a restore would load; -1 for none
+	Reason  string  // why that one
+}
+
+// listSteps returns the step directories under dir, newest first.
+func listSteps(dir string) ([]Entry, error) {
+	des, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []Entry
+	for _, de := range des {
+		s, ok := strings.CutPrefix(de.Name(), "step-")
+		if !ok || !de.IsDir() {
+			continue
+		}
+		step, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			continue
+		}
+		e := Entry{Step: step, Dir: filepath.Join(dir, de.Name())}
+		if _, err := os.Stat(filepath.Join(e.Dir, ManifestName)); err == nil {
+			e.Committed = true
+		}
+		out = append(out, e)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Step > out[j].Step })
+	return out, nil
+}
+
+// Scan lists the checkpoints under dir and verifies every committed one
+// (manifest, file sizes, sha256), newest first, and says which one a restore
+// would pick: the newest committed checkpoint that verifies.
+func Scan(dir string) (*Report, error) {
+	entries, err := listSteps(dir)
+	if err != nil {
+		return nil, err
+	}
+	r := &Report{Entries: entries, Pick: -1}
+	var skipped []string
+	for i := range r.Entries {
+		e := &r.Entries[i]
+		if !e.Committed {
+			e.Problem = "not committed (no " + ManifestName + "): a save that did not finish, or a deletion in progress"
+			continue
+		}
+		m, err := verify(e.Dir, nil)
+		e.Manifest = m
+		if err != nil {
+			e.Problem = "corrupted: " + err.Error()
+		}
+		if e.Problem == "" && r.Pick < 0 {
+			r.Pick = e.Step
+			if len(skipped) == 0 {
+				r.Reason = fmt.Sprintf("step %d is the newest committed checkpoint and its checksums verify", e.Step)
+			} else {
+				r.Reason = fmt.Sprintf("step %d is the newest committed checkpoint that verifies (skipped: %s)", e.Step, strings.Join(skipped, "; "))
+			}
+		} else if e.Problem != "" && r.Pick < 0 && e.Committed {
+			skipped = append(skipped, fmt.Sprintf("step %d %s", e.Step, e.Problem))
+		}
+	}
+	if r.Pick < 0 {
+		switch {
+		case len(skipped) > 0:
+			r.Reason = "no committed checkpoint verifies: " + strings.Join(skipped, "; ")
+		default:
+			r.Reason = "no committed checkpoint: a restore starts fresh"
+		}
+	}
+	return r, nil
+}
+
+// readManifest reads and sanity-checks a manifest.
+func readManifest(stepDir string) (*Manifest, error) {
+	data, err := os.ReadFile(filepath.Join(stepDir, ManifestName))
+	if err != nil {
+		return nil, err
+	}
+	var m Manifest
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("%s is not valid JSON: %v", ManifestName, err)
+	}
+	if m.Format != Format {
+		return &m, fmt.Errorf("%s has format %d, this gorun reads format %d", ManifestName, m.Format, Format)
+	}
+	if m.WorldSize < 1 || len(m.Shards) != m.WorldSize || len(m.Blobs) != m.WorldSize {
+		return &m, fmt.Errorf("%s lists %d shards and %d blob files for world size %d", ManifestName, len(m.Shards), len(m.Blobs), m.WorldSize)
+	}
+	var off int64
+	for _, s := range m.Shards {
+		if s.Offset != off {
+			return &m, fmt.Errorf("%s: shard of rank %d starts at byte %d, want %d", ManifestName, s.Rank, s.Offset, off)
+		}
+		off += s.Size
+	}
+	if off != m.TotalBytes {
+		return &m, fmt.Errorf("%s: shards cover %d bytes, tensors hold %d", ManifestName, off, m.TotalBytes)
+	}
+	return &m, nil
+}
+
+// verify reads the checkpoint in stepDir and checks every file's size and
+// sha256 against its manifest. With assemble non-nil it also copies the
+// concatenated tensor bytes there (len m.TotalBytes, checked by the caller).
+func verify(stepDir string, assemble func(*Manifest) []byte) (*Manifest, error) {
+	m, err := readManifest(stepDir)
+	if err != nil {
+		return m, err
+	}
+	var dst []byte
+	if assemble != nil {
+		if dst = assemble(m); dst == nil {
+			return m, errSkip
+		}
+	}
+	for _, f := range m.Shards {
+		var w io.Writer = io.Discard
+		if dst != nil {
+			w = &sliceWriter{buf: dst[f.Offset : f.Offset+f.Size]}
+		}
+		if err := checkFile(stepDir, f, w); err != nil {
+			return m, err
+		}
+	}
+	for _, f := range m.Blobs {
+		if err := checkFile(stepDir, f, io.Discard); err != nil {
+			return m, err
+		}
+	}
+	return m, nil
+}
+
+var errSkip = errors.New("skip")
+
+type sliceWriter struct {
+	buf []byte
+	n   int
+}
+
+func (w *sliceWriter) Write(p []byte) (int, error) {
+	n := copy(w.buf[w.n:], p)
+	w.n += n
+	if n < len(p) {
+		return n, io.ErrShortWrite
+	}
+	return n, nil
+}
+
+// checkFile streams one file into w, checking its size and sha256.
+func checkFile(stepDir string, f FileInfo, w io.Writer) error {
+	if f.File != filepath.Base(f.File) || f.File == "" || f.File == "." {
+		return fmt.Errorf("manifest names a file %q outside the checkpoint", f.File)
+	}
+	fh, err := os.Open(filepath.Join(stepDir, f.File))
+	if err != nil {
+		return fmt.Errorf("%s: %v", f.File, err)
+	}
+	defer fh.Close()
+	st, err := fh.Stat()
+	if err != nil {
+		return fmt.Errorf("%s: %v", f.File, err)
+	}
+	if st.Size() != f.Size {
+		return fmt.Errorf("%s is %d bytes, manifest says %d (truncated or overwritten)", f.File, st.Size(), f.Size)
+	}
+	h := sha256.New()
+	if _, err := io.Copy(io.MultiWriter(h, w), fh); err != nil {
+		return fmt.Errorf("%s: %v", f.File, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != f.SHA256 {
+		return fmt.Errorf("%s has sha256 %s, manifest says %s (bit rot or a torn write)", f.File, got[:16], short(f.SHA256))
+	}
+	return nil
+}
+
+func short(s string) string {
+	if len(s) > 16 {
+		return s[:16]
+	}
+	return s
+}
+
+// writeDurable writes the chunks to dir/name through a temporary name:
+// write, fsync, rename, fsync the directory. It returns the size and sha256.
+func writeDurable(dir, name string, chunks ...[]byte) (int64, string, error) {
+	tmp := filepath.Join(dir, name+".tmp")
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return 0, "", err
+	}
+	h := sha256.New()
+	var n int64
+	err = func() error {
+		for _, c := range chunks {
+			if _, err := f.Write(c); err != nil {
+				return err
+			}
+			h.Write(c)
+			n += int64(len(c))
+		}
+		return f.Sync()
+	}()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, name))
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return 0, "", err
+	}
+	return n, hex.EncodeToString(h.Sum(nil)), nil
+}
+
+var _ hash.Hash = sha256.New()
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
+		return err
+	}
+	return nil
+}
+
+// freeSpace is the bytes available to this user on dir's filesystem; tests
+// replace it.
+var freeSpace = func(dir string) (uint64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return st.Bavail * uint64(st.Bsize), nil
+}
