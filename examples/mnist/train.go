@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"gorgonia.org/tensor"
+
+	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/compress"
+)
+
+// EpochResult is what one epoch measured, summed over all ranks.
+type EpochResult struct {
+	Epoch        int     `json:"epoch"`
+	Loss         float64 `json:"loss"`
+	TrainAcc     float64 `json:"train_acc"`
+	TestLoss     float64 `json:"test_loss"`
+	TestAcc      float64 `json:"test_acc"`
+	Seconds      float64 `json:"epoch_seconds"`
+	CommSeconds  float64 `json:"comm_seconds"`
+	CommShare    float64 `json:"comm_share"`
+	SamplesPerS  float64 `json:"samples_per_second"`
+	Steps        int     `json:"steps"`
+	Ranks        int     `json:"ranks"`
+	GlobalBatch  int     `json:"global_batch"`
+	Compression  string  `json:"compression"`
+	WireBytes    uint64  `json:"wire_bytes_sent_rank0"`
+	BytesReduced uint64  `json:"bytes_reduced_rank0"`
+}
+
+// Train runs the whole job on this rank.
+func Train(ctx context.Context, cfg *Config) error {
+	start := time.Now()
+	// 1. Join the job. Alone (no gorun) this is a one-rank Comm and the
+	// collectives below are no-ops, so the same program runs either way.
+	var opts []collective.Option
+	if cfg.Timeline != "" {
+		opts = append(opts, collective.WithTimelinePath(cfg.Timeline))
+	}
+	comm, err := collective.Init(ctx, opts...)
+	if err != nil {
+		return err
+	}
+	defer comm.Close()
+	rank, size := comm.Rank(), comm.Size()
+	out := newOutput(cfg, rank, size)
+
+	// 2. Data: every rank loads the (small) files, but trains only on its
+	// shard of every global batch.
+	train, test, err := LoadSplits(cfg.Data)
+	if err != nil {
+		return err
+	}
+
+	// 3. Model, with the same seed on every rank. Rank 0's weights are
+	// broadcast anyway, so that a rank with another seed cannot diverge.
+	model := NewMLP(train.Pixels, cfg.Hidden, 10, rand.New(rand.NewPCG(cfg.Seed, 0)))
+	names, params, grads := model.Params()
+
+	// 4. The Reducer averages gradients over ranks and micro-batches.
+	global := cfg.GlobalBatch
+	if global == 0 {
+		global = cfg.Batch * size * max(cfg.Accumulate, 1)
+	}
+	ropts := collective.ReducerOptions{
+		BackwardPassesPerStep: cfg.Accumulate,
+		GlobalBatch:           global,
+		LocalBatch:            cfg.Batch,
+		FusionThreshold:       cfg.FusionThreshold,
+	}
+	if cfg.Compression != "none" {
+		if _, err := compress.ByName(cfg.Compression); err != nil {
+			return fmt.Errorf("--compression: %w", err)
+		}
+		codec := cfg.Compression
+		ropts.Compression = func(string, int) string { return codec }
+	}
+	red, err := collective.NewReducer(comm, ropts)
+	if err != nil {
+		return err
+	}
+	for i, name := range names {
+		if err := red.Register(name, params[i], grads[i]); err != nil {
+			return err
+		}
+	}
+	if err := red.BroadcastParameters(ctx, 0); err != nil {
+		return err
+	}
+	opt, err := NewOptimizer(cfg.Optimizer, cfg.LR, cfg.Momentum)
+	if err != nil {
+		return err
+	}
+
+	k := red.BackwardPassesPerStep()
+	sh := &Sharder{N: train.Len(), Global: global, Local: cfg.Batch, Rank: rank, Size: size, Seed: cfg.Seed}
+	if sh.Steps() == 0 {
+		return fmt.Errorf("global batch %d is larger than the %d training samples", global, train.Len())
+	}
+	out.header(train, test, model, global, k, cfg)
+
+	gradReady := func(l *Linear) error {
+		if err := red.GradReady(ctx, l.Name+".weight"); err != nil {
+			return err
+		}
+		return red.GradReady(ctx, l.Name+".bias")
+	}
+	x := tensor.New(tensor.WithShape(cfg.Batch, train.Pixels), tensor.Of(tensor.Float32))
+	labels := make([]uint8, cfg.Batch)
+	var history []EpochResult
+	for epoch := 1; epoch <= cfg.Epochs; epoch++ {
+		epochStart, stats0 := time.Now(), comm.Stats()
+		sh.Epoch(epoch)
+		bar := out.bar(epoch, sh.Steps()*global)
+		// sums over this rank's samples: loss, correct, count
+		local := []float64{0, 0, 0}
+		for step := range sh.Steps() {
+			for micro := range k {
+				gather(train, sh.Batch(step, micro), x, labels)
+				logits := model.Forward(x)
+				loss, correct, dlogits := SoftmaxCrossEntropy(logits, labels)
+				local[0] += loss * float64(cfg.Batch)
+				local[1] += float64(correct)
+				local[2] += float64(cfg.Batch)
+				// Each layer's gradients go to the Reducer as soon as they
+				// are final: on the k-th micro-batch their allreduce starts
+				// while the layers below are still in backward.
+				if err := model.Backward(dlogits, gradReady); err != nil {
+					return err
+				}
+			}
+			// Wait for the allreduces: grads now hold the average over
+			// the global batch, the same on every rank.
+			if err := red.Step(ctx); err != nil {
+				return err
+			}
+			opt.Step(params, grads)
+			bar.add(global)
+		}
+		bar.finish()
+		if err := comm.Allreduce(ctx, local, collective.Sum); err != nil {
+			return err
+		}
+		testLoss, testAcc, err := evaluate(ctx, comm, model, test)
+		if err != nil {
+			return err
+		}
+		// Every rank must hold the same parameters: this compares a
+		// checksum of each tensor across ranks and names any that differ.
+		if err := red.CheckConsistency(ctx); err != nil {
+			return err
+		}
+		el, st := time.Since(epochStart), comm.Stats()
+		r := EpochResult{
+			Epoch: epoch, Loss: local[0] / local[2], TrainAcc: local[1] / local[2],
+			TestLoss: testLoss, TestAcc: testAcc,
+			Seconds: el.Seconds(), CommSeconds: (st.CommTime - stats0.CommTime).Seconds(),
+			SamplesPerS: local[2] / el.Seconds(), Steps: sh.Steps(), Ranks: size, GlobalBatch: global,
+			Compression:  cfg.Compression,
+			WireBytes:    st.PayloadBytesSent + st.HeaderBytesSent - stats0.PayloadBytesSent - stats0.HeaderBytesSent,
+			BytesReduced: st.Bytes - stats0.Bytes,
+		}
+		r.CommShare = r.CommSeconds / r.Seconds
+		history = append(history, r)
+		if err := out.epoch(r); err != nil {
+			return err
+		}
+	}
+	return out.final(ctx, comm, history, time.Since(start), paramHash(params))
+}
+
+// gather copies the samples idx into the batch tensor x and labels.
+func gather(d *Dataset, idx []int, x *tensor.Dense, labels []uint8) {
+	xs, p := f32(x), d.Pixels
+	for i, j := range idx {
+		copy(xs[i*p:(i+1)*p], d.Images[j*p:(j+1)*p])
+		labels[i] = d.Labels[j]
+	}
+}
+
+// evaluate computes test loss and accuracy: each rank scores a contiguous
+// share of the test set and the sums are allreduced.
+func evaluate(ctx context.Context, comm *collective.Comm, m *MLP, test *Dataset) (loss, acc float64, err error) {
+	n, r, s := test.Len(), comm.Rank(), comm.Size()
+	lo, hi := n*r/s, n*(r+1)/s
+	const chunk = 500
+	sums := []float64{0, 0, 0}
+	for i := lo; i < hi; i += chunk {
+		j := min(i+chunk, hi)
+		x := tensor.New(tensor.WithShape(j-i, test.Pixels), tensor.WithBacking(test.Images[i*test.Pixels:j*test.Pixels]))
+		l, c, _ := SoftmaxCrossEntropy(m.Forward(x), test.Labels[i:j])
+		sums[0] += l * float64(j-i)
+		sums[1] += float64(c)
+		sums[2] += float64(j - i)
+	}
+	if err := comm.Allreduce(ctx, sums, collective.Sum); err != nil {
+		return 0, 0, err
+	}
+	return sums[0] / sums[2], sums[1] / sums[2], nil
+}
+
+// paramHash is a SHA-256 of all parameters, to compare ranks at the end.
+func paramHash(params []*tensor.Dense) string {
+	h := sha256.New()
+	var b [4]byte
+	for _, p := range params {
+		for _, v := range f32(p) {
+			binary.LittleEndian.PutUint32(b[:], math.Float32bits(v))
+			h.Write(b[:])
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
