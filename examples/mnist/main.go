@@ -42,6 +42,9 @@ type Config struct {
 	Plot, Metrics   string
 	Progress        string
 	CPUProfile      string
+	CheckpointDir   string
+	CheckpointEvery int
+	FailAtStep      int
 }
 
 func parseFlags(args []string) (*Config, error) {
@@ -64,6 +67,9 @@ func parseFlags(args []string) (*Config, error) {
 	fs.StringVar(&c.Plot, "plot", "", "write loss and accuracy curves to this PNG file (rank 0)")
 	fs.StringVar(&c.Metrics, "metrics", "", "append one JSON object per epoch to this file (rank 0)")
 	fs.StringVar(&c.Progress, "progress", "auto", "progress bar: auto (when a terminal is there), on, off")
+	fs.StringVar(&c.CheckpointDir, "checkpoint-dir", "", "save checkpoints here and resume from the newest one at start (also after gorun --max-restarts)")
+	fs.IntVar(&c.CheckpointEvery, "checkpoint-every", 100, "optimizer steps between checkpoints (with --checkpoint-dir)")
+	fs.IntVar(&c.FailAtStep, "fail-at-step", 0, "testing aid: the last rank fails after this optimizer step on the first launch (GORUN_RESTART_COUNT unset or 0)")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this rank to this file (rank N writes FILE.rankN when N > 0)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

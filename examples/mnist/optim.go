@@ -10,15 +10,19 @@ import (
 // Optimizer updates parameters in place from their (averaged) gradients.
 type Optimizer interface {
 	Step(params, grads []*tensor.Dense)
+	// State lists the optimizer's buffers, for checkpoints: they are
+	// replicated (the same on every rank) like the parameters.
+	State() (names []string, bufs []any)
 }
 
-// NewOptimizer returns "sgd" (with momentum, as torch.optim.SGD) or "adam".
-func NewOptimizer(name string, lr, momentum float64) (Optimizer, error) {
+// NewOptimizer returns "sgd" (with momentum, as torch.optim.SGD) or "adam"
+// for params.
+func NewOptimizer(name string, lr, momentum float64, params []*tensor.Dense) (Optimizer, error) {
 	switch name {
 	case "sgd":
-		return &SGD{LR: float32(lr), Momentum: float32(momentum)}, nil
+		return &SGD{LR: float32(lr), Momentum: float32(momentum), velocity: zerosLike(params)}, nil
 	case "adam":
-		return &Adam{LR: lr, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}, nil
+		return &Adam{LR: lr, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, m: zerosLike(params), v: zerosLike(params), t: []int64{0}}, nil
 	}
 	return nil, fmt.Errorf("--optimizer %q: want sgd or adam", name)
 }
@@ -29,10 +33,15 @@ type SGD struct {
 	velocity     [][]float32
 }
 
-func (o *SGD) Step(params, grads []*tensor.Dense) {
-	if o.velocity == nil {
-		o.velocity = zerosLike(params)
+func (o *SGD) State() (names []string, bufs []any) {
+	for i, v := range o.velocity {
+		names = append(names, fmt.Sprintf("sgd.velocity%d", i))
+		bufs = append(bufs, v)
 	}
+	return names, bufs
+}
+
+func (o *SGD) Step(params, grads []*tensor.Dense) {
 	for i, p := range params {
 		ps, gs, vs := f32(p), f32(grads[i]), o.velocity[i]
 		for j, g := range gs {
@@ -47,16 +56,22 @@ func (o *SGD) Step(params, grads []*tensor.Dense) {
 type Adam struct {
 	LR, Beta1, Beta2, Eps float64
 	m, v                  [][]float32
-	t                     int
+	t                     []int64 // steps taken (a slice: checkpoints restore it in place)
+}
+
+func (o *Adam) State() (names []string, bufs []any) {
+	names, bufs = []string{"adam.t"}, []any{o.t}
+	for i := range o.m {
+		names = append(names, fmt.Sprintf("adam.m%d", i), fmt.Sprintf("adam.v%d", i))
+		bufs = append(bufs, o.m[i], o.v[i])
+	}
+	return names, bufs
 }
 
 func (o *Adam) Step(params, grads []*tensor.Dense) {
-	if o.m == nil {
-		o.m, o.v = zerosLike(params), zerosLike(params)
-	}
-	o.t++
-	c1 := 1 - math.Pow(o.Beta1, float64(o.t))
-	c2 := 1 - math.Pow(o.Beta2, float64(o.t))
+	o.t[0]++
+	c1 := 1 - math.Pow(o.Beta1, float64(o.t[0]))
+	c2 := 1 - math.Pow(o.Beta2, float64(o.t[0]))
 	b1, b2 := float32(o.Beta1), float32(o.Beta2)
 	for i, p := range params {
 		ps, gs, ms, vs := f32(p), f32(grads[i]), o.m[i], o.v[i]

@@ -93,11 +93,11 @@ func (o *output) header(train, test *Dataset, m *MLP, global, k int, cfg *Config
 // progress wraps the bar so that ranks without one need no checks.
 type progress struct{ bar *progressbar.ProgressBar }
 
-func (o *output) bar(epoch, samples int) progress {
+func (o *output) bar(epoch, samples, done int) progress {
 	if o.barW == nil {
 		return progress{}
 	}
-	return progress{progressbar.NewOptions(samples,
+	p := progress{progressbar.NewOptions(samples,
 		progressbar.OptionSetWriter(o.barW),
 		progressbar.OptionSetDescription(fmt.Sprintf("epoch %d/%d", epoch, o.cfg.Epochs)),
 		progressbar.OptionShowCount(),
@@ -109,6 +109,8 @@ func (o *output) bar(epoch, samples int) progress {
 		progressbar.OptionClearOnFinish(),
 		progressbar.OptionSetTheme(progressbar.ThemeUnicode),
 	)}
+	p.add(done)
+	return p
 }
 
 func (p progress) add(n int) {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"gorgonia.org/tensor"
@@ -94,17 +95,37 @@ func Train(ctx context.Context, cfg *Config) error {
 	if err := red.BroadcastParameters(ctx, 0); err != nil {
 		return err
 	}
-	opt, err := NewOptimizer(cfg.Optimizer, cfg.LR, cfg.Momentum)
+	opt, err := NewOptimizer(cfg.Optimizer, cfg.LR, cfg.Momentum, params)
 	if err != nil {
 		return err
 	}
 
 	k := red.BackwardPassesPerStep()
 	sh := &Sharder{N: train.Len(), Global: global, Local: cfg.Batch, Rank: rank, Size: size, Seed: cfg.Seed}
-	if sh.Steps() == 0 {
+	steps := sh.Steps()
+	if steps == 0 {
 		return fmt.Errorf("global batch %d is larger than the %d training samples", global, train.Len())
 	}
 	out.header(train, test, model, global, k, cfg)
+
+	// 5. Resume from the newest checkpoint, if any: parameters, optimizer
+	// state, the epoch history and this rank's running sums. The data
+	// order is a function of (seed, epoch), so the run continues exactly
+	// where it stopped.
+	var history []EpochResult
+	local := []float64{0, 0, 0} // this epoch's sums over this rank's samples: loss, correct, count
+	ck, err := newCheckpointer(ctx, comm, cfg, names, params, opt, &history, &local)
+	if err != nil {
+		return err
+	}
+	gstep, err := ck.restore(ctx, out)
+	if err != nil {
+		return err
+	}
+	if gstep > 0 {
+		// Compression's error-feedback residuals are not in the checkpoint.
+		red.ResetResiduals()
+	}
 
 	gradReady := func(l *Linear) error {
 		if err := red.GradReady(ctx, l.Name+".weight"); err != nil {
@@ -114,14 +135,12 @@ func Train(ctx context.Context, cfg *Config) error {
 	}
 	x := tensor.New(tensor.WithShape(cfg.Batch, train.Pixels), tensor.Of(tensor.Float32))
 	labels := make([]uint8, cfg.Batch)
-	var history []EpochResult
-	for epoch := 1; epoch <= cfg.Epochs; epoch++ {
+	for epoch := gstep/steps + 1; epoch <= cfg.Epochs; epoch++ {
 		epochStart, stats0 := time.Now(), comm.Stats()
 		sh.Epoch(epoch)
-		bar := out.bar(epoch, sh.Steps()*global)
-		// sums over this rank's samples: loss, correct, count
-		local := []float64{0, 0, 0}
-		for step := range sh.Steps() {
+		first := gstep % steps // > 0 only when resuming mid-epoch
+		bar := out.bar(epoch, steps*global, first*global)
+		for step := first; step < steps; step++ {
 			for micro := range k {
 				gather(train, sh.Batch(step, micro), x, labels)
 				logits := model.Forward(x)
@@ -142,10 +161,20 @@ func Train(ctx context.Context, cfg *Config) error {
 				return err
 			}
 			opt.Step(params, grads)
+			gstep++
 			bar.add(global)
+			if step+1 < steps { // the epoch's last step is saved after its summary
+				if err := ck.maybeSave(ctx, gstep); err != nil {
+					return err
+				}
+			}
+			if err := failAt(cfg, gstep, rank, size); err != nil {
+				return err
+			}
 		}
 		bar.finish()
-		if err := comm.Allreduce(ctx, local, collective.Sum); err != nil {
+		sums := slices.Clone(local)
+		if err := comm.Allreduce(ctx, sums, collective.Sum); err != nil {
 			return err
 		}
 		testLoss, testAcc, err := evaluate(ctx, comm, model, test)
@@ -159,19 +188,26 @@ func Train(ctx context.Context, cfg *Config) error {
 		}
 		el, st := time.Since(epochStart), comm.Stats()
 		r := EpochResult{
-			Epoch: epoch, Loss: local[0] / local[2], TrainAcc: local[1] / local[2],
+			Epoch: epoch, Loss: sums[0] / sums[2], TrainAcc: sums[1] / sums[2],
 			TestLoss: testLoss, TestAcc: testAcc,
 			Seconds: el.Seconds(), CommSeconds: (st.CommTime - stats0.CommTime).Seconds(),
-			SamplesPerS: local[2] / el.Seconds(), Steps: sh.Steps(), Ranks: size, GlobalBatch: global,
+			SamplesPerS: float64((steps-first)*global) / el.Seconds(), Steps: steps, Ranks: size, GlobalBatch: global,
 			Compression:  cfg.Compression,
 			WireBytes:    st.PayloadBytesSent + st.HeaderBytesSent - stats0.PayloadBytesSent - stats0.HeaderBytesSent,
 			BytesReduced: st.Bytes - stats0.Bytes,
 		}
 		r.CommShare = r.CommSeconds / r.Seconds
 		history = append(history, r)
+		local = []float64{0, 0, 0}
 		if err := out.epoch(r); err != nil {
 			return err
 		}
+		if err := ck.maybeSave(ctx, gstep); err != nil {
+			return err
+		}
+	}
+	if len(history) == 0 {
+		return fmt.Errorf("nothing to do: the checkpoint in %s is already at epoch %d of %d", cfg.CheckpointDir, gstep/steps, cfg.Epochs)
 	}
 	return out.final(ctx, comm, history, time.Since(start), paramHash(params))
 }
