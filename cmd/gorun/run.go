@@ -119,6 +119,7 @@ to a shared path yourself).`,
 	fl.StringVar(&f.config, "config", "", "YAML file of flag values (long flag names as keys); command-line flags win")
 	fl.StringVar(&f.timeline, "timeline", "", "write a Chrome trace of every rank's collectives to this file (GORUN_TIMELINE; open in chrome://tracing or Perfetto)")
 	cmd.AddCommand(newBenchCmd(), newBenchWorkerCmd())
+	cmd.AddCommand(newCheckpointCmd())
 	return cmd
 }
 

@@ -1,0 +1,240 @@
+// Command ckptprog is the rank program of gorun's checkpoint tests: it
+// trains a small deterministic model (linear regression with momentum on
+// synthetic data) data-parallel, with a barrier checkpoint every few steps,
+// and can kill itself once to show that a restarted job ends bit for bit
+// where an uninterrupted one ends.
+//
+//	CKPTPROG_DIR=D        checkpoint directory (required)
+//	CKPTPROG_STEPS=S      steps to train (default 60)
+//	CKPTPROG_EVERY=K      checkpoint every K steps (default 5)
+//	CKPTPROG_SEED=N       seed of the data, the model and the RNGs (default 1)
+//	CKPTPROG_KILL=R:S     rank R sends itself SIGKILL before step S, on the
+//	                      first launch only (GORUN_RESTART_COUNT=0)
+//	CKPTPROG_OUT=F        rank 0 writes the final parameters to F, as the hex
+//	                      of their float32 bits
+//	CKPTPROG_BENCH=BYTES  instead: time Save of a BYTES-sized state against
+//	                      an allreduce of it, and print the numbers
+//
+// Everything that decides the result is either derived from the seed and
+// the step (the data order of each epoch) or in the checkpoint (parameters,
+// momentum, each rank's noise RNG and data position).
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gorun/gorun/checkpoint"
+	"github.com/gorun/gorun/collective"
+)
+
+const (
+	features = 16
+	samples  = 1024
+	batch    = 8 // per rank
+	lr       = 0.05
+	beta     = 0.9
+)
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+func fatal(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "ckptprog: "+format+"\n", args...)
+	os.Exit(1)
+}
+
+func main() {
+	ctx := context.Background()
+	comm, err := collective.Init(ctx)
+	if err != nil {
+		fatal("%v", err)
+	}
+	defer comm.Close()
+	dir := os.Getenv("CKPTPROG_DIR")
+	if dir == "" {
+		fatal("set CKPTPROG_DIR")
+	}
+	if b := os.Getenv("CKPTPROG_BENCH"); b != "" {
+		n, err := strconv.ParseInt(b, 10, 64)
+		if err != nil {
+			fatal("CKPTPROG_BENCH: %v", err)
+		}
+		bench(ctx, comm, dir, n)
+		return
+	}
+	train(ctx, comm, dir)
+}
+
+func train(ctx context.Context, comm *collective.Comm, dir string) {
+	rank, n := comm.Rank(), comm.Size()
+	steps, every := int64(envInt("CKPTPROG_STEPS", 60)), int64(envInt("CKPTPROG_EVERY", 5))
+	seed := uint64(envInt("CKPTPROG_SEED", 1))
+	killRank, killStep := -1, int64(-1)
+	if k := os.Getenv("CKPTPROG_KILL"); k != "" {
+		r, s, _ := strings.Cut(k, ":")
+		killRank, _ = strconv.Atoi(r)
+		ks, _ := strconv.Atoi(s)
+		killStep = int64(ks)
+	}
+	firstLaunch := os.Getenv("GORUN_RESTART_COUNT") == "" || os.Getenv("GORUN_RESTART_COUNT") == "0"
+
+	// The data set: x ~ U(-1,1), y = x·wTrue + noise, the same on every rank.
+	data := rand.New(rand.NewPCG(seed, 0xda7a))
+	wTrue := make([]float32, features)
+	for i := range wTrue {
+		wTrue[i] = float32(data.NormFloat64())
+	}
+	xs := make([][]float32, samples)
+	ys := make([]float32, samples)
+	for s := range xs {
+		xs[s] = make([]float32, features)
+		for i := range xs[s] {
+			xs[s][i] = float32(data.Float64()*2 - 1)
+		}
+		for i := range wTrue {
+			ys[s] += xs[s][i] * wTrue[i]
+		}
+		ys[s] += float32(data.NormFloat64() * 0.01)
+	}
+
+	// The state: replicated parameters and momentum; per rank, the RNG that
+	// draws gradient noise and the data position.
+	w := make([]float32, features+1) // weights and bias
+	mom := make([]float32, features+1)
+	noise := rand.NewPCG(seed, uint64(rank)+1)
+	var pos int64 // samples of the current epoch this rank has consumed
+	st := new(checkpoint.State).Tensor("w", w).Tensor("momentum", mom).Binary("noise", noise).Int64("pos", &pos)
+	ckpt, err := checkpoint.New(comm, dir)
+	if err != nil {
+		fatal("%v", err)
+	}
+	start, found, err := ckpt.Restore(ctx, st)
+	if err != nil {
+		fatal("%v", err)
+	}
+	if rank == 0 {
+		if found {
+			fmt.Printf("resumed from the checkpoint of step %d\n", start)
+		} else {
+			fmt.Println("fresh start")
+		}
+	}
+	nr := rand.New(noise)
+	perEpoch := int64(samples / (batch * n))
+	var order []int
+	orderEpoch := int64(-1)
+	grad := make([]float32, features+1)
+	for step := start; step < steps; step++ {
+		if firstLaunch && rank == killRank && step == killStep {
+			fmt.Printf("rank %d: SIGKILL before step %d\n", rank, step)
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+		epoch := step / perEpoch
+		if epoch != orderEpoch { // data order from seed and epoch
+			order = rand.New(rand.NewPCG(seed, uint64(epoch)+100)).Perm(samples)
+			orderEpoch = epoch
+		}
+		if step%perEpoch == 0 {
+			pos = 0
+		}
+		clear(grad)
+		for b := range batch {
+			s := order[(pos+int64(b))*int64(n)+int64(rank)]
+			pred := w[features]
+			for i, x := range xs[s] {
+				pred += w[i] * x
+			}
+			e := pred - ys[s]
+			for i, x := range xs[s] {
+				grad[i] += e * x / batch
+			}
+			grad[features] += e / batch
+		}
+		pos += batch
+		for i := range grad {
+			grad[i] += float32(nr.NormFloat64() * 1e-3) // per-rank noise
+		}
+		if err := comm.Allreduce(ctx, grad, collective.Avg, collective.Name("grad")); err != nil {
+			fatal("step %d: %v", step, err)
+		}
+		for i := range w {
+			mom[i] = beta*mom[i] + grad[i]
+			w[i] -= lr * mom[i]
+		}
+		if (step+1)%every == 0 {
+			if err := ckpt.Save(ctx, step+1, st); err != nil {
+				fatal("%v", err)
+			}
+		}
+	}
+	if rank == 0 {
+		var loss float64
+		for s := range xs {
+			pred := w[features]
+			for i, x := range xs[s] {
+				pred += w[i] * x
+			}
+			loss += float64((pred - ys[s]) * (pred - ys[s]))
+		}
+		fmt.Printf("done: %d steps, loss %.6f\n", steps, loss/samples)
+		if out := os.Getenv("CKPTPROG_OUT"); out != "" {
+			var raw []byte
+			for _, v := range append(append([]float32(nil), w...), mom...) {
+				raw = binary.LittleEndian.AppendUint32(raw, math.Float32bits(v))
+			}
+			if err := os.WriteFile(out, []byte(hex.EncodeToString(raw)+"\n"), 0o644); err != nil {
+				fatal("%v", err)
+			}
+		}
+	}
+}
+
+// bench times a Save of a state of the given size against an allreduce of
+// the same buffer (a stand-in for a training step's communication).
+func bench(ctx context.Context, comm *collective.Comm, dir string, size int64) {
+	w := make([]float32, size/4)
+	for i := range w {
+		w[i] = float32(i)
+	}
+	st := new(checkpoint.State).Tensor("w", w)
+	ckpt, err := checkpoint.New(comm, dir)
+	if err != nil {
+		fatal("%v", err)
+	}
+	const iters = 3
+	var save, write, ar time.Duration
+	for i := range iters {
+		t0 := time.Now()
+		if err := comm.Allreduce(ctx, w, collective.Avg); err != nil {
+			fatal("%v", err)
+		}
+		ar += time.Since(t0)
+		if err := ckpt.Save(ctx, int64(i+1), st); err != nil {
+			fatal("%v", err)
+		}
+		s := ckpt.LastSave()
+		save += s.Total
+		write += s.Write
+	}
+	ar, save, write = ar/iters, save/iters, write/iters
+	mib := float64(size) / (1 << 20)
+	if comm.Rank() == 0 {
+		fmt.Printf("state %.0f MiB, %d ranks: save %v (%.0f MiB/s), rank 0 wrote %.1f MiB in %v (%.0f MiB/s); allreduce of the same buffer %v; one save = %.2f allreduces\n",
+			mib, comm.Size(), save.Round(time.Millisecond), mib/save.Seconds(), mib/float64(comm.Size()), write.Round(time.Millisecond),
+			mib/float64(comm.Size())/write.Seconds(), ar.Round(time.Millisecond), save.Seconds()/ar.Seconds())
+	}
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# kill-trials.sh [TRIALS] [NP] [STEPS] [EVERY]: the kill/resume experiment of
+# issue 6. Trains internal/ckptprog (linear regression with momentum, a
+# checkpoint every EVERY steps) under `gorun -np NP --max-restarts 3`, once
+# uninterrupted and then TRIALS times with a random rank sending itself
+# SIGKILL before a random step on the first launch, and counts the trials
+# whose final parameters are bitwise-identical to the uninterrupted run's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/go/bin:$PATH"
+trials=${1:-20} np=${2:-4} steps=${3:-200} every=${4:-10} seed=${SEED:-11}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+go build -o "$work/gorun" ./cmd/gorun
+go build -o "$work/ckptprog" ./internal/ckptprog
+
+train() { # name [kill]
+  local name=$1 kill=${2:-}
+  env CKPTPROG_DIR="$work/$name" CKPTPROG_OUT="$work/$name.hex" CKPTPROG_STEPS="$steps" \
+    CKPTPROG_EVERY="$every" CKPTPROG_SEED="$seed" ${kill:+CKPTPROG_KILL=$kill} \
+    "$work/gorun" -np "$np" --max-restarts 3 "$work/ckptprog" >"$work/$name.log" 2>&1
+}
+
+train reference
+echo "reference: $(grep -h 'done:' "$work/reference.log") params $(cut -c1-32 "$work/reference.hex")..."
+same=0 resumed=0
+for i in $(seq 1 "$trials"); do
+  victim=$((RANDOM % np)) at=$((1 + RANDOM % (steps - 1)))
+  if ! train "t$i" "$victim:$at"; then
+    echo "trial $i: rank $victim killed before step $at: job FAILED"; tail -5 "$work/t$i.log"; continue
+  fi
+  from=$(sed -n 's/.*resumed from the checkpoint of step \([0-9]*\).*/\1/p' "$work/t$i.log" | head -1)
+  [ -n "$from" ] && resumed=$((resumed + 1))
+  if cmp -s "$work/reference.hex" "$work/t$i.hex"; then
+    same=$((same + 1)); verdict=identical
+  else
+    verdict=DIFFERENT
+  fi
+  echo "trial $i: rank $victim killed before step $at, resumed from step ${from:-none (no checkpoint yet: fresh start)}: $verdict"
+done
+echo "$same of $trials trials ended bitwise-identical to the uninterrupted run ($resumed resumed from a checkpoint; np=$np, $steps steps, checkpoint every $every)"
+[ "$same" -eq "$trials" ]
