@@ -5,10 +5,13 @@
 # uninterrupted and then TRIALS times with a random rank sending itself
 # SIGKILL before a random step on the first launch, and counts the trials
 # whose final parameters are bitwise-identical to the uninterrupted run's.
+# Odd trials kill the rank at the start of the step; even trials kill it at
+# a random instant within WITHIN (default 50ms) after the step starts, which
+# lands anywhere, often in the middle of a checkpoint save.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
-trials=${1:-20} np=${2:-4} steps=${3:-200} every=${4:-10} seed=${SEED:-11}
+trials=${1:-20} np=${2:-4} steps=${3:-200} every=${4:-10} seed=${SEED:-11} within=${WITHIN:-50ms}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 go build -o "$work/gorun" ./cmd/gorun
@@ -26,9 +29,14 @@ echo "reference: $(grep -h 'done:' "$work/reference.log") params $(cut -c1-32 "$
 same=0 resumed=0
 for i in $(seq 1 "$trials"); do
   victim=$((RANDOM % np)) at=$((1 + RANDOM % (steps - 1)))
-  if ! train "t$i" "$victim:$at"; then
-    echo "trial $i: rank $victim killed before step $at: job FAILED"; tail -5 "$work/t$i.log"; continue
+  kill="$victim:$at" what="before step $at"
+  if [ $((i % 2)) = 0 ]; then
+    kill="$victim:$at:$within"
   fi
+  if ! train "t$i" "$kill"; then
+    echo "trial $i: rank $victim killed ($kill): job FAILED"; tail -5 "$work/t$i.log"; continue
+  fi
+  what=$(sed -n 's/.*SIGKILL \(.*\)$/\1/p' "$work/t$i.log" | head -1)
   from=$(sed -n 's/.*resumed from the checkpoint of step \([0-9]*\).*/\1/p' "$work/t$i.log" | head -1)
   [ -n "$from" ] && resumed=$((resumed + 1))
   if cmp -s "$work/reference.hex" "$work/t$i.hex"; then
@@ -36,7 +44,7 @@ for i in $(seq 1 "$trials"); do
   else
     verdict=DIFFERENT
   fi
-  echo "trial $i: rank $victim killed before step $at, resumed from step ${from:-none (no checkpoint yet: fresh start)}: $verdict"
+  echo "trial $i: rank $victim killed ${what:-?}, resumed from step ${from:-none (no checkpoint yet: fresh start)}: $verdict"
 done
 echo "$same of $trials trials ended bitwise-identical to the uninterrupted run ($resumed resumed from a checkpoint; np=$np, $steps steps, checkpoint every $every)"
 [ "$same" -eq "$trials" ]

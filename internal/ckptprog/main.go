@@ -10,6 +10,9 @@
 //	CKPTPROG_SEED=N       seed of the data, the model and the RNGs (default 1)
 //	CKPTPROG_KILL=R:S     rank R sends itself SIGKILL before step S, on the
 //	                      first launch only (GORUN_RESTART_COUNT=0)
+//	CKPTPROG_KILL=R:S:D   rank R sends itself SIGKILL a random time in [0, D)
+//	                      after step S starts, wherever it then is (often in
+//	                      the middle of a checkpoint save), first launch only
 //	CKPTPROG_OUT=F        rank 0 writes the final parameters to F, as the hex
 //	                      of their float32 bits
 //	CKPTPROG_BENCH=BYTES  instead: time Save of a BYTES-sized state against
@@ -28,6 +31,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -84,11 +88,17 @@ func train(ctx context.Context, comm *collective.Comm, dir string) {
 	steps, every := int64(envInt("CKPTPROG_STEPS", 60)), int64(envInt("CKPTPROG_EVERY", 5))
 	seed := uint64(envInt("CKPTPROG_SEED", 1))
 	killRank, killStep := -1, int64(-1)
+	var killWithin time.Duration
 	if k := os.Getenv("CKPTPROG_KILL"); k != "" {
-		r, s, _ := strings.Cut(k, ":")
-		killRank, _ = strconv.Atoi(r)
-		ks, _ := strconv.Atoi(s)
-		killStep = int64(ks)
+		f := strings.Split(k, ":")
+		killRank, _ = strconv.Atoi(f[0])
+		if len(f) > 1 {
+			ks, _ := strconv.Atoi(f[1])
+			killStep = int64(ks)
+		}
+		if len(f) > 2 {
+			killWithin, _ = time.ParseDuration(f[2])
+		}
 	}
 	firstLaunch := os.Getenv("GORUN_RESTART_COUNT") == "" || os.Getenv("GORUN_RESTART_COUNT") == "0"
 
@@ -140,8 +150,17 @@ func train(ctx context.Context, comm *collective.Comm, dir string) {
 	grad := make([]float32, features+1)
 	for step := start; step < steps; step++ {
 		if firstLaunch && rank == killRank && step == killStep {
-			fmt.Printf("rank %d: SIGKILL before step %d\n", rank, step)
-			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			if killWithin > 0 {
+				d := time.Duration(rand.Int64N(int64(killWithin)))
+				go func() {
+					time.Sleep(d)
+					fmt.Printf("rank %d: SIGKILL %v after step %d started\n", rank, d, step)
+					syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				}()
+			} else {
+				fmt.Printf("rank %d: SIGKILL before step %d\n", rank, step)
+				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			}
 		}
 		epoch := step / perEpoch
 		if epoch != orderEpoch { // data order from seed and epoch
@@ -215,26 +234,35 @@ func bench(ctx context.Context, comm *collective.Comm, dir string, size int64) {
 	if err != nil {
 		fatal("%v", err)
 	}
-	const iters = 3
-	var save, write, ar time.Duration
+	iters := envInt("CKPTPROG_ITERS", 5)
+	var saves, writes, ars []time.Duration
 	for i := range iters {
 		t0 := time.Now()
 		if err := comm.Allreduce(ctx, w, collective.Avg); err != nil {
 			fatal("%v", err)
 		}
-		ar += time.Since(t0)
+		ars = append(ars, time.Since(t0))
 		if err := ckpt.Save(ctx, int64(i+1), st); err != nil {
 			fatal("%v", err)
 		}
 		s := ckpt.LastSave()
-		save += s.Total
-		write += s.Write
+		saves, writes = append(saves, s.Total), append(writes, s.Write)
 	}
-	ar, save, write = ar/iters, save/iters, write/iters
+	clear(w)
+	t0 := time.Now()
+	if _, _, err := ckpt.Restore(ctx, st); err != nil {
+		fatal("%v", err)
+	}
+	restore := time.Since(t0)
+	if w[12345] != 12345 {
+		fatal("restore: w[12345] = %v", w[12345])
+	}
+	med := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
+	save, write, ar := med(saves), med(writes), med(ars)
 	mib := float64(size) / (1 << 20)
 	if comm.Rank() == 0 {
-		fmt.Printf("state %.0f MiB, %d ranks: save %v (%.0f MiB/s), rank 0 wrote %.1f MiB in %v (%.0f MiB/s); allreduce of the same buffer %v; one save = %.2f allreduces\n",
-			mib, comm.Size(), save.Round(time.Millisecond), mib/save.Seconds(), mib/float64(comm.Size()), write.Round(time.Millisecond),
-			mib/float64(comm.Size())/write.Seconds(), ar.Round(time.Millisecond), save.Seconds()/ar.Seconds())
+		fmt.Printf("state %.0f MiB, %d ranks, median of %d: save %v (%.0f MiB/s; min %v, max %v), rank 0 wrote its %.1f MiB shard in %v (%.0f MiB/s); allreduce of the same buffer %v; one save = %.2f allreduces; restore (rank 0 reads and verifies all shards, broadcasts) %v\n",
+			mib, comm.Size(), iters, save.Round(time.Millisecond), mib/save.Seconds(), saves[0].Round(time.Millisecond), saves[len(saves)-1].Round(time.Millisecond),
+			mib/float64(comm.Size()), write.Round(time.Millisecond), mib/float64(comm.Size())/write.Seconds(), ar.Round(time.Millisecond), save.Seconds()/ar.Seconds(), restore.Round(time.Millisecond))
 	}
 }
