@@ -184,6 +184,9 @@ func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
 	total := st.totalBytes()
 	lo, hi := total*int64(rank)/int64(n), total*int64(rank+1)/int64(n)
 	shSize, shSum, werr := writeDurable(sdir, shardName(rank, n), st.slice(lo, hi)...)
+	if werr == nil {
+		werr = hook("write", rank) // an I/O error, not a crash
+	}
 	var blSize int64
 	var blSum string
 	if werr == nil {

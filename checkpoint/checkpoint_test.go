@@ -442,3 +442,39 @@ func TestShapeMismatchFallsBack(t *testing.T) {
 		}
 	}
 }
+
+func TestWriteErrorOnOneRankFailsAllAndKeepsPrevious(t *testing.T) {
+	dir := t.TempDir()
+	comms := newJob(t, 3)
+	mustAll(t, save(t, comms, dir, 1, 1))
+	testHook = func(p string, rank int) error {
+		if p == "write" && rank == 1 {
+			return errors.New("no space left on device")
+		}
+		return nil
+	}
+	errs := save(t, comms, dir, 2, 2)
+	testHook = nil
+	for r, err := range errs {
+		want := "ranks [1] could not write their shards"
+		if r == 1 {
+			want = "no space left on device"
+		}
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "previous checkpoint kept") {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(StepDir(dir, 2), ManifestName)); err == nil {
+		t.Fatal("a failed save committed")
+	}
+	restore(t, comms, dir, 1, 1)
+}
+
+func TestScanEmptyAndMissingDir(t *testing.T) {
+	for _, dir := range []string{t.TempDir(), filepath.Join(t.TempDir(), "missing")} {
+		r, err := Scan(dir)
+		if err != nil || r.Pick != -1 || len(r.Entries) != 0 || !strings.Contains(r.Reason, "starts fresh") {
+			t.Errorf("Scan(%s) = %+v, %v", dir, r, err)
+		}
+	}
+}
