@@ -183,14 +183,17 @@ func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
 	wstart := time.Now()
 	total := st.totalBytes()
 	lo, hi := total*int64(rank)/int64(n), total*int64(rank+1)/int64(n)
-	shSize, shSum, werr := writeDurable(sdir, shardName(rank, n), st.slice(lo, hi)...)
+	shSize, shSum, werr := writeDurable(sdir, shardName(rank, n), false, st.slice(lo, hi)...)
 	if werr == nil {
 		werr = hook("write", rank) // an I/O error, not a crash
 	}
 	var blSize int64
 	var blSum string
 	if werr == nil {
-		blSize, blSum, werr = writeDurable(sdir, blobName(rank), blobs)
+		blSize, blSum, werr = writeDurable(sdir, blobName(rank), false, blobs)
+	}
+	if werr == nil {
+		werr = syncDir(sdir) // both renames durable
 	}
 	wdur := time.Since(wstart)
 	if werr != nil {
@@ -327,10 +330,9 @@ func (m *Manager) commit(sdir string, man *Manifest) error {
 			return err
 		}
 	}
-	if _, _, err := writeDurable(sdir, ManifestName, data); err != nil {
-		return err
-	}
-	return syncDir(m.dir)
+	// The step directory's own entry was made durable by prepare.
+	_, _, err = writeDurable(sdir, ManifestName, true, data)
+	return err
 }
 
 // retain deletes committed checkpoints beyond the newest keep, and

@@ -269,8 +269,10 @@ func short(s string) string {
 }
 
 // writeDurable writes the chunks to dir/name through a temporary name:
-// write, fsync, rename, fsync the directory. It returns the size and sha256.
-func writeDurable(dir, name string, chunks ...[]byte) (int64, string, error) {
+// write, fsync, rename, and with syncD, fsync the directory (callers that
+// write several files sync it once after the last). It returns the size and
+// sha256.
+func writeDurable(dir, name string, syncD bool, chunks ...[]byte) (int64, string, error) {
 	tmp := filepath.Join(dir, name+".tmp")
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -294,7 +296,7 @@ func writeDurable(dir, name string, chunks ...[]byte) (int64, string, error) {
 	if err == nil {
 		err = os.Rename(tmp, filepath.Join(dir, name))
 	}
-	if err == nil {
+	if err == nil && syncD {
 		err = syncDir(dir)
 	}
 	if err != nil {
