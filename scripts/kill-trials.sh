@@ -26,7 +26,7 @@ train() { # name [kill]
 
 train reference
 echo "reference: $(grep -h 'done:' "$work/reference.log") params $(cut -c1-32 "$work/reference.hex")..."
-same=0 resumed=0
+same=0 resumed=0 interrupted=0
 for i in $(seq 1 "$trials"); do
   victim=$((RANDOM % np)) at=$((1 + RANDOM % (steps - 1)))
   kill="$victim:$at" what="before step $at"
@@ -44,7 +44,11 @@ for i in $(seq 1 "$trials"); do
   else
     verdict=DIFFERENT
   fi
-  echo "trial $i: rank $victim killed ${what:-?}, resumed from step ${from:-none (no checkpoint yet: fresh start)}: $verdict"
+  # A save the kill interrupted leaves an uncommitted step directory, which
+  # the resumed job's next save of that step replaces (and logs).
+  midsave=""
+  grep -q "replacing existing" "$work/t$i.log" && { midsave=" (the kill interrupted a save)"; interrupted=$((interrupted + 1)); }
+  echo "trial $i: rank $victim killed ${what:-?}$midsave, resumed from step ${from:-none (no checkpoint yet: fresh start)}: $verdict"
 done
-echo "$same of $trials trials ended bitwise-identical to the uninterrupted run ($resumed resumed from a checkpoint; np=$np, $steps steps, checkpoint every $every)"
+echo "$same of $trials trials ended bitwise-identical to the uninterrupted run ($resumed resumed from a checkpoint, $interrupted kills interrupted a save; np=$np, $steps steps, checkpoint every $every)"
 [ "$same" -eq "$trials" ]
