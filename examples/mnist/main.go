@@ -57,7 +57,7 @@ func parseFlags(args []string) (*Config, error) {
 	fs.IntVar(&c.Accumulate, "accumulate", 0, "micro-batches per optimizer step (backward passes per step); default 1, or derived from --global-batch")
 	hidden := fs.String("hidden", "128", "hidden layer sizes, comma-separated, e.g. 256,128")
 	fs.StringVar(&c.Optimizer, "optimizer", "sgd", "sgd (with momentum) or adam")
-	fs.Float64Var(&c.LR, "lr", 0, "learning rate (default 0.05 for sgd, 0.001 for adam)")
+	fs.Float64Var(&c.LR, "lr", 0, "learning rate (default 0.03 for sgd, 0.001 for adam)")
 	fs.Float64Var(&c.Momentum, "momentum", 0.9, "SGD momentum")
 	fs.Uint64Var(&c.Seed, "seed", 1, "seed of the initial weights and of the data order: the same seed gives the same run")
 	fs.StringVar(&c.Compression, "compression", "none", "gradient compression on the wire: none, fp16, bf16 or int8")
@@ -88,7 +88,7 @@ func parseFlags(args []string) (*Config, error) {
 		c.Hidden = append(c.Hidden, n)
 	}
 	if c.LR == 0 {
-		c.LR = map[string]float64{"sgd": 0.05, "adam": 0.001}[c.Optimizer]
+		c.LR = map[string]float64{"sgd": 0.03, "adam": 0.001}[c.Optimizer]
 	}
 	switch {
 	case c.Epochs <= 0:

@@ -90,16 +90,22 @@ func (o *output) header(train, test *Dataset, m *MLP, global, k int, cfg *Config
 		o.size, cfg.Batch, k, global, opt, cfg.Compression, cfg.Seed)
 }
 
-// progress wraps the bar so that ranks without one need no checks.
-type progress struct{ bar *progressbar.ProgressBar }
+// progress wraps the bar (nil on ranks without one): it counts samples,
+// with the step in the description.
+type progress struct {
+	bar         *progressbar.ProgressBar
+	epoch       string
+	step, steps int
+}
 
-func (o *output) bar(epoch, samples, done int) progress {
+func (o *output) bar(epoch, steps, global, done int) *progress {
 	if o.barW == nil {
-		return progress{}
+		return nil
 	}
-	p := progress{progressbar.NewOptions(samples,
+	p := &progress{epoch: fmt.Sprintf("epoch %d/%d", epoch, o.cfg.Epochs), steps: steps}
+	p.bar = progressbar.NewOptions(steps*global,
 		progressbar.OptionSetWriter(o.barW),
-		progressbar.OptionSetDescription(fmt.Sprintf("epoch %d/%d", epoch, o.cfg.Epochs)),
+		progressbar.OptionSetDescription(p.epoch),
 		progressbar.OptionShowCount(),
 		progressbar.OptionShowIts(),
 		progressbar.OptionSetItsString("samples"),
@@ -107,20 +113,24 @@ func (o *output) bar(epoch, samples, done int) progress {
 		progressbar.OptionSetWidth(30),
 		progressbar.OptionThrottle(100*time.Millisecond),
 		progressbar.OptionClearOnFinish(),
-		progressbar.OptionSetTheme(progressbar.ThemeUnicode),
-	)}
-	p.add(done)
+		progressbar.OptionSetTheme(progressbar.Theme{Saucer: "█", SaucerPadding: "░", BarStart: "▕", BarEnd: "▏"}),
+	)
+	p.step = done
+	p.bar.Add(done * global)
 	return p
 }
 
-func (p progress) add(n int) {
-	if p.bar != nil {
+// add counts one optimizer step of n samples.
+func (p *progress) add(n int) {
+	if p != nil {
+		p.step++
+		p.bar.Describe(fmt.Sprintf("%s step %d/%d", p.epoch, p.step, p.steps))
 		p.bar.Add(n)
 	}
 }
 
-func (p progress) finish() {
-	if p.bar != nil {
+func (p *progress) finish() {
+	if p != nil {
 		p.bar.Finish()
 	}
 }

@@ -139,7 +139,7 @@ func Train(ctx context.Context, cfg *Config) error {
 		epochStart, stats0 := time.Now(), comm.Stats()
 		sh.Epoch(epoch)
 		first := gstep % steps // > 0 only when resuming mid-epoch
-		bar := out.bar(epoch, steps*global, first*global)
+		bar := out.bar(epoch, steps, global, first)
 		for step := first; step < steps; step++ {
 			for micro := range k {
 				gather(train, sh.Batch(step, micro), x, labels)
