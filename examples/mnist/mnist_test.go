@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -29,7 +28,6 @@ func TestGorunTwoRanks(t *testing.T) {
 		}
 	}
 	cmd := exec.Command(gorun, "-np", "2", mnist, "--epochs", "1", "--verbose", "--progress", "off")
-	cmd.Env = append(os.Environ(), "GOMAXPROCS=2")
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s", out)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -80,14 +81,14 @@ func (o *output) header(train, test *Dataset, m *MLP, global, k int, cfg *Config
 		arch = append(arch, strconv.Itoa(l.W.Shape()[1]))
 		nparams += l.W.Len() + l.B.Len()
 	}
-	o.printf("mnist: %d train / %d test samples (%s); MLP %s, %d parameters\n",
-		train.Len(), test.Len(), src, strings.Join(arch, "-"), nparams)
+	o.printf("mnist: %d train / %d test samples (%s); MLP %s, %d parameters; BLAS %s\n",
+		train.Len(), test.Len(), src, strings.Join(arch, "-"), nparams, blasName)
 	opt := fmt.Sprintf("%s lr %g", cfg.Optimizer, cfg.LR)
 	if cfg.Optimizer == "sgd" {
 		opt += fmt.Sprintf(" momentum %g", cfg.Momentum)
 	}
-	o.printf("mnist: %d rank(s) × batch %d × %d micro-batch(es) = global batch %d; %s; compression %s; seed %d\n",
-		o.size, cfg.Batch, k, global, opt, cfg.Compression, cfg.Seed)
+	o.printf("mnist: %d rank(s) × batch %d × %d micro-batch(es) = global batch %d; %s; compression %s; seed %d; GOMAXPROCS %d\n",
+		o.size, cfg.Batch, k, global, opt, cfg.Compression, cfg.Seed, runtime.GOMAXPROCS(0))
 }
 
 // progress wraps the bar (nil on ranks without one): it counts samples,

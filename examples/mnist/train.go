@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"runtime"
 	"slices"
 	"time"
 
@@ -51,6 +53,12 @@ func Train(ctx context.Context, cfg *Config) error {
 	}
 	defer comm.Close()
 	rank, size := comm.Rank(), comm.Size()
+	// Share this host's cores between its ranks, as OMP_NUM_THREADS does
+	// for PyTorch: gonum's matrix products would otherwise start a worker
+	// per core in every rank, and the ranks would fight over the cores.
+	if os.Getenv("GOMAXPROCS") == "" && comm.LocalSize() > 1 {
+		runtime.GOMAXPROCS(max(1, runtime.NumCPU()/comm.LocalSize()))
+	}
 	out := newOutput(cfg, rank, size)
 
 	// 2. Data: every rank loads the (small) files, but trains only on its
