@@ -3,6 +3,7 @@ package ring
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // Ring allreduce = ring reduce-scatter followed by ring allgather
@@ -84,11 +85,62 @@ func (r *Ring) Allreduce(ctx context.Context, c Call, buf []byte) error {
 //
 // Below it an allreduce is bound by latency, not bandwidth: the ring's
 // 2(N-1) dependent hops cost far more than the bytes. allreduceTiny passes
-// whole buffers around the ring instead (an allgather, N-1 hops) and every
-// rank folds the N contributions itself, in rank order 0, 1, ..., N-1, so
+// whole buffers instead (an allgather: one hop over a Mesh, N-1 around a
+// plain ring) and every rank folds the N contributions itself, in rank order 0, 1, ..., N-1, so
 // results are still bitwise identical everywhere. It sends (N-1)*S bytes
 // per rank instead of 2(N-1)/N*S, which is nothing at this size.
 const TinyAllreduceBytes = 4 << 10
+
+// gatherDirect is the gather of allreduceTiny over a Mesh: every rank sends
+// its buffer straight to every other rank, then receives theirs, so the
+// whole allreduce costs one hop of latency instead of N-1. Sending first is
+// safe because the messages are far smaller than any transport's buffer.
+func (r *Ring) gatherDirect(ctx context.Context, mesh Mesh, all []byte, n int) error {
+	p := &r.p
+	r.startPhases(0)
+	h := Header{Kind: p.call.Kind, Op: p.call.Op, DType: p.call.DType, Seq: p.call.Seq,
+		Count: uint64(p.call.Count), Sender: uint32(r.rank), Length: uint32(n)}
+	mine := all[r.rank*n : (r.rank+1)*n]
+	for k := 1; k < r.size; k++ {
+		to := mod(r.rank+k, r.size)
+		h.Step = uint32(k)
+		EncodeHeader(r.shdr[:], &h)
+		r.sendBufs[0], r.sendBufs[1] = r.shdr[:], mine
+		if err := mesh.SendTo(ctx, to, r.sendBufs[:]...); err != nil {
+			return fmt.Errorf("%s: send to rank %d: %w", r.errPrefix(k), to, err)
+		}
+		r.payloadSent.Add(uint64(n))
+		r.headerSent.Add(HeaderSize)
+		r.msgs.Add(1)
+	}
+	for k := 1; k < r.size; k++ {
+		from := mod(r.rank-k, r.size)
+		if err := mesh.RecvFrom(ctx, from, r.rhdr[:]); err != nil {
+			return fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(k), from, err)
+		}
+		hd, err := DecodeHeader(r.rhdr[:])
+		if err != nil {
+			return fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(k), from, err)
+		}
+		if remote := hd.Call(); !sameFingerprint(p.call, remote) {
+			return &MismatchError{Local: p.call, Remote: remote, LocalRank: r.rank, RemoteRank: int(hd.Sender)}
+		}
+		if hd.Sender != uint32(from) || hd.Step != uint32(k) || hd.Length != uint32(n) {
+			return fmt.Errorf("%s: recv from rank %d: protocol error: got sender %d step %d length %d, want sender %d step %d length %d",
+				r.errPrefix(k), from, hd.Sender, hd.Step, hd.Length, from, k, n)
+		}
+		if err := mesh.RecvFrom(ctx, from, all[from*n:(from+1)*n]); err != nil {
+			return fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(k), from, err)
+		}
+		r.payloadRecv.Add(uint64(n))
+		if r.phase != nil && r.firstRecv.IsZero() {
+			r.firstRecv = time.Now()
+		}
+	}
+	r.sendBufs[1] = nil
+	r.reportPhases()
+	return nil
+}
 
 func (r *Ring) allreduceTiny(ctx context.Context, c Call, buf []byte) error {
 	n := len(buf)
@@ -98,7 +150,11 @@ func (r *Ring) allreduceTiny(ctx context.Context, c Call, buf []byte) error {
 	p := r.setup(c, r.size, r.size*c.Count, r.size-1)
 	p.gather = true
 	p.bufs[bMain] = all
-	if err := r.run(ctx); err != nil {
+	if mesh, ok := r.t.(Mesh); ok {
+		if err := r.gatherDirect(ctx, mesh, all, n); err != nil {
+			return err
+		}
+	} else if err := r.run(ctx); err != nil {
 		return err
 	}
 	r.tmp = growAligned(r.tmp, n)
