@@ -35,16 +35,17 @@ const pixelMean, pixelStd = 0.1307, 0.3081
 // without .gz.
 func LoadSplits(dir string) (train, test *Dataset, err error) {
 	var fsys fs.FS
+	where := "embedded data"
 	if dir == "" {
 		fsys, _ = fs.Sub(embedded, "data")
 	} else {
-		fsys = os.DirFS(dir)
+		fsys, where = os.DirFS(dir), "--data "+dir
 	}
 	if train, err = loadSplit(fsys, "train"); err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("%s: %w", where, err)
 	}
 	if test, err = loadSplit(fsys, "t10k"); err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("%s: %w", where, err)
 	}
 	return train, test, nil
 }

@@ -23,7 +23,8 @@ func writePlot(path string, hist []EpochResult) error {
 		return xy
 	}
 	loss := plot.New()
-	loss.Title.Text = "Loss (cross-entropy)"
+	run := fmt.Sprintf("%d rank(s), global batch %d, compression %s", hist[0].Ranks, hist[0].GlobalBatch, hist[0].Compression)
+	loss.Title.Text = "Loss (cross-entropy): " + run
 	loss.X.Label.Text, loss.Y.Label.Text = "epoch", "loss"
 	if err := plotutil.AddLinePoints(loss,
 		"train", series(func(h EpochResult) float64 { return h.Loss }),
@@ -31,7 +32,7 @@ func writePlot(path string, hist []EpochResult) error {
 		return err
 	}
 	acc := plot.New()
-	acc.Title.Text = "Accuracy"
+	acc.Title.Text = "Accuracy: " + run
 	acc.X.Label.Text, acc.Y.Label.Text = "epoch", "accuracy (%)"
 	if err := plotutil.AddLinePoints(acc,
 		"train", series(func(h EpochResult) float64 { return 100 * h.TrainAcc }),
