@@ -7,7 +7,8 @@
 // data/README.md). --data DIR reads the full MNIST or Fashion-MNIST.
 //
 // Reading order: data.go (IDX files and per-rank sharding), model.go (the
-// MLP with its forward and backward pass on gorgonia tensors), optim.go
+// MLP with its forward and backward pass on gorgonia tensors), cnn.go (the
+// optional convolutional network), optim.go
 // (SGD and Adam), train.go (the distributed loop: broadcast, Reducer,
 // consistency check), output.go (progress bar, summaries, plot, metrics).
 package main
@@ -32,6 +33,7 @@ type Config struct {
 	GlobalBatch     int
 	Accumulate      int
 	Hidden          []int
+	Model           string
 	Optimizer       string
 	LR, Momentum    float64
 	Seed            uint64
@@ -55,6 +57,7 @@ func parseFlags(args []string) (*Config, error) {
 	fs.IntVar(&c.Batch, "batch", 64, "samples per rank per micro-batch (the local batch)")
 	fs.IntVar(&c.GlobalBatch, "global-batch", 0, "samples per optimizer step over all ranks (default: batch × ranks × accumulate); fixes the accumulation steps")
 	fs.IntVar(&c.Accumulate, "accumulate", 0, "micro-batches per optimizer step (backward passes per step); default 1, or derived from --global-batch")
+	fs.StringVar(&c.Model, "model", "mlp", "mlp, or cnn (a 5×5 convolution with 8 channels, 2×2 max-pooling, then the --hidden layers)")
 	hidden := fs.String("hidden", "128", "hidden layer sizes, comma-separated, e.g. 256,128")
 	fs.StringVar(&c.Optimizer, "optimizer", "sgd", "sgd (with momentum) or adam")
 	fs.Float64Var(&c.LR, "lr", 0, "learning rate (default 0.03 for sgd, 0.001 for adam)")

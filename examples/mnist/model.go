@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 
 	"gorgonia.org/tensor"
 )
@@ -88,6 +90,20 @@ func (l *Linear) Backward(dy *tensor.Dense, needDx bool) *tensor.Dense {
 	return must(tensor.MatMul(dz, transposed(l.W)))
 }
 
+// Model is what the training loop needs from a network.
+type Model interface {
+	// Forward returns the logits (n × 10) of a batch x (n × pixels).
+	Forward(x *tensor.Dense) *tensor.Dense
+	// Backward back-propagates dL/dlogits, calling done with the names of
+	// the gradients that are final, last layer first.
+	Backward(dlogits *tensor.Dense, done func(names ...string) error) error
+	// Params lists parameters and gradients in the order Backward
+	// finishes them: the order to register them with the Reducer.
+	Params() (names []string, params, grads []*tensor.Dense)
+	// Describe names the architecture.
+	Describe() string
+}
+
 // MLP is a stack of Linear layers, ReLU between them, logits out.
 type MLP struct {
 	Layers []*Linear
@@ -113,17 +129,31 @@ func (m *MLP) Forward(x *tensor.Dense) *tensor.Dense {
 }
 
 // Backward back-propagates dL/dlogits from the last layer to the first,
-// calling done(layer) as soon as a layer's gradients are final, so that
-// their allreduce can start while the layers below are still computing.
-func (m *MLP) Backward(dlogits *tensor.Dense, done func(*Linear) error) error {
-	d := dlogits
+// calling done as soon as a layer's gradients are final, so that their
+// allreduce can start while the layers below are still computing.
+func (m *MLP) Backward(dlogits *tensor.Dense, done func(names ...string) error) error {
+	_, err := m.backward(dlogits, done, false)
+	return err
+}
+
+// backward also returns dL/dinput when needDx (for a layer below the MLP).
+func (m *MLP) backward(d *tensor.Dense, done func(names ...string) error, needDx bool) (*tensor.Dense, error) {
 	for i := len(m.Layers) - 1; i >= 0; i-- {
-		d = m.Layers[i].Backward(d, i > 0)
-		if err := done(m.Layers[i]); err != nil {
-			return err
+		d = m.Layers[i].Backward(d, i > 0 || needDx)
+		if err := done(m.Layers[i].Name+".weight", m.Layers[i].Name+".bias"); err != nil {
+			return nil, err
 		}
 	}
-	return nil
+	return d, nil
+}
+
+// Describe gives the layer sizes, e.g. "MLP 784-128-10".
+func (m *MLP) Describe() string {
+	arch := []string{strconv.Itoa(m.Layers[0].W.Shape()[0])}
+	for _, l := range m.Layers {
+		arch = append(arch, strconv.Itoa(l.W.Shape()[1]))
+	}
+	return "MLP " + strings.Join(arch, "-")
 }
 
 // Params lists parameters and gradients in the order Backward finishes

@@ -8,24 +8,29 @@ import (
 	"gorgonia.org/tensor"
 )
 
-// Backward agrees with finite differences of the loss on a small MLP.
+// Backward agrees with finite differences of the loss on a small MLP and
+// a small CNN.
 func TestGradients(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	m := NewMLP(6, []int{5, 4}, 3, rng)
+	checkGradients(t, NewMLP(6, []int{5, 4}, 3, rng), 6, rng)
+	checkGradients(t, NewCNN(8, 8, 3, 2, []int{4}, 3, rng), 64, rng)
+}
+
+func checkGradients(t *testing.T, m Model, pixels int, rng *rand.Rand) {
 	const n = 4
-	xs := make([]float32, n*6)
+	xs := make([]float32, n*pixels)
 	for i := range xs {
 		xs[i] = float32(rng.NormFloat64())
 	}
 	labels := []uint8{0, 2, 1, 2}
 	lossAt := func() float64 {
-		x := tensor.New(tensor.WithShape(n, 6), tensor.WithBacking(append([]float32(nil), xs...)))
+		x := tensor.New(tensor.WithShape(n, pixels), tensor.WithBacking(append([]float32(nil), xs...)))
 		l, _, _ := SoftmaxCrossEntropy(m.Forward(x), labels)
 		return l
 	}
-	x := tensor.New(tensor.WithShape(n, 6), tensor.WithBacking(append([]float32(nil), xs...)))
+	x := tensor.New(tensor.WithShape(n, pixels), tensor.WithBacking(append([]float32(nil), xs...)))
 	_, _, d := SoftmaxCrossEntropy(m.Forward(x), labels)
-	if err := m.Backward(d, func(*Linear) error { return nil }); err != nil {
+	if err := m.Backward(d, func(...string) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	names, params, grads := m.Params()
@@ -41,7 +46,7 @@ func TestGradients(t *testing.T) {
 			ps[j] = old
 			num := (up - down) / (2 * h)
 			if math.Abs(num-float64(gs[j])) > 2e-3+0.02*math.Abs(num) {
-				t.Errorf("%s[%d]: backward %.5f, finite difference %.5f", names[i], j, gs[j], num)
+				t.Errorf("%s: %s[%d]: backward %.5f, finite difference %.5f", m.Describe(), names[i], j, gs[j], num)
 			}
 		}
 	}

@@ -70,19 +70,18 @@ func (o *output) printf(format string, args ...any) {
 	}
 }
 
-func (o *output) header(train, test *Dataset, m *MLP, global, k int, cfg *Config) {
+func (o *output) header(train, test *Dataset, m Model, global, k int, cfg *Config) {
 	src := "embedded MNIST digits"
 	if cfg.Data != "" {
 		src = cfg.Data
 	}
-	arch := []string{strconv.Itoa(train.Pixels)}
+	_, params, _ := m.Params()
 	nparams := 0
-	for _, l := range m.Layers {
-		arch = append(arch, strconv.Itoa(l.W.Shape()[1]))
-		nparams += l.W.Len() + l.B.Len()
+	for _, p := range params {
+		nparams += p.Len()
 	}
-	o.printf("mnist: %d train / %d test samples (%s); MLP %s, %d parameters; BLAS %s\n",
-		train.Len(), test.Len(), src, strings.Join(arch, "-"), nparams, blasName)
+	o.printf("mnist: %d train / %d test samples (%s); %s, %d parameters; BLAS %s\n",
+		train.Len(), test.Len(), src, m.Describe(), nparams, blasName)
 	opt := fmt.Sprintf("%s lr %g", cfg.Optimizer, cfg.LR)
 	if cfg.Optimizer == "sgd" {
 		opt += fmt.Sprintf(" momentum %g", cfg.Momentum)

@@ -70,7 +70,19 @@ func Train(ctx context.Context, cfg *Config) error {
 
 	// 3. Model, with the same seed on every rank. Rank 0's weights are
 	// broadcast anyway, so that a rank with another seed cannot diverge.
-	model := NewMLP(train.Pixels, cfg.Hidden, 10, rand.New(rand.NewPCG(cfg.Seed, 0)))
+	var model Model
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0))
+	switch cfg.Model {
+	case "mlp":
+		model = NewMLP(train.Pixels, cfg.Hidden, 10, rng)
+	case "cnn":
+		model = NewCNN(28, 28, 5, 8, cfg.Hidden, 10, rng)
+		if train.Pixels != 28*28 {
+			return fmt.Errorf("--model cnn wants 28×28 images, not %d pixels", train.Pixels)
+		}
+	default:
+		return fmt.Errorf("--model %q: want mlp or cnn", cfg.Model)
+	}
 	names, params, grads := model.Params()
 
 	// 4. The Reducer averages gradients over ranks and micro-batches.
@@ -135,11 +147,13 @@ func Train(ctx context.Context, cfg *Config) error {
 		red.ResetResiduals()
 	}
 
-	gradReady := func(l *Linear) error {
-		if err := red.GradReady(ctx, l.Name+".weight"); err != nil {
-			return err
+	gradReady := func(names ...string) error {
+		for _, name := range names {
+			if err := red.GradReady(ctx, name); err != nil {
+				return err
+			}
 		}
-		return red.GradReady(ctx, l.Name+".bias")
+		return nil
 	}
 	x := tensor.New(tensor.WithShape(cfg.Batch, train.Pixels), tensor.Of(tensor.Float32))
 	labels := make([]uint8, cfg.Batch)
@@ -231,7 +245,7 @@ func gather(d *Dataset, idx []int, x *tensor.Dense, labels []uint8) {
 
 // evaluate computes test loss and accuracy: each rank scores a contiguous
 // share of the test set and the sums are allreduced.
-func evaluate(ctx context.Context, comm *collective.Comm, m *MLP, test *Dataset) (loss, acc float64, err error) {
+func evaluate(ctx context.Context, comm *collective.Comm, m Model, test *Dataset) (loss, acc float64, err error) {
 	n, r, s := test.Len(), comm.Rank(), comm.Size()
 	lo, hi := n*r/s, n*(r+1)/s
 	const chunk = 500
