@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strconv"
 
 	"gorgonia.org/tensor"
 
@@ -93,7 +94,8 @@ func (c *checkpointer) maybeSave(ctx context.Context, step int) error {
 // failAt makes the last rank exit at --fail-at-step on the job's first
 // launch, to try resuming under gorun --max-restarts.
 func failAt(cfg *Config, step, rank, size int) error {
-	if cfg.FailAtStep > 0 && step == cfg.FailAtStep && rank == size-1 && os.Getenv(collective.EnvRestartCount) <= "0" {
+	restarts, _ := strconv.Atoi(os.Getenv(collective.EnvRestartCount)) // unset: 0
+	if cfg.FailAtStep > 0 && step == cfg.FailAtStep && rank == size-1 && restarts == 0 {
 		return fmt.Errorf("--fail-at-step %d: rank %d fails on purpose (gorun --max-restarts relaunches the job, which resumes from the last checkpoint)", step, rank)
 	}
 	return nil
