@@ -62,6 +62,10 @@ type RankError struct {
 	PID        int      // of the rank, or of its ssh client for a remote rank
 	Status     string   // "exit status 3", "signal: killed", "did not register within 30s"
 	LastStderr []string // its last lines of stderr
+	// Others are the other ranks seen failing at about the same time, e.g.
+	// "rank 1 (exit status 1)": when a rank fails cleanly its peers may exit
+	// first, so the rank named above is a guess the user can check here.
+	Others []string
 }
 
 func (e *RankError) Error() string {
@@ -70,6 +74,9 @@ func (e *RankError) Error() string {
 		fmt.Fprintf(&b, "rank %d (pid %d) failed: %s", e.Rank, e.PID, e.Status)
 	} else {
 		fmt.Fprintf(&b, "rank %d on host %s failed: %s", e.Rank, e.Host, e.Status)
+	}
+	if len(e.Others) > 0 {
+		fmt.Fprintf(&b, "; also failed: %s", strings.Join(e.Others, ", "))
 	}
 	if len(e.LastStderr) > 0 {
 		fmt.Fprintf(&b, "; its last stderr lines:")
@@ -438,8 +445,14 @@ wait:
 			break
 		}
 	}
+	var others []string
+	for _, o := range failed {
+		if o != culprit {
+			others = append(others, fmt.Sprintf("rank %d%s (%s)", o.rank, onHost(o.host), status(o)))
+		}
+	}
 	p := culprit
-	return &RankError{Rank: p.rank, Host: p.host, PID: p.cmd.Process.Pid, Status: status(p), LastStderr: p.tail.lines()}
+	return &RankError{Rank: p.rank, Host: p.host, PID: p.cmd.Process.Pid, Status: status(p), LastStderr: p.tail.lines(), Others: others}
 }
 
 func killedBySignal(p *rankProc) bool {
