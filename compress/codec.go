@@ -32,6 +32,13 @@ type Codec interface {
 	Decode(dst []float32, src []byte) error
 }
 
+// FeedbackEncoder is implemented by codecs that can encode and compute the
+// error-feedback residual in one pass: EncodeFeedback(dst, src, res) encodes
+// src exactly as Encode does and sets res[i] = src[i] - decoded[i].
+type FeedbackEncoder interface {
+	EncodeFeedback(dst []byte, src, res []float32) Info
+}
+
 // Info reports what Encode had to give up.
 type Info struct {
 	// Clamped counts the input values that did not fit the format and were

@@ -879,3 +879,42 @@ func TestPortablePaths(t *testing.T) {
 		}
 	}
 }
+
+// EncodeFeedback writes the same bytes as Encode and exactly the residual
+// src - Decode(Encode(src)), including blocks that take the slow paths.
+func TestInt8EncodeFeedback(t *testing.T) {
+	c := Int8()
+	fe := c.(FeedbackEncoder)
+	src := make([]float32, 1000)
+	rng := rand.New(rand.NewSource(5))
+	for i := range src {
+		src[i] = float32(rng.NormFloat64())
+	}
+	copy(src[64:128], make([]float32, 64)) // zero block
+	src[200] = float32(math.Inf(1))        // slow block
+	src[300], src[301] = 1e-40, -2e-41     // tiny block
+	for i := 384; i < 448; i++ {
+		src[i] = 1e-39 * float32(i-400)
+	}
+	want := make([]byte, c.EncodedLen(len(src)))
+	wantInfo := c.Encode(want, src)
+	got := make([]byte, len(want))
+	res := make([]float32, len(src))
+	gotInfo := fe.EncodeFeedback(got, src, res)
+	if string(got) != string(want) || gotInfo != wantInfo {
+		t.Fatalf("EncodeFeedback bytes or info differ from Encode (%v vs %v)", gotInfo, wantInfo)
+	}
+	dec := make([]float32, len(src))
+	if err := c.Decode(dec, want); err != nil {
+		t.Fatal(err)
+	}
+	for i := range src {
+		w := src[i] - dec[i]
+		if math.IsInf(float64(src[i]), 0) {
+			continue // Inf - finite is Inf either way
+		}
+		if math.Float32bits(res[i]) != math.Float32bits(w) {
+			t.Fatalf("residual %d = %v, want %v", i, res[i], w)
+		}
+	}
+}

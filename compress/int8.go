@@ -148,6 +148,51 @@ func (c *int8Codec) Encode(dst []byte, src []float32) Info {
 	return Info{Clamped: clamped}
 }
 
+// EncodeFeedback implements FeedbackEncoder: it encodes src exactly as
+// Encode does and, in the same pass, writes into res what the encoding lost
+// (src minus what Decode will return), which error feedback needs.
+func (c *int8Codec) EncodeFeedback(dst []byte, src, res []float32) Info {
+	n := len(src)
+	checkDst("int8", dst, c.EncodedLen(n))
+	if len(res) < n {
+		panic(fmt.Sprintf("compress: int8: residual holds %d values, want %d", len(res), n))
+	}
+	clamped := 0
+	B := c.block
+	for len(src) > 0 {
+		k := min(B, len(src))
+		s, r := src[:k], res[:k]
+		src, res = src[k:], res[k:]
+		hdr := dst[:4+k]
+		q := hdr[4:]
+		dst = dst[4+k:]
+		m := absmaxBits(s)
+		if m < hugeBits {
+			scale := math.Float32frombits(m) / 127
+			binary.LittleEndian.PutUint32(hdr, math.Float32bits(scale))
+			if scale >= math.Float32frombits(minNormF32) {
+				inv := 1 / scale
+				for j, x := range s {
+					v := roundAway(float32(x * inv))
+					q[j] = uint8(v)
+					// float32(...) keeps the product unfused, as in Decode.
+					r[j] = x - float32(float32(int8(v))*scale)
+				}
+				continue
+			}
+			int8Div(q, s, scale)
+		} else {
+			clamped += int8Slow(hdr, s)
+		}
+		// Rare blocks: residual from the decoding, as Decode computes it.
+		scale := math.Float32frombits(binary.LittleEndian.Uint32(hdr))
+		for j, x := range s {
+			r[j] = x - float32(float32(int8(q[j]))*scale)
+		}
+	}
+	return Info{Clamped: clamped}
+}
+
 // int8Div quantizes a block whose scale is 0 or subnormal by dividing.
 func int8Div(q []byte, s []float32, scale float32) {
 	for j, x := range s {

@@ -176,6 +176,16 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 				}
 			}
 			eb := dst[codec.EncodedLen(lo):codec.EncodedLen(hi)]
+			if fe, ok := codec.(compress.FeedbackEncoder); ok && fb != nil {
+				// One pass: encode and keep what was lost as the residual.
+				res := fb.Contrib[off+lo : off+hi]
+				st.Clamped += fe.EncodeFeedback(eb, meant, res).Clamped
+				for i := 0; i < len(meant); i += statsStride {
+					sq += float64(res[i]) * float64(res[i])
+					sqRef += float64(meant[i]) * float64(meant[i])
+				}
+				continue
+			}
 			st.Clamped += codec.Encode(eb, meant).Clamped
 			sent := cb.sent[:hi-lo]
 			if err := codec.Decode(sent, eb); err != nil {
