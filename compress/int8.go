@@ -98,7 +98,20 @@ func absmaxBits(s []float32) uint32 {
 	return max(m0, m1, m2, m3)
 }
 
-func (c *int8Codec) Encode(dst []byte, src []float32) Info {
+func (c *int8Codec) Encode(dst []byte, src []float32) Info { return c.encode(dst, src, nil) }
+
+// EncodeFeedback implements FeedbackEncoder: it encodes src exactly as
+// Encode does and, in the same pass, writes into res what the encoding lost
+// (src minus what Decode will return), which error feedback needs.
+func (c *int8Codec) EncodeFeedback(dst []byte, src, res []float32) Info {
+	if len(res) < len(src) {
+		panic(fmt.Sprintf("compress: int8: residual holds %d values, want %d", len(res), len(src)))
+	}
+	return c.encode(dst, src, res)
+}
+
+// encode is Encode, and with res != nil also the residual src - decoded.
+func (c *int8Codec) encode(dst []byte, src, res []float32) Info {
 	n := len(src)
 	checkDst("int8", dst, c.EncodedLen(n))
 	clamped := 0
@@ -107,12 +120,17 @@ func (c *int8Codec) Encode(dst []byte, src []float32) Info {
 		k := min(B, len(src))
 		s := src[:k]
 		src = src[k:]
+		var r []float32
+		if res != nil {
+			r, res = res[:k], res[k:]
+		}
 		hdr := dst[:4+k]
 		q := hdr[4:]
 		dst = dst[4+k:]
 		m := absmaxBits(s)
 		if m >= hugeBits { // NaN, ±Inf, or near MaxFloat32
 			clamped += int8Slow(hdr, s)
+			int8Residual(r, s, hdr)
 			continue
 		}
 		scale := math.Float32frombits(m) / 127
@@ -120,12 +138,22 @@ func (c *int8Codec) Encode(dst []byte, src []float32) Info {
 		if scale < math.Float32frombits(minNormF32) {
 			// Tiny block: 1/scale could overflow; use the exact division.
 			int8Div(q, s, scale)
+			int8Residual(r, s, hdr)
 			continue
 		}
 		// No clamp is needed here: with scale = RN(a/127) and inv =
 		// RN(1/scale), |x*inv| <= RN(a*inv) <= 127*(1+3*2^-24) < 127.5, so
 		// |q| <= 127 (FuzzEncode checks the output never holds -128).
 		inv := 1 / scale
+		if r != nil {
+			for j, x := range s {
+				v := roundAway(float32(x * inv))
+				q[j] = uint8(v)
+				// float32(...) keeps the product unfused, as in Decode.
+				r[j] = x - float32(float32(int8(v))*scale)
+			}
+			continue
+		}
 		for len(s) >= 8 {
 			v := s[:8]
 			o := q[:8]
@@ -148,49 +176,16 @@ func (c *int8Codec) Encode(dst []byte, src []float32) Info {
 	return Info{Clamped: clamped}
 }
 
-// EncodeFeedback implements FeedbackEncoder: it encodes src exactly as
-// Encode does and, in the same pass, writes into res what the encoding lost
-// (src minus what Decode will return), which error feedback needs.
-func (c *int8Codec) EncodeFeedback(dst []byte, src, res []float32) Info {
-	n := len(src)
-	checkDst("int8", dst, c.EncodedLen(n))
-	if len(res) < n {
-		panic(fmt.Sprintf("compress: int8: residual holds %d values, want %d", len(res), n))
+// int8Residual sets r = s - Decode(block) for a block encoded in hdr (scale
+// then values); r == nil means no residual is wanted.
+func int8Residual(r, s []float32, hdr []byte) {
+	if r == nil {
+		return
 	}
-	clamped := 0
-	B := c.block
-	for len(src) > 0 {
-		k := min(B, len(src))
-		s, r := src[:k], res[:k]
-		src, res = src[k:], res[k:]
-		hdr := dst[:4+k]
-		q := hdr[4:]
-		dst = dst[4+k:]
-		m := absmaxBits(s)
-		if m < hugeBits {
-			scale := math.Float32frombits(m) / 127
-			binary.LittleEndian.PutUint32(hdr, math.Float32bits(scale))
-			if scale >= math.Float32frombits(minNormF32) {
-				inv := 1 / scale
-				for j, x := range s {
-					v := roundAway(float32(x * inv))
-					q[j] = uint8(v)
-					// float32(...) keeps the product unfused, as in Decode.
-					r[j] = x - float32(float32(int8(v))*scale)
-				}
-				continue
-			}
-			int8Div(q, s, scale)
-		} else {
-			clamped += int8Slow(hdr, s)
-		}
-		// Rare blocks: residual from the decoding, as Decode computes it.
-		scale := math.Float32frombits(binary.LittleEndian.Uint32(hdr))
-		for j, x := range s {
-			r[j] = x - float32(float32(int8(q[j]))*scale)
-		}
+	scale := math.Float32frombits(binary.LittleEndian.Uint32(hdr))
+	for j, x := range s {
+		r[j] = x - float32(float32(int8(hdr[4+j]))*scale)
 	}
-	return Info{Clamped: clamped}
 }
 
 // int8Div quantizes a block whose scale is 0 or subnormal by dividing.

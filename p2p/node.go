@@ -381,9 +381,17 @@ func (n *Node) sendCtl(m *msg) error {
 	return writeMsg(n.ctl, m)
 }
 
+// heartbeat pings the rendezvous every Timeout/4, so a frozen rank is seen
+// within Timeout.
 func (n *Node) heartbeat() {
+	n.tick(n.cfg.Timeout/4, func() *msg { return &msg{T: tPing, Rank: n.cfg.Rank} })
+}
+
+// tick sends next() on the control path every interval, skipping nil, until
+// the node stops or the control path dies.
+func (n *Node) tick(interval time.Duration, next func() *msg) {
 	defer n.wg.Done()
-	t := time.NewTicker(n.cfg.Timeout / 4)
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
@@ -395,7 +403,7 @@ func (n *Node) heartbeat() {
 			if n.frozen.Load() {
 				continue
 			}
-			if n.sendCtl(&msg{T: tPing, Rank: n.cfg.Rank}) != nil {
+			if m := next(); m != nil && n.sendCtl(m) != nil {
 				return
 			}
 		}
@@ -413,27 +421,14 @@ const progressInterval = 200 * time.Millisecond
 func (n *Node) SetProgress(seq uint64) { n.progress.Store(seq) }
 
 func (n *Node) progressLoop() {
-	defer n.wg.Done()
-	t := time.NewTicker(progressInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-n.ctlDead:
-			return
-		case <-t.C:
-			if n.frozen.Load() {
-				continue
-			}
-			if s := n.progress.Load(); s != n.progSent {
-				if n.sendCtl(&msg{T: tProgress, Rank: n.cfg.Rank, Seq: s}) != nil {
-					return
-				}
-				n.progSent = s
-			}
+	n.tick(progressInterval, func() *msg {
+		s := n.progress.Load()
+		if s == n.progSent {
+			return nil
 		}
-	}
+		n.progSent = s // a failed send ends the loop, so this is never stale
+		return &msg{T: tProgress, Rank: n.cfg.Rank, Seq: s}
+	})
 }
 
 // QueryProgress asks the rendezvous for every rank's last reported
