@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -13,32 +15,46 @@ import (
 
 // Compressed allreduce: scatter to owners, reduce once in float32, encode
 // once, allgather the same bytes (the scheme of Hivemind and DeepSpeed's
-// 1-bit optimizers).
+// 1-bit optimizers), pipelined chunk by chunk.
 //
 // Why not compress the ring: a ring reduce-scatter decodes, adds and
 // re-encodes a partial sum at every hop, so the quantization error
 // compounds with the number of hops (relative error grows like sqrt(N)).
 // Here every value is encoded at most twice, whatever N is:
 //
-//	1. Split the buffer into N segments as the ring does. For every segment
-//	   j != r, rank r adds its error-feedback residual, encodes the
-//	   segment once and keeps what the encoding lost as the new residual.
-//	2. Scatter, N-1 rounds over the mesh: in round k = 1..N-1 rank r sends
-//	   its encoded segment r+k to rank r+k and receives, from rank r-k, that
-//	   rank's encoded share of segment r. A send in round k always meets the
-//	   receive of round k on the other side, so the exchange cannot
-//	   deadlock.
-//	3. The owner r sums, in float32 and in the fixed order r, r-1, ...,
-//	   r-N+1, its own exact segment and the N-1 decoded shares; divides by N
-//	   for Avg; adds its owner residual, encodes the sum once, and keeps the
-//	   loss as the owner residual (two-sided error feedback, as 1-bit Adam).
-//	4. Allgather, N-1 rounds over the mesh: rank r sends its encoded sum to
-//	   every other rank, which decode it. The owner decodes its own bytes
-//	   too, so every rank ends with bitwise-identical values.
+//	1. Split the buffer into N segments as the ring does (rank j owns
+//	   segment j), and every segment into chunks of ChunkBytes/4 values
+//	   (rounded down to a multiple of 64); every segment has at least one
+//	   chunk, possibly empty, so that every link carries a message whose
+//	   header checks the call's fingerprint.
+//	2. Scatter: an encoder goroutine walks the chunks in order and, for
+//	   every segment j != r, adds rank r's error-feedback residual, encodes
+//	   the chunk once, keeps what the encoding lost as the new residual and
+//	   queues the bytes for j, the segment's owner.
+//	3. Reduce: as soon as chunk c of segment r has arrived from every peer,
+//	   the owner r sums, in float32 and in the fixed order r, r-1, ...,
+//	   r-N+1, its own exact values and the N-1 decoded shares; divides by N
+//	   for Avg; adds its owner residual, encodes the sum once and keeps the
+//	   loss as the owner residual (two-sided error feedback, as 1-bit
+//	   Adam). It decodes its own bytes into the result, as every other rank
+//	   will, so that all ranks end with bitwise-identical values, and queues
+//	   the bytes for every peer.
+//	4. Allgather: a receiver per peer reads that peer's messages in the
+//	   order they were sent (shares of our segment and chunks of the peer's
+//	   encoded sum, told apart by the header's step) and decodes the sums
+//	   straight into the result.
 //
-// Traffic per rank: 2 * sum over j != r of EncodedLen(len(segment j)), i.e.
-// the ring's 2(N-1)/N * S scaled by the codec's ratio (0.27 for int8 with
-// 64-value blocks, 0.5 for fp16/bf16), plus 2(N-1) headers.
+// One sender goroutine per peer writes its queue in order, so a link is not
+// idle while there is something to send on it, and encoding, reducing and
+// decoding overlap with the transfers instead of alternating with them: on
+// a slow link the collective takes about as long as moving the compressed
+// bytes. Queues have room for every message of the call, so producers never
+// wait for the network and the schedule cannot deadlock.
+//
+// Traffic per rank: 2 * sum over j != r of the encoded length of segment j,
+// i.e. the ring's 2(N-1)/N * S scaled by the codec's ratio (0.27 for int8
+// with 64-value blocks, 0.5 for fp16/bf16), plus a 56-byte header per
+// chunk.
 
 // Feedback holds one tensor's error-feedback residuals. Contrib has the
 // length of the whole buffer (what this rank's encoded shares lost);
@@ -119,264 +135,385 @@ func growBytes(b []byte, n int) []byte {
 	return make([]byte, n)
 }
 
-// cacheBlock is how many values are encoded, decoded and compared at a
-// time: small enough to stay in L1/L2, and a multiple of every codec's
-// block (int8 uses 64) so that encoding block by block gives the same
-// bytes as encoding the whole segment.
-const cacheBlock = 4096
+// chunkAlign: chunks hold a multiple of this many values, a multiple of the
+// int8 codec's default block, so that a chunk boundary is a block boundary.
+const chunkAlign = 64
+
+// gatherStep marks allgather messages in the header's step field: scatter
+// chunk c travels as step c+1, allgather chunk c as gatherStep+c.
+const gatherStep = 1 << 30
 
 // statsStride samples every statsStride-th value for the error statistic:
 // it describes the codec's error well and costs little.
 const statsStride = 8
 
+// decodeAdder is implemented by codecs that decode and accumulate in one
+// pass (compress.AccumulateDecoder): dst[i] += decoded[i], with the same
+// float32 result as decoding first and adding after.
+type decodeAdder interface {
+	DecodeAdd(dst []float32, src []byte) error
+}
+
+// chunking cuts the segments of a compressed allreduce into chunks of cv
+// values; only the last chunk of a segment may be shorter, so chunk c's
+// encoding starts at c times the encoded size of a full chunk.
+type chunking struct {
+	p     *plan
+	codec compress.Codec
+	cv    int // values per full chunk
+	encCV int // encoded bytes of a full chunk
+}
+
+// chunks is the number of chunks of segment seg: at least one, so that every
+// link carries a message (an empty one still checks the call's fingerprint).
+func (g *chunking) chunks(seg int) int {
+	_, sn := g.p.segment(seg)
+	return max(1, (sn+g.cv-1)/g.cv)
+}
+
+// span returns chunk c of segment seg: the element offset and count in the
+// whole buffer, and the byte range [elo, ehi) in the segment's encoding.
+func (g *chunking) span(seg, c int) (off, cnt, elo, ehi int) {
+	so, sn := g.p.segment(seg)
+	lo := min(c*g.cv, sn)
+	hi := min(lo+g.cv, sn)
+	elo = c * g.encCV
+	return so + lo, hi - lo, elo, elo + g.codec.EncodedLen(hi-lo)
+}
+
+// encLen is the encoded size of segment seg.
+func (g *chunking) encLen(seg int) int {
+	_, sn := g.p.segment(seg)
+	full := sn / g.cv
+	return full*g.encCV + g.codec.EncodedLen(sn-full*g.cv)
+}
+
+// shareStats sum up what encoding one chunk gave up.
+type shareStats struct {
+	clamped   int
+	sq, sqRef float64 // sampled squared error and squared values
+}
+
+// encodeShare encodes seg into dst. With a residual res (error feedback) it
+// encodes seg+res and leaves in res what the encoding lost; meant and sent
+// are scratch of len(seg). It is a plain function with local accumulators
+// so that its loops keep everything in registers.
+func encodeShare(codec compress.Codec, fe compress.FeedbackEncoder, dst []byte, seg, res, meant, sent []float32) (shareStats, error) {
+	var st shareStats
+	if res != nil {
+		meant, res = meant[:len(seg)], res[:len(seg)]
+		for i, v := range seg {
+			meant[i] = v + res[i]
+		}
+	} else {
+		meant = seg
+	}
+	if fe != nil && res != nil {
+		// One pass: encode and keep what was lost as the residual.
+		st.clamped = fe.EncodeFeedback(dst, meant, res).Clamped
+		var sq, ref float64
+		for i := 0; i < len(meant); i += statsStride {
+			sq += float64(res[i]) * float64(res[i])
+			ref += float64(meant[i]) * float64(meant[i])
+		}
+		st.sq, st.sqRef = sq, ref
+		return st, nil
+	}
+	st.clamped = codec.Encode(dst, meant).Clamped
+	sent = sent[:len(meant)]
+	if err := codec.Decode(sent, dst); err != nil {
+		return st, err
+	}
+	if res != nil {
+		for i, m := range meant {
+			res[i] = m - sent[i]
+		}
+	}
+	var sq, ref float64
+	for i := 0; i < len(meant); i += statsStride {
+		d := float64(meant[i]) - float64(sent[i])
+		sq += d * d
+		ref += float64(meant[i]) * float64(meant[i])
+	}
+	st.sq, st.sqRef = sq, ref
+	return st, nil
+}
+
+// cmsg is one message queued for a peer: a step number and its payload.
+type cmsg struct {
+	step    uint32
+	payload []byte
+}
+
+func (r *Ring) chunkPrefix(step uint32) string {
+	if step >= gatherStep {
+		return fmt.Sprintf("%s #%d allgather chunk %d", r.p.call.Kind, r.p.call.Seq, step-gatherStep)
+	}
+	return fmt.Sprintf("%s #%d scatter chunk %d", r.p.call.Kind, r.p.call.Seq, int(step)-1)
+}
+
 func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec compress.Codec, fb *Feedback) (CompressionStats, error) {
 	p, n, rank := &r.p, r.size, r.rank
-	var st CompressionStats
 	cb := &r.cbufs
+	cv := max(chunkAlign, r.chunkBytes/4/chunkAlign*chunkAlign)
+	g := &chunking{p: p, codec: codec, cv: cv, encCV: codec.EncodedLen(cv)}
 
-	// Layout of the encoded shares: segment j at enc[encOff[j]:encOff[j+1]]
-	// (empty for our own segment).
+	// Encoded segment j lives at enc[encOff[j]:encOff[j+1]] (our shares) and
+	// at gathered[encOff[j]:encOff[j+1]] (owner j's sum); our own segment's
+	// slot in enc stays unused.
 	encOff := make([]int, n+1)
-	maxSeg := 0
 	for j := range n {
-		_, cnt := p.segment(j)
-		maxSeg = max(maxSeg, cnt)
-		encOff[j+1] = encOff[j]
-		if j != rank {
-			encOff[j+1] += codec.EncodedLen(cnt)
-		}
+		encOff[j+1] = encOff[j] + g.encLen(j)
 	}
 	ownOff, ownLen := p.segment(rank)
-	shareLen := codec.EncodedLen(ownLen)
+	ownEnc, mine := g.encLen(rank), g.chunks(rank)
 	cb.enc = growBytes(cb.enc, encOff[n])
 	cb.gathered = growBytes(cb.gathered, encOff[n])
-	cb.recv = growBytes(cb.recv, (n-1)*shareLen) // round k's share at (k-1)*shareLen
-	cb.out = growBytes(cb.out, shareLen)
-	cb.meant = growF32(cb.meant, cacheBlock)
-	cb.sent = growF32(cb.sent, cacheBlock)
-	cb.sum = growF32(cb.sum, ownLen)
-	cb.dec = growF32(cb.dec, cacheBlock)
+	cb.recv = growBytes(cb.recv, (n-1)*ownEnc) // the share of rank-k at (k-1)*ownEnc
+	cb.out = growBytes(cb.out, ownEnc)
+	cb.meant = growF32(cb.meant, cv)
+	cb.sent = growF32(cb.sent, cv)
+	cb.sum = growF32(cb.sum, cv)
+	cb.dec = growF32(cb.dec, cv)
 
-	// encodeShare encodes our share of segment j just before it is sent, on
-	// the sender goroutine, so encoding overlaps with receiving and summing.
-	var sq, sqRef float64
-	encodeShare := func(j int) ([]byte, error) {
-		off, cnt := p.segment(j)
-		seg, dst := x[off:off+cnt], cb.enc[encOff[j]:encOff[j+1]]
-		// Block by block, so the values being encoded, decoded and
-		// compared stay in cache: one pass over memory instead of four.
-		for lo := 0; lo < cnt; lo += cacheBlock {
-			hi := min(lo+cacheBlock, cnt)
-			meant := seg[lo:hi]
-			if fb != nil {
-				meant = cb.meant[:hi-lo]
-				res := fb.Contrib[off+lo : off+hi]
-				for i, v := range seg[lo:hi] {
-					meant[i] = v + res[i]
-				}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	var failed atomic.Bool
+	run := func(f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil {
+				failed.Store(true)
+				cancel(err)
 			}
-			eb := dst[codec.EncodedLen(lo):codec.EncodedLen(hi)]
-			if fe, ok := codec.(compress.FeedbackEncoder); ok && fb != nil {
-				// One pass: encode and keep what was lost as the residual.
-				res := fb.Contrib[off+lo : off+hi]
-				st.Clamped += fe.EncodeFeedback(eb, meant, res).Clamped
-				for i := 0; i < len(meant); i += statsStride {
-					sq += float64(res[i]) * float64(res[i])
-					sqRef += float64(meant[i]) * float64(meant[i])
-				}
-				continue
-			}
-			st.Clamped += codec.Encode(eb, meant).Clamped
-			sent := cb.sent[:hi-lo]
-			if err := codec.Decode(sent, eb); err != nil {
-				return nil, fmt.Errorf("%s: decoding own share: %w", r.errPrefix(0), err)
-			}
-			if fb != nil {
-				res := fb.Contrib[off+lo : off+hi]
-				for i, m := range meant {
-					res[i] = m - sent[i]
-				}
-			}
-			for i := 0; i < len(meant); i += statsStride {
-				d := float64(meant[i]) - float64(sent[i])
-				sq += d * d
-				sqRef += float64(meant[i]) * float64(meant[i])
-			}
-		}
-		return dst, nil
+		}()
 	}
 
-	// Scatter the shares to their owners; sum ours in a fixed order.
+	// One queue and sender per peer, sized for every message of the call.
+	queues := make([]chan cmsg, n)
+	arrived := make([]chan int, n) // per peer, the chunks of its shares that have arrived
+	for k := 1; k < n; k++ {
+		to, from := mod(rank+k, n), mod(rank-k, n)
+		queues[to] = make(chan cmsg, g.chunks(to)+mine)
+		arrived[from] = make(chan int, mine)
+	}
 	t0 := time.Now()
-	sum, dec := cb.sum, cb.dec
-	copy(sum, x[ownOff:ownOff+ownLen])
-	err := r.exchange(ctx, mesh, 0,
-		func(k int) (int, []byte, error) { // round k: our share of segment rank+k
-			j := mod(rank+k, n)
-			b, err := encodeShare(j)
-			return j, b, err
-		},
-		func(k int) (int, []byte) { return mod(rank-k, n), cb.recv[(k-1)*shareLen : k*shareLen] },
-		func(k, from int) error {
-			share := cb.recv[(k-1)*shareLen : k*shareLen]
-			for lo := 0; lo < ownLen; lo += cacheBlock {
-				hi := min(lo+cacheBlock, ownLen)
-				d := dec[:hi-lo]
-				if err := codec.Decode(d, share[codec.EncodedLen(lo):codec.EncodedLen(hi)]); err != nil {
-					return fmt.Errorf("%s: share from rank %d: %w", r.errPrefix(k), from, err)
+	for k := 1; k < n; k++ {
+		to, from, slot := mod(rank+k, n), mod(rank-k, n), k-1
+		total := g.chunks(to) + mine
+		run(func() error { return r.sendQueue(ctx, mesh, to, total, queues[to]) })
+		run(func() error {
+			return r.recvPeer(ctx, mesh, from, g, x,
+				cb.recv[slot*ownEnc:(slot+1)*ownEnc], cb.gathered[encOff[from]:encOff[from+1]], arrived[from])
+		})
+	}
+
+	// The encoder: our share of every other segment, chunk by chunk.
+	var st CompressionStats
+	var encClamped int
+	var sq, sqRef float64
+	run(func() error {
+		maxChunks := 0
+		for j := range n {
+			if j != rank {
+				maxChunks = max(maxChunks, g.chunks(j))
+			}
+		}
+		fe, _ := codec.(compress.FeedbackEncoder)
+		for c := range maxChunks {
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			for k := 1; k < n; k++ {
+				j := mod(rank+k, n)
+				if c >= g.chunks(j) {
+					continue
 				}
-				s := sum[lo:hi]
-				for i, v := range d {
-					s[i] += v
+				off, cnt, elo, ehi := g.span(j, c)
+				dst := cb.enc[encOff[j]+elo : encOff[j]+ehi]
+				var res []float32
+				if fb != nil {
+					res = fb.Contrib[off : off+cnt]
+				}
+				cs, err := encodeShare(codec, fe, dst, x[off:off+cnt], res, cb.meant[:cnt], cb.sent[:cnt])
+				if err != nil {
+					return fmt.Errorf("%s: decoding own share: %w", r.chunkPrefix(uint32(c+1)), err)
+				}
+				encClamped += cs.clamped
+				sq += cs.sq
+				sqRef += cs.sqRef
+				queues[j] <- cmsg{step: uint32(c + 1), payload: dst}
+			}
+		}
+		return nil
+	})
+
+	// The reducer, on this goroutine: chunk by chunk, as the shares arrive.
+	da, _ := codec.(decodeAdder)
+	var tReduced time.Time
+	rerr := func() error {
+		for c := range mine {
+			off, cnt, elo, ehi := g.span(rank, c)
+			sum := cb.sum[:cnt]
+			copy(sum, x[off:off+cnt])
+			for k := 1; k < n; k++ {
+				from := mod(rank-k, n)
+				select {
+				case <-arrived[from]: // chunks arrive in order: this is chunk c
+				case <-ctx.Done():
+					return context.Cause(ctx)
+				}
+				share := cb.recv[(k-1)*ownEnc+elo : (k-1)*ownEnc+ehi]
+				var err error
+				if da != nil {
+					err = da.DecodeAdd(sum, share)
+				} else {
+					d := cb.dec[:cnt]
+					if err = codec.Decode(d, share); err == nil {
+						for i, v := range d {
+							sum[i] += v
+						}
+					}
+				}
+				if err != nil {
+					return fmt.Errorf("%s: share from rank %d: %w", r.chunkPrefix(uint32(c+1)), from, err)
 				}
 			}
-			return nil
-		})
+			if p.call.Op == Avg {
+				inv := float32(n)
+				for i := range sum {
+					sum[i] /= inv
+				}
+			}
+			// Encode the owned sum once; everybody, us included, uses its
+			// decoding.
+			var ores []float32
+			if fb != nil {
+				ores = fb.Owner[off-ownOff : off-ownOff+cnt]
+				for i, v := range ores {
+					sum[i] += v
+				}
+			}
+			out := cb.out[elo:ehi]
+			st.Clamped += codec.Encode(out, sum).Clamped
+			if err := codec.Decode(x[off:off+cnt], out); err != nil {
+				return fmt.Errorf("%s: decoding own sum: %w", r.chunkPrefix(gatherStep+uint32(c)), err)
+			}
+			for i := range ores {
+				ores[i] = sum[i] - x[off+i]
+			}
+			for k := 1; k < n; k++ {
+				queues[mod(rank+k, n)] <- cmsg{step: gatherStep + uint32(c), payload: out}
+			}
+		}
+		tReduced = time.Now()
+		return nil
+	}()
+	if rerr != nil {
+		failed.Store(true)
+		cancel(rerr)
+	}
+	wg.Wait()
+	st.Clamped += encClamped
 	if sqRef > 0 {
 		st.RelRMSE = math.Sqrt(sq / sqRef)
 	}
-	if err != nil {
-		return st, err
-	}
-	if p.call.Op == Avg {
-		inv := float32(n)
-		for i := range sum {
-			sum[i] /= inv
-		}
-	}
-
-	// Encode the owned sum once; everybody, us included, uses its decoding.
-	t1 := time.Now()
-	if fb != nil {
-		for i := range sum {
-			sum[i] += fb.Owner[i]
-		}
-	}
-	st.Clamped += codec.Encode(cb.out, sum).Clamped
-	if err := codec.Decode(x[ownOff:ownOff+ownLen], cb.out); err != nil {
-		return st, fmt.Errorf("%s: decoding own sum: %w", r.errPrefix(n), err)
-	}
-	if fb != nil {
-		for i, v := range x[ownOff : ownOff+ownLen] {
-			fb.Owner[i] = sum[i] - v
-		}
-	}
-
-	// Allgather the encoded sums.
-	t2 := time.Now()
-	err = r.exchange(ctx, mesh, n,
-		func(k int) (int, []byte, error) { return mod(rank+k, n), cb.out, nil },
-		func(k int) (int, []byte) {
-			j := mod(rank-k, n)
-			return j, cb.gathered[encOff[j]:encOff[j+1]]
-		},
-		func(k, from int) error {
-			off, cnt := p.segment(from)
-			if err := codec.Decode(x[off:off+cnt], cb.gathered[encOff[from]:encOff[from+1]]); err != nil {
-				return fmt.Errorf("%s: sum from rank %d: %w", r.errPrefix(n+k), from, err)
-			}
-			return nil
-		})
-	st.WireBytes = 2 * encOff[n]
+	st.WireBytes = 2 * (encOff[n] - ownEnc)
 	st.RawBytes = 2 * 4 * (p.count - ownLen)
-	if err == nil && r.phase != nil {
-		r.phase(p.call, "compress+scatter+reduce", t0, t1)
-		r.phase(p.call, "encode sum", t1, t2)
-		r.phase(p.call, "allgather+decode", t2, time.Now())
+	if failed.Load() {
+		return st, context.Cause(ctx)
 	}
-	return st, err
+	if r.phase != nil {
+		r.phase(p.call, "compress+scatter+reduce", t0, tReduced)
+		r.phase(p.call, "allgather+decode", tReduced, time.Now())
+	}
+	return st, nil
 }
 
-// exchange runs N-1 rounds of a shifted all-to-all: in round k a sender
-// goroutine sends send(k) and this goroutine receives recv(k) and then calls
-// got(k, from). step0 numbers the rounds in headers and errors.
-func (r *Ring) exchange(ctx context.Context, mesh Mesh, step0 int,
-	send func(k int) (int, []byte, error), recv func(k int) (int, []byte), got func(k, from int) error) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	p, n := &r.p, r.size
-	sent := make(chan error, 1)
-	go func() {
-		h := Header{Kind: p.call.Kind, Op: p.call.Op, DType: p.call.DType, Seq: p.call.Seq,
-			Count: uint64(p.call.Count), Sender: uint32(r.rank), Codec: p.call.Codec}
-		var hdr [HeaderSize]byte
-		for k := 1; k < n; k++ {
-			to, payload, err := send(k)
-			if err != nil {
-				cancel(err)
-				sent <- err
-				return
-			}
-			h.Step, h.Length = uint32(step0+k), uint32(len(payload))
-			EncodeHeader(hdr[:], &h)
-			if err := mesh.SendTo(ctx, to, hdr[:], payload); err != nil {
-				err = fmt.Errorf("%s: send to rank %d: %w", r.errPrefix(step0+k), to, err)
-				cancel(err)
-				sent <- err
-				return
-			}
-			r.payloadSent.Add(uint64(len(payload)))
-			r.headerSent.Add(HeaderSize)
-			r.msgs.Add(1)
+// sendQueue writes the total messages queued for peer to, in order.
+func (r *Ring) sendQueue(ctx context.Context, mesh Mesh, to, total int, q <-chan cmsg) error {
+	p := &r.p
+	h := Header{Kind: p.call.Kind, Op: p.call.Op, DType: p.call.DType, Seq: p.call.Seq,
+		Count: uint64(p.call.Count), Sender: uint32(r.rank), Codec: p.call.Codec}
+	var hdr [HeaderSize]byte
+	for range total {
+		var m cmsg
+		select {
+		case m = <-q:
+		case <-ctx.Done():
+			return context.Cause(ctx)
 		}
-		sent <- nil
-	}()
-	// The receiver only moves bytes, into a buffer per round, so senders are
-	// never held up by decoding; this goroutine processes the rounds in
-	// order, which keeps the sum's order fixed.
-	arrived := make(chan int, n)
-	recvErr := make(chan error, 1)
-	go func() {
-		defer close(arrived)
-		var hdr [HeaderSize]byte
-		for k := 1; k < n; k++ {
-			from, buf := recv(k)
-			if err := mesh.RecvFrom(ctx, from, hdr[:]); err != nil {
-				recvErr <- fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(step0+k), from, err)
-				return
-			}
-			h, err := DecodeHeader(hdr[:])
-			if err != nil {
-				recvErr <- fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(step0+k), from, err)
-				return
-			}
-			if remote := h.Call(); !sameFingerprint(p.call, remote) {
-				recvErr <- &MismatchError{Local: p.call, Remote: remote, LocalRank: r.rank, RemoteRank: int(h.Sender)}
-				return
-			}
-			if h.Sender != uint32(from) || h.Step != uint32(step0+k) || h.Length != uint32(len(buf)) {
-				recvErr <- fmt.Errorf("%s: recv from rank %d: protocol error: got sender %d step %d length %d, want sender %d step %d length %d",
-					r.errPrefix(step0+k), from, h.Sender, h.Step, h.Length, from, step0+k, len(buf))
-				return
-			}
-			if err := mesh.RecvFrom(ctx, from, buf); err != nil {
-				recvErr <- fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(step0+k), from, err)
-				return
-			}
-			r.payloadRecv.Add(uint64(len(buf)))
-			arrived <- k
+		h.Step, h.Length = m.step, uint32(len(m.payload))
+		EncodeHeader(hdr[:], &h)
+		if err := mesh.SendTo(ctx, to, hdr[:], m.payload); err != nil {
+			return fmt.Errorf("%s: send to rank %d: %w", r.chunkPrefix(m.step), to, err)
 		}
-		recvErr <- nil
-	}()
-	rerr := func() error {
-		for k := range arrived {
-			from, _ := recv(k)
-			if err := got(k, from); err != nil {
-				return err
-			}
-		}
-		return <-recvErr
-	}()
-	if rerr != nil {
-		cancel(rerr)
-		for range arrived { // let the receiver finish
-		}
+		r.payloadSent.Add(uint64(len(m.payload)))
+		r.headerSent.Add(HeaderSize)
+		r.msgs.Add(1)
 	}
-	serr := <-sent
-	if rerr != nil {
-		return rerr
+	return nil
+}
+
+// recvPeer reads every message peer from sends in a compressed allreduce:
+// its shares of our segment, into shares (announcing each chunk on arrived),
+// and its encoded sum, into sums, decoding each chunk into x at once. The
+// two kinds interleave in whatever order the peer produced them; each kind
+// arrives in chunk order, which is checked.
+func (r *Ring) recvPeer(ctx context.Context, mesh Mesh, from int, g *chunking, x []float32, shares, sums []byte, arrived chan<- int) error {
+	p := &r.p
+	wantShares, wantSums := g.chunks(r.rank), g.chunks(from)
+	nextShare, nextSum := 0, 0
+	var hdr [HeaderSize]byte
+	for nextShare < wantShares || nextSum < wantSums {
+		// Name what we wait for, in case the peer never sends it.
+		wait := gatherStep + uint32(nextSum)
+		if nextShare < wantShares {
+			wait = uint32(nextShare + 1)
+		}
+		if err := mesh.RecvFrom(ctx, from, hdr[:]); err != nil {
+			return fmt.Errorf("%s: recv from rank %d: %w", r.chunkPrefix(wait), from, err)
+		}
+		h, err := DecodeHeader(hdr[:])
+		if err != nil {
+			return fmt.Errorf("%s: recv from rank %d: %w", r.chunkPrefix(wait), from, err)
+		}
+		if remote := h.Call(); !sameFingerprint(p.call, remote) {
+			return &MismatchError{Local: p.call, Remote: remote, LocalRank: r.rank, RemoteRank: int(h.Sender)}
+		}
+		var buf []byte
+		ok := false
+		switch {
+		case h.Sender != uint32(from):
+		case h.Step >= gatherStep && h.Step-gatherStep == uint32(nextSum) && nextSum < wantSums:
+			_, _, elo, ehi := g.span(from, nextSum)
+			buf, ok = sums[elo:ehi], true
+		case h.Step < gatherStep && h.Step == uint32(nextShare+1) && nextShare < wantShares:
+			_, _, elo, ehi := g.span(r.rank, nextShare)
+			buf, ok = shares[elo:ehi], true
+		}
+		if !ok || h.Length != uint32(len(buf)) {
+			return fmt.Errorf("%s: recv from rank %d: protocol error: got sender %d step %d length %d, want sender %d with scatter chunk %d of %d or allgather chunk %d of %d",
+				r.chunkPrefix(wait), from, h.Sender, h.Step, h.Length, from, nextShare, wantShares, nextSum, wantSums)
+		}
+		if err := mesh.RecvFrom(ctx, from, buf); err != nil {
+			return fmt.Errorf("%s: recv from rank %d: %w", r.chunkPrefix(h.Step), from, err)
+		}
+		r.payloadRecv.Add(uint64(len(buf)))
+		if h.Step < gatherStep {
+			arrived <- nextShare // buffered for every chunk: never blocks
+			nextShare++
+			continue
+		}
+		off, cnt, _, _ := g.span(from, nextSum)
+		if err := g.codec.Decode(x[off:off+cnt], buf); err != nil {
+			return fmt.Errorf("%s: sum from rank %d: %w", r.chunkPrefix(h.Step), from, err)
+		}
+		nextSum++
 	}
-	return serr
+	return nil
 }
 
 // Segment returns the element offset and length of rank's segment of a

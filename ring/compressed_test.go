@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -244,5 +245,102 @@ func TestCompressedMismatch(t *testing.T) {
 	}
 	if got := fmt.Sprint(me); got == "" {
 		t.Fatal("empty message")
+	}
+}
+
+// The pipelined schedule gives the same bytes whatever the chunk size:
+// chunks are whole int8 blocks and the owner sums in a fixed order, so
+// cutting a segment into 1, 2 or hundreds of chunks must not change a bit,
+// of the result or of the residuals, on any rank.
+func TestCompressedChunkingDoesNotChangeResults(t *testing.T) {
+	for _, name := range []string{"int8", "fp16", "bf16"} {
+		codec, _ := compress.ByName(name)
+		for _, n := range []int{2, 3, 4, 7} {
+			const count = 50021 // odd: segments of different lengths and a short last chunk
+			inputs := make([][]float32, n)
+			for i := range inputs {
+				inputs[i] = gaussian(uint64(100*n+i), count)
+			}
+			var ref [][]float32
+			var refFB []*Feedback
+			for _, chunk := range []int{0, 4096, 256} { // 64Ki, 1024 and 64 values per chunk
+				rs, _ := newRings(t, n, chunk)
+				fbs := make([]*Feedback, n)
+				for i := range fbs {
+					_, own := Segment(count, n, i)
+					fbs[i] = &Feedback{Contrib: make([]float32, count), Owner: make([]float32, own)}
+				}
+				var out [][]float32
+				for range 2 { // the second call uses the residuals of the first
+					out, _ = compressedRun(t, rs, inputs, codec, Avg, fbs)
+				}
+				if ref == nil {
+					ref, refFB = out, fbs
+					want := exactSum(inputs)
+					for i := range want {
+						want[i] /= float64(n)
+					}
+					if e := compress.RelRMSE(out[0], want); e > 0.02 {
+						t.Fatalf("%s np=%d: relative error %.4f", name, n, e)
+					}
+					continue
+				}
+				for r := range n {
+					if i := firstDiff(out[r], ref[0]); i >= 0 {
+						t.Fatalf("%s np=%d chunk=%dB: rank %d element %d = %v, want %v", name, n, chunk, r, i, out[r][i], ref[0][i])
+					}
+					if i := firstDiff(fbs[r].Contrib, refFB[r].Contrib); i >= 0 {
+						t.Fatalf("%s np=%d chunk=%dB: rank %d contribution residual %d differs", name, n, chunk, r, i)
+					}
+					if i := firstDiff(fbs[r].Owner, refFB[r].Owner); i >= 0 {
+						t.Fatalf("%s np=%d chunk=%dB: rank %d owner residual %d differs", name, n, chunk, r, i)
+					}
+				}
+			}
+		}
+	}
+}
+
+// firstDiff returns the first index where a and b differ bitwise, or -1.
+func firstDiff(a, b []float32) int {
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return i
+		}
+	}
+	return -1
+}
+
+// A rank whose links break fails the compressed allreduce on every other
+// rank with the root cause, naming the rank, instead of hanging.
+func TestCompressedPeerCrash(t *testing.T) {
+	const n, count = 4, 1 << 16
+	rs, ts := newRings(t, n, 1024) // many small chunks in flight
+	crash := errors.New("injected crash")
+	ts[2].(*MemTransport).Close(crash)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errs := parallel(n, func(i int) error {
+		if i == 2 {
+			return nil
+		}
+		buf := gaussian(uint64(i), count)
+		_, err := rs[i].AllreduceCompressed(ctx, Call{Seq: 4, Op: Sum, DType: Float32, Count: count}, f32bytes(buf), compress.Int8(), nil)
+		return err
+	})
+	for i, err := range errs {
+		if i == 2 {
+			continue
+		}
+		if !errors.Is(err, crash) || !strings.Contains(err.Error(), "rank 2") {
+			t.Fatalf("rank %d: got %v, want the injected crash naming rank 2", i, err)
+		}
+		t.Logf("rank %d: %v", i, err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the ranks only stopped at the test's deadline")
 	}
 }

@@ -43,8 +43,9 @@ type Config struct {
 	// Phase, if set, is told the phases of every collective once it has
 	// finished: "wait for peers" (until the first message arrived),
 	// "reduce-scatter" and "allgather" for a ring allreduce, "gather" for
-	// a tiny one, "compress+scatter+reduce", "encode sum" and
-	// "allgather+decode" for a compressed one, and the kind's name for the
+	// a tiny one, "compress+scatter+reduce" (until
+	// the last owned chunk is reduced) and "allgather+decode" (the rest) for
+	// a compressed one, and the kind's name for the
 	// others. It runs on the caller's goroutine and must be quick.
 	Phase func(c Call, phase string, start, end time.Time)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"time"
@@ -132,6 +133,19 @@ func newBenchWorkerCmd() *cobra.Command {
 				return err
 			}
 			defer comm.Close()
+			// GORUN_CPUPROFILE=path writes each rank's CPU profile to
+			// path.rank<N>, to see where a slow collective spends its CPU.
+			if path := os.Getenv("GORUN_CPUPROFILE"); path != "" {
+				f, err := os.Create(fmt.Sprintf("%s.rank%d", path, comm.Rank()))
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
 			return bench.Run(ctx, comm, o, asJSON, os.Stdout)
 		},
 	}
