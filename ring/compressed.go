@@ -196,47 +196,138 @@ type shareStats struct {
 
 // encodeShare encodes seg into dst. With a residual res (error feedback) it
 // encodes seg+res and leaves in res what the encoding lost; meant and sent
-// are scratch of len(seg). It is a plain function with local accumulators
-// so that its loops keep everything in registers.
-func encodeShare(codec compress.Codec, fe compress.FeedbackEncoder, dst []byte, seg, res, meant, sent []float32) (shareStats, error) {
+// are scratch of at least sub values. It works sub values at a time
+// (sub = len(seg) when the codec's blocks do not divide it) so that adding
+// the residual, encoding and measuring the error read cache-resident
+// values instead of streaming the chunk from memory three times.
+func encodeShare(codec compress.Codec, fe compress.FeedbackEncoder, sub int, dst []byte, seg, res, meant, sent []float32) (shareStats, error) {
 	var st shareStats
-	if res != nil {
-		meant, res = meant[:len(seg)], res[:len(seg)]
-		for i, v := range seg {
-			meant[i] = v + res[i]
-		}
-	} else {
-		meant = seg
-	}
-	if fe != nil && res != nil {
-		// One pass: encode and keep what was lost as the residual.
-		st.clamped = fe.EncodeFeedback(dst, meant, res).Clamped
-		var sq, ref float64
-		for i := 0; i < len(meant); i += statsStride {
-			sq += float64(res[i]) * float64(res[i])
-			ref += float64(meant[i]) * float64(meant[i])
-		}
-		st.sq, st.sqRef = sq, ref
-		return st, nil
-	}
-	st.clamped = codec.Encode(dst, meant).Clamped
-	sent = sent[:len(meant)]
-	if err := codec.Decode(sent, dst); err != nil {
-		return st, err
-	}
-	if res != nil {
-		for i, m := range meant {
-			res[i] = m - sent[i]
-		}
-	}
 	var sq, ref float64
-	for i := 0; i < len(meant); i += statsStride {
-		d := float64(meant[i]) - float64(sent[i])
-		sq += d * d
-		ref += float64(meant[i]) * float64(meant[i])
+	for lo := 0; lo < len(seg) || lo == 0; lo += sub {
+		hi := min(lo+sub, len(seg))
+		s := seg[lo:hi]
+		d := dst[codec.EncodedLen(lo):codec.EncodedLen(hi)]
+		m := s
+		var r []float32
+		if res != nil {
+			m, r = meant[:len(s)], res[lo:hi]
+			addTo(m, s, r)
+		}
+		if fe != nil && r != nil {
+			// One pass: encode and keep what was lost as the residual.
+			st.clamped += fe.EncodeFeedback(d, m, r).Clamped
+			a, b := sampledSq(r, m)
+			sq, ref = sq+a, ref+b
+		} else {
+			st.clamped += codec.Encode(d, m).Clamped
+			dec := sent[:hi-lo]
+			if err := codec.Decode(dec, d); err != nil {
+				return st, err
+			}
+			for i := range r {
+				r[i] = m[i] - dec[i]
+			}
+			for i := 0; i < len(m); i += statsStride {
+				e := float64(m[i]) - float64(dec[i])
+				sq += e * e
+				ref += float64(m[i]) * float64(m[i])
+			}
+		}
+		if hi == len(seg) {
+			break
+		}
 	}
 	st.sq, st.sqRef = sq, ref
 	return st, nil
+}
+
+// addTo sets dst = a + b (all of the same length).
+func addTo(dst, a, b []float32) {
+	b, dst = b[:len(a)], dst[:len(a)]
+	for i, v := range a {
+		dst[i] = v + b[i]
+	}
+}
+
+// sampledSq returns the sums of squares of every statsStride-th value of e
+// and of ref (of the same length).
+func sampledSq(e, ref []float32) (se, sr float64) {
+	ref = ref[:len(e)]
+	for i := 0; i < len(e); i += statsStride {
+		se += float64(e[i]) * float64(e[i])
+		sr += float64(ref[i]) * float64(ref[i])
+	}
+	return se, sr
+}
+
+// subBlock is how many values encodeShare handles at a time: 4096 (16 KiB
+// of float32, L1-resident) when that is a whole number of the codec's
+// blocks, so that encoding piecewise gives the same bytes as encoding the
+// chunk at once; otherwise the whole chunk.
+func subBlock(codec compress.Codec, cv int) int {
+	const sub = 4096
+	if b, ok := codec.(interface{ BlockSize() int }); ok && sub%b.BlockSize() != 0 {
+		return cv
+	}
+	return min(sub, cv)
+}
+
+// reduceChunk is the owner's work on one chunk: own (this rank's exact
+// values) plus the decoded shares, in order; divided by the rank count for
+// Avg; plus the owner residual ores (if error feedback is on); encoded into
+// out; and decoded back into own, which leaves ores holding what the
+// encoding lost. It works sub values at a time so that every pass reads
+// cache-resident values. On a bad share it returns the share's index.
+func reduceChunk(codec compress.Codec, da decodeAdder, sub int, avg bool, own []float32, shares [][]byte, out []byte, ores, sumBuf, decBuf []float32) (clamped, bad int, err error) {
+	n := float32(len(shares) + 1)
+	for lo := 0; lo < len(own) || lo == 0; lo += sub {
+		hi := min(lo+sub, len(own))
+		elo, ehi := codec.EncodedLen(lo), codec.EncodedLen(hi)
+		sum := sumBuf[:hi-lo]
+		copy(sum, own[lo:hi])
+		for k, share := range shares {
+			b := share[elo:ehi]
+			if da != nil {
+				err = da.DecodeAdd(sum, b)
+			} else {
+				d := decBuf[:hi-lo]
+				if err = codec.Decode(d, b); err == nil {
+					for i, v := range d {
+						sum[i] += v
+					}
+				}
+			}
+			if err != nil {
+				return clamped, k, err
+			}
+		}
+		if avg {
+			for i := range sum {
+				sum[i] /= n
+			}
+		}
+		var r []float32
+		if ores != nil {
+			r = ores[lo:hi]
+			for i, v := range r {
+				sum[i] += v
+			}
+		}
+		// Encode the owned sum once; everybody, this rank included, uses
+		// its decoding.
+		o := own[lo:hi]
+		clamped += codec.Encode(out[elo:ehi], sum).Clamped
+		if err := codec.Decode(o, out[elo:ehi]); err != nil {
+			return clamped, -1, err
+		}
+		for i := range r {
+			r[i] = sum[i] - o[i]
+		}
+		if hi == len(own) {
+			break
+		}
+	}
+	return clamped, -1, nil
 }
 
 // cmsg is one message queued for a peer: a step number and its payload.
@@ -271,10 +362,10 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 	cb.gathered = growBytes(cb.gathered, encOff[n])
 	cb.recv = growBytes(cb.recv, (n-1)*ownEnc) // the share of rank-k at (k-1)*ownEnc
 	cb.out = growBytes(cb.out, ownEnc)
-	cb.meant = growF32(cb.meant, cv)
-	cb.sent = growF32(cb.sent, cv)
-	cb.sum = growF32(cb.sum, cv)
-	cb.dec = growF32(cb.dec, cv)
+	cb.meant = growF32(cb.meant, subBlock(codec, cv))
+	cb.sent = growF32(cb.sent, subBlock(codec, cv))
+	cb.sum = growF32(cb.sum, subBlock(codec, cv))
+	cb.dec = growF32(cb.dec, subBlock(codec, cv))
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -322,6 +413,7 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 			}
 		}
 		fe, _ := codec.(compress.FeedbackEncoder)
+		sub := subBlock(codec, cv)
 		for c := range maxChunks {
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
@@ -337,7 +429,7 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 				if fb != nil {
 					res = fb.Contrib[off : off+cnt]
 				}
-				cs, err := encodeShare(codec, fe, dst, x[off:off+cnt], res, cb.meant[:cnt], cb.sent[:cnt])
+				cs, err := encodeShare(codec, fe, sub, dst, x[off:off+cnt], res, cb.meant, cb.sent)
 				if err != nil {
 					return fmt.Errorf("%s: decoding own share: %w", r.chunkPrefix(uint32(c+1)), err)
 				}
@@ -354,55 +446,30 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 	da, _ := codec.(decodeAdder)
 	var tReduced time.Time
 	rerr := func() error {
+		shares := make([][]byte, n-1)
+		sub := subBlock(codec, cv)
 		for c := range mine {
 			off, cnt, elo, ehi := g.span(rank, c)
-			sum := cb.sum[:cnt]
-			copy(sum, x[off:off+cnt])
 			for k := 1; k < n; k++ {
-				from := mod(rank-k, n)
 				select {
-				case <-arrived[from]: // chunks arrive in order: this is chunk c
+				case <-arrived[mod(rank-k, n)]: // chunks arrive in order: this is chunk c
 				case <-ctx.Done():
 					return context.Cause(ctx)
 				}
-				share := cb.recv[(k-1)*ownEnc+elo : (k-1)*ownEnc+ehi]
-				var err error
-				if da != nil {
-					err = da.DecodeAdd(sum, share)
-				} else {
-					d := cb.dec[:cnt]
-					if err = codec.Decode(d, share); err == nil {
-						for i, v := range d {
-							sum[i] += v
-						}
-					}
-				}
-				if err != nil {
-					return fmt.Errorf("%s: share from rank %d: %w", r.chunkPrefix(uint32(c+1)), from, err)
-				}
+				shares[k-1] = cb.recv[(k-1)*ownEnc+elo : (k-1)*ownEnc+ehi]
 			}
-			if p.call.Op == Avg {
-				inv := float32(n)
-				for i := range sum {
-					sum[i] /= inv
-				}
-			}
-			// Encode the owned sum once; everybody, us included, uses its
-			// decoding.
 			var ores []float32
 			if fb != nil {
 				ores = fb.Owner[off-ownOff : off-ownOff+cnt]
-				for i, v := range ores {
-					sum[i] += v
-				}
 			}
 			out := cb.out[elo:ehi]
-			st.Clamped += codec.Encode(out, sum).Clamped
-			if err := codec.Decode(x[off:off+cnt], out); err != nil {
-				return fmt.Errorf("%s: decoding own sum: %w", r.chunkPrefix(gatherStep+uint32(c)), err)
+			clamped, bad, err := reduceChunk(codec, da, sub, p.call.Op == Avg, x[off:off+cnt], shares, out, ores, cb.sum, cb.dec)
+			st.Clamped += clamped
+			if err != nil && bad >= 0 {
+				return fmt.Errorf("%s: share from rank %d: %w", r.chunkPrefix(uint32(c+1)), mod(rank-1-bad, n), err)
 			}
-			for i := range ores {
-				ores[i] = sum[i] - x[off+i]
+			if err != nil {
+				return fmt.Errorf("%s: decoding own sum: %w", r.chunkPrefix(gatherStep+uint32(c)), err)
 			}
 			for k := 1; k < n; k++ {
 				queues[mod(rank+k, n)] <- cmsg{step: gatherStep + uint32(c), payload: out}

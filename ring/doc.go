@@ -7,7 +7,11 @@
 //
 // Each collective lives in its own file with its schedule explained at the
 // top: allreduce.go (ring reduce-scatter + ring allgather), reducescatter.go,
-// allgather.go, broadcast.go (pipelined chain from the root) and barrier.go.
+// allgather.go, broadcast.go (pipelined chain from the root), barrier.go,
+// and compressed.go (a compressed allreduce over a Mesh: every rank sends
+// its encoded share of each segment straight to the segment's owner, which
+// reduces in float32, encodes the sum once and sends the same bytes to
+// everybody, chunk by chunk with one sender and one receiver per peer).
 // They share one engine (ring.go): every segment is cut into chunks of at
 // most Config.ChunkBytes, a sender goroutine and a receiver goroutine run
 // concurrently, and a chunk is forwarded as soon as it has been received

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # slowlink.sh: gorun bench across network namespaces joined by 1 Gbit/s links.
 #
-#   sudo scripts/slowlink.sh [NP] [RATE] [SIZES] [CODECS]
-#   e.g. scripts/slowlink.sh 4 1gbit 64M "none fp16 int8"
+#   sudo scripts/slowlink.sh [NP] [RATE] [SIZES] [CODECS] [ROUNDS]
+#   e.g. scripts/slowlink.sh 4 1gbit 64M "none fp16 int8" 3
+#
+# Each round runs every codec once, one after another, so that on a shared
+# machine the codecs see the same conditions; the summary gives each codec's
+# median time over the rounds and its speed-up over none (per size).
 #
 # Makes NP network namespaces ("hosts") and one "switch" namespace with a
 # bridge; each host is joined to the switch by a veth pair whose two ends are
@@ -16,6 +20,7 @@ np=${1:-4}
 rate=${2:-1gbit}
 sizes=${3:-64M}
 codecs=${4:-none fp16 int8}
+rounds=${5:-1}
 here=$(cd "$(dirname "$0")/.." && pwd)
 tag=gr$$
 net=10.77.$(( $$ % 200 )).
@@ -50,6 +55,8 @@ for i in $(seq 0 $((np - 1))); do
 done
 
 key=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+results=$bin/results
+for round in $(seq 1 "$rounds"); do
 for codec in $codecs; do
   extra=()
   [ "$codec" != none ] && extra=(--compression "$codec")
@@ -68,6 +75,21 @@ for codec in $codecs; do
     tail -n 5 "$bin"/out.* >&2
     exit 1
   fi
-  echo "# np=$np rate=$rate codec=$codec"
-  grep '^{' "$bin/out.0"
+  echo "# round $round: np=$np rate=$rate codec=$codec"
+  grep '^{' "$bin/out.0" | tee -a "$results"
 done
+done
+# Summary: median time per codec and size, and the speed-up over none.
+echo "# summary over $rounds round(s): codec bytes median_s speedup_vs_none"
+sed -E 's/.*"bytes":([0-9]+).*"time_us":([0-9.]+).*"compression":"([a-z0-9]+)".*/\3 \1 \2/; t; s/.*"bytes":([0-9]+).*"time_us":([0-9.]+).*/none \1 \2/' "$results" |
+  sort -k1,1 -k2,2n -k3,3g |
+  awk '{ k = $1 " " $2; t[k] = t[k] " " $3; n[k]++ }
+       END {
+         for (k in t) {
+           m = split(substr(t[k], 2), v, " "); med[k] = v[int((m + 1) / 2)]
+         }
+         for (k in med) {
+           split(k, kb, " "); base = med["none " kb[2]]
+           printf "%s %s %.3f %s\n", kb[1], kb[2], med[k] / 1e6, (base ? sprintf("%.2fx", base / med[k]) : "-")
+         }
+       }' | sort -k2,2n -k4,4r
