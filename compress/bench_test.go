@@ -41,28 +41,71 @@ func measure(b *testing.B, n int, f func()) {
 	}
 }
 
-func BenchmarkEncode(b *testing.B) {
-	src := gradients(benchN, 1)
+// benchPaths runs f as the package runs the codec ("asm": the AVX2/F16C
+// kernels, skipped when useAsm is false) and as the portable Go code
+// ("go"), so that one run measures the speed-up.
+func benchPaths(b *testing.B, f func(b *testing.B, c Codec, p codecPath)) {
 	for _, c := range benchCodecs() {
 		b.Run(c.Name(), func(b *testing.B) {
-			dst := make([]byte, c.EncodedLen(benchN))
-			measure(b, benchN, func() { c.Encode(dst, src) })
+			b.Run("asm", func(b *testing.B) {
+				if !useAsm {
+					b.Skip("no kernels on this build or CPU")
+				}
+				f(b, c, fastPath(c))
+			})
+			b.Run("go", func(b *testing.B) { f(b, c, goPath(c)) })
 		})
 	}
 }
 
+func BenchmarkEncode(b *testing.B) {
+	src := gradients(benchN, 1)
+	benchPaths(b, func(b *testing.B, c Codec, p codecPath) {
+		dst := make([]byte, c.EncodedLen(benchN))
+		measure(b, benchN, func() { p.enc(dst, src) })
+	})
+}
+
+// BenchmarkEncodeFeedback is Encode plus the error-feedback residual (none
+// has no EncodeFeedback).
+func BenchmarkEncodeFeedback(b *testing.B) {
+	src := gradients(benchN, 1)
+	benchPaths(b, func(b *testing.B, c Codec, p codecPath) {
+		if p.encFB == nil {
+			b.Skip("not a FeedbackEncoder")
+		}
+		dst := make([]byte, c.EncodedLen(benchN))
+		res := make([]float32, benchN)
+		measure(b, benchN, func() { p.encFB(dst, src, res) })
+	})
+}
+
 func BenchmarkDecode(b *testing.B) {
 	src := gradients(benchN, 1)
-	for _, c := range benchCodecs() {
-		b.Run(c.Name(), func(b *testing.B) {
-			enc := make([]byte, c.EncodedLen(benchN))
-			c.Encode(enc, src)
-			dst := make([]float32, benchN)
-			measure(b, benchN, func() {
-				if err := c.Decode(dst, enc); err != nil {
-					b.Fatal(err)
-				}
-			})
+	benchPaths(b, func(b *testing.B, c Codec, p codecPath) {
+		enc := make([]byte, c.EncodedLen(benchN))
+		c.Encode(enc, src)
+		dst := make([]float32, benchN)
+		measure(b, benchN, func() {
+			if err := p.dec(dst, enc); err != nil {
+				b.Fatal(err)
+			}
 		})
-	}
+	})
+}
+
+// BenchmarkDecodeAdd decodes and adds into an accumulator, as a reduction
+// does; the throughput counts the decoded values (4 bytes each).
+func BenchmarkDecodeAdd(b *testing.B) {
+	src := gradients(benchN, 1)
+	benchPaths(b, func(b *testing.B, c Codec, p codecPath) {
+		enc := make([]byte, c.EncodedLen(benchN))
+		c.Encode(enc, src)
+		dst := gradients(benchN, 2)
+		measure(b, benchN, func() {
+			if err := p.decAdd(dst, enc); err != nil {
+				b.Fatal(err)
+			}
+		})
+	})
 }

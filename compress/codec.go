@@ -34,9 +34,24 @@ type Codec interface {
 
 // FeedbackEncoder is implemented by codecs that can encode and compute the
 // error-feedback residual in one pass: EncodeFeedback(dst, src, res) encodes
-// src exactly as Encode does and sets res[i] = src[i] - decoded[i].
+// src exactly as Encode does and sets res[i] = src[i] - decoded[i]. It
+// panics if len(res) < len(src). FP16, BF16 and Int8 implement it.
 type FeedbackEncoder interface {
 	EncodeFeedback(dst []byte, src, res []float32) Info
+}
+
+// AccumulateDecoder is implemented by codecs that can decode and add in one
+// pass, as a reduction (sum of decoded chunks) wants: DecodeAdd(dst, src)
+// sets dst[i] += v[i], where v is what Decode(v, src) would produce, and
+// gives exactly the float32 that Decode into a temporary followed by
+// dst[i] + v[i] gives (for int8 the product q*scale is rounded to float32
+// before the addition; nothing is fused into a multiply-add). Where both
+// dst[i] and v[i] are NaN the result is dst[i]'s NaN, quieted (Go leaves
+// that choice to the compiler; see addF32). It checks src like Decode and
+// returns the same errors; on error, dst may have been partly updated.
+// None, FP16, BF16 and Int8 implement it.
+type AccumulateDecoder interface {
+	DecodeAdd(dst []float32, src []byte) error
 }
 
 // Info reports what Encode had to give up.
@@ -88,6 +103,27 @@ func checkDst(codec string, dst []byte, need int) {
 	}
 }
 
+// addF32 returns d + v. When both are NaN it returns d's NaN with the quiet
+// bit set, which is what the x86 SSE/AVX addition gives with d as its first
+// operand and what the assembly kernels do; Go itself does not say which
+// NaN a sum carries, and its compiler may swap the operands of an addition,
+// so the generic DecodeAdd code pins it down here. For every other input
+// this is exactly d + v.
+func addF32(d, v float32) float32 {
+	s := d + v
+	if v != v && d != d {
+		s = math.Float32frombits(math.Float32bits(d) | 0x00400000)
+	}
+	return s
+}
+
+// checkRes panics if an EncodeFeedback residual is too short for n values.
+func checkRes(codec string, res []float32, n int) {
+	if len(res) < n {
+		panic(fmt.Sprintf("compress: %s: residual holds %d values, want %d", codec, len(res), n))
+	}
+}
+
 // ---- none ----
 
 type noneCodec struct{}
@@ -130,6 +166,33 @@ func (noneCodec) Decode(dst []float32, src []byte) error {
 	}
 	for i := range dst {
 		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
+	}
+	return nil
+}
+
+// DecodeAdd implements AccumulateDecoder: dst[i] += the float32 stored in
+// src (NaN payloads propagate as the hardware addition does).
+func (noneCodec) DecodeAdd(dst []float32, src []byte) error {
+	n := len(dst)
+	if len(src) != 4*n {
+		return errLen("none", n, len(src), 4*n)
+	}
+	if useAsm && littleEndian {
+		f32Add(dst, src)
+		return nil
+	}
+	return noneDecodeAddGeneric(dst, src)
+}
+
+// noneDecodeAddGeneric is the portable DecodeAdd.
+func noneDecodeAddGeneric(dst []float32, src []byte) error {
+	n := len(dst)
+	if len(src) != 4*n {
+		return errLen("none", n, len(src), 4*n)
+	}
+	src = src[:4*n]
+	for i := range dst {
+		dst[i] = addF32(dst[i], math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:])))
 	}
 	return nil
 }

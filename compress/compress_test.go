@@ -823,12 +823,33 @@ func TestExhaustive(t *testing.T) {
 	src := make([]float32, chunk)
 	h16 := make([]byte, 2*chunk)
 	b16 := make([]byte, 2*chunk)
+	// With the assembly kernels, also compare them with the Go code,
+	// residuals included.
+	gh, gb := make([]byte, 2*chunk), make([]byte, 2*chunk)
+	rf, rg := make([]float32, chunk), make([]float32, chunk)
 	for base := uint64(0); base < 1<<32; base += chunk {
 		for i := range src {
 			src[i] = math.Float32frombits(uint32(base) + uint32(i))
 		}
 		FP16().Encode(h16, src)
 		BF16().Encode(b16, src)
+		if useAsm {
+			for _, c := range []Codec{FP16(), BF16()} {
+				enc := h16
+				if c.Name() == "bf16" {
+					enc = b16
+				}
+				g := goPath(c)
+				if g.enc(gh, src) != c.Encode(gb, src) || !bytes.Equal(gh, enc) || !bytes.Equal(gb, enc) {
+					t.Fatalf("%s: kernels and Go differ in chunk %#08x", c.Name(), base)
+				}
+				c.(FeedbackEncoder).EncodeFeedback(gb, src, rf)
+				g.encFB(gh, src, rg)
+				if i := firstDiff(rf, rg); i >= 0 || !bytes.Equal(gb, enc) {
+					t.Fatalf("%s: EncodeFeedback of %#08x: residual %#08x, Go %#08x", c.Name(), math.Float32bits(src[max(i, 0)]), math.Float32bits(rf[max(i, 0)]), math.Float32bits(rg[max(i, 0)]))
+				}
+			}
+		}
 		for i, x := range src {
 			if g, w := binary.LittleEndian.Uint16(h16[2*i:]), first(refF16(x)); g != w {
 				t.Fatalf("fp16(%#08x) = %#04x, want %#04x", math.Float32bits(x), g, w)

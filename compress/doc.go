@@ -85,10 +85,22 @@
 //
 // # Performance
 //
-// The loops are branch-free in the common case (selects compile to
+// On amd64 CPUs with AVX2 and F16C (detected at start-up) the hot loops run
+// as assembly kernels: int8 with the default block size, fp16 (VCVTPS2PH /
+// VCVTPH2PS) and bf16 Encode, EncodeFeedback, Decode and DecodeAdd, and none
+// DecodeAdd. They produce exactly the Go code's bytes, residuals and sums
+// (no FMA, the same roundings; the tests compare both paths bit for bit,
+// including every binary16 and bf16 code), so ranks with and without them
+// agree. A kernel stops at the first group it cannot handle the same way
+// (an fp16 value to clamp or NaN, an fp16 NaN code, which VCVTPH2PS would
+// quiet, an int8 block with NaN, Inf, huge values or a subnormal scale, a
+// corrupt int8 block) and the Go code does that group. Build with -tags
+// purego to use the Go code only.
+//
+// The Go loops are branch-free in the common case (selects compile to
 // conditional moves), unrolled, and written so that the compiler can drop
 // bounds checks; rare inputs (values fp16 must clamp, NaN, Inf, tiny int8
 // scales) are detected per chunk and re-encoded by a slower exact path.
-// Run go test -bench . to measure; see the package tests for the numbers
-// this was tuned against.
+// Run go test -bench . to measure (sub-benchmarks asm and go compare the
+// two paths).
 package compress

@@ -66,6 +66,41 @@ func f16Slow(b uint32) (uint16, int) {
 }
 
 func (fp16Codec) Encode(dst []byte, src []float32) Info {
+	checkDst("fp16", dst, 2*len(src))
+	if useAsm {
+		return f16Encode(dst, src, nil)
+	}
+	return fp16EncodeGeneric(dst, src)
+}
+
+// EncodeFeedback implements FeedbackEncoder: it encodes src exactly as
+// Encode does and sets res[i] = src[i] - decoded[i].
+func (fp16Codec) EncodeFeedback(dst []byte, src, res []float32) Info {
+	checkDst("fp16", dst, 2*len(src))
+	checkRes("fp16", res, len(src))
+	if useAsm {
+		return f16Encode(dst, src, res)
+	}
+	return fp16EncodeFeedbackGeneric(dst, src, res)
+}
+
+// fp16EncodeFeedbackGeneric is the portable EncodeFeedback: Encode, then the
+// residual against the exact decoding of what was written.
+func fp16EncodeFeedbackGeneric(dst []byte, src, res []float32) Info {
+	info := fp16EncodeGeneric(dst, src)
+	t := f16Decoder()
+	res = res[:len(src)]
+	for i, x := range src {
+		res[i] = x - t[binary.LittleEndian.Uint16(dst[2*i:])]
+	}
+	return info
+}
+
+// fp16EncodeGeneric is the portable Encode: the reference the assembly is
+// tested against, and what runs on CPUs without AVX2 and F16C. Its result
+// is f16Slow applied to each value; the chunks only decide where the
+// branch-free fast path may be used.
+func fp16EncodeGeneric(dst []byte, src []float32) Info {
 	n := len(src)
 	checkDst("fp16", dst, 2*n)
 	dst = dst[:2*n]
@@ -168,6 +203,44 @@ func f16Decoder() *[65536]float32 {
 }
 
 func (fp16Codec) Decode(dst []float32, src []byte) error {
+	if len(src) != 2*len(dst) {
+		return errLen("fp16", len(dst), len(src), 2*len(dst))
+	}
+	if useAsm {
+		f16Decode(dst, src, false)
+		return nil
+	}
+	return fp16DecodeGeneric(dst, src)
+}
+
+// DecodeAdd implements AccumulateDecoder: dst[i] += decoded value.
+func (fp16Codec) DecodeAdd(dst []float32, src []byte) error {
+	if len(src) != 2*len(dst) {
+		return errLen("fp16", len(dst), len(src), 2*len(dst))
+	}
+	if useAsm {
+		f16Decode(dst, src, true)
+		return nil
+	}
+	return fp16DecodeAddGeneric(dst, src)
+}
+
+// fp16DecodeAddGeneric is the portable DecodeAdd.
+func fp16DecodeAddGeneric(dst []float32, src []byte) error {
+	n := len(dst)
+	if len(src) != 2*n {
+		return errLen("fp16", n, len(src), 2*n)
+	}
+	t := f16Decoder()
+	src = src[:2*n]
+	for i := range dst {
+		dst[i] = addF32(dst[i], t[binary.LittleEndian.Uint16(src[2*i:])])
+	}
+	return nil
+}
+
+// fp16DecodeGeneric is the portable Decode.
+func fp16DecodeGeneric(dst []float32, src []byte) error {
 	n := len(dst)
 	if len(src) != 2*n {
 		return errLen("fp16", n, len(src), 2*n)
@@ -216,6 +289,43 @@ func bf16Round(b uint32) uint32 {
 const bf16Chunk = 32
 
 func (bf16Codec) Encode(dst []byte, src []float32) Info {
+	checkDst("bf16", dst, 2*len(src))
+	if useAsm {
+		bf16Encode(dst, src, nil)
+		return Info{}
+	}
+	return bf16EncodeGeneric(dst, src)
+}
+
+// EncodeFeedback implements FeedbackEncoder: it encodes src exactly as
+// Encode does and sets res[i] = src[i] - decoded[i].
+func (bf16Codec) EncodeFeedback(dst []byte, src, res []float32) Info {
+	checkDst("bf16", dst, 2*len(src))
+	checkRes("bf16", res, len(src))
+	if useAsm {
+		bf16Encode(dst, src, res)
+		return Info{}
+	}
+	return bf16EncodeFeedbackGeneric(dst, src, res)
+}
+
+// bf16EncodeFeedbackGeneric is the portable EncodeFeedback.
+func bf16EncodeFeedbackGeneric(dst []byte, src, res []float32) Info {
+	n := len(src)
+	checkDst("bf16", dst, 2*n)
+	dst = dst[:2*n]
+	res = res[:n]
+	for i, x := range src {
+		h := bf16Round(math.Float32bits(x))
+		binary.LittleEndian.PutUint16(dst[2*i:], uint16(h))
+		res[i] = x - math.Float32frombits(h<<16)
+	}
+	return Info{}
+}
+
+// bf16EncodeGeneric is the portable Encode: the reference the assembly is
+// tested against, and what runs on CPUs without AVX2.
+func bf16EncodeGeneric(dst []byte, src []float32) Info {
 	n := len(src)
 	checkDst("bf16", dst, 2*n)
 	dst = dst[:2*n]
@@ -272,6 +382,43 @@ func (bf16Codec) Encode(dst []byte, src []float32) Info {
 }
 
 func (bf16Codec) Decode(dst []float32, src []byte) error {
+	if len(src) != 2*len(dst) {
+		return errLen("bf16", len(dst), len(src), 2*len(dst))
+	}
+	if useAsm {
+		bf16Decode(dst, src, false)
+		return nil
+	}
+	return bf16DecodeGeneric(dst, src)
+}
+
+// DecodeAdd implements AccumulateDecoder: dst[i] += decoded value.
+func (bf16Codec) DecodeAdd(dst []float32, src []byte) error {
+	if len(src) != 2*len(dst) {
+		return errLen("bf16", len(dst), len(src), 2*len(dst))
+	}
+	if useAsm {
+		bf16Decode(dst, src, true)
+		return nil
+	}
+	return bf16DecodeAddGeneric(dst, src)
+}
+
+// bf16DecodeAddGeneric is the portable DecodeAdd.
+func bf16DecodeAddGeneric(dst []float32, src []byte) error {
+	n := len(dst)
+	if len(src) != 2*n {
+		return errLen("bf16", n, len(src), 2*n)
+	}
+	src = src[:2*n]
+	for i := range dst {
+		dst[i] = addF32(dst[i], math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:]))<<16))
+	}
+	return nil
+}
+
+// bf16DecodeGeneric is the portable Decode.
+func bf16DecodeGeneric(dst []float32, src []byte) error {
 	n := len(dst)
 	if len(src) != 2*n {
 		return errLen("bf16", n, len(src), 2*n)

@@ -104,76 +104,92 @@ func (c *int8Codec) Encode(dst []byte, src []float32) Info { return c.encode(dst
 // Encode does and, in the same pass, writes into res what the encoding lost
 // (src minus what Decode will return), which error feedback needs.
 func (c *int8Codec) EncodeFeedback(dst []byte, src, res []float32) Info {
-	if len(res) < len(src) {
-		panic(fmt.Sprintf("compress: int8: residual holds %d values, want %d", len(res), len(src)))
-	}
+	checkRes("int8", res, len(src))
 	return c.encode(dst, src, res)
 }
 
 // encode is Encode, and with res != nil also the residual src - decoded.
+// Blocks of 64 go to the AVX2 kernels when the CPU has them (see
+// kernels.go); they give the same bytes and residuals as encodeGeneric.
 func (c *int8Codec) encode(dst []byte, src, res []float32) Info {
-	n := len(src)
-	checkDst("int8", dst, c.EncodedLen(n))
+	checkDst("int8", dst, c.EncodedLen(len(src)))
+	if useAsm && c.block == 64 {
+		return int8Encode64(dst, src, res)
+	}
+	return c.encodeGeneric(dst, src, res)
+}
+
+// encodeGeneric is the portable encoder: the reference the assembly is
+// tested against, and what runs on CPUs without AVX2.
+func (c *int8Codec) encodeGeneric(dst []byte, src, res []float32) Info {
+	checkDst("int8", dst, c.EncodedLen(len(src)))
 	clamped := 0
 	B := c.block
 	for len(src) > 0 {
 		k := min(B, len(src))
-		s := src[:k]
-		src = src[k:]
 		var r []float32
 		if res != nil {
 			r, res = res[:k], res[k:]
 		}
-		hdr := dst[:4+k]
-		q := hdr[4:]
+		clamped += int8Block(dst[:4+k], src[:k], r)
+		src = src[k:]
 		dst = dst[4+k:]
-		m := absmaxBits(s)
-		if m >= hugeBits { // NaN, ±Inf, or near MaxFloat32
-			clamped += int8Slow(hdr, s)
-			int8Residual(r, s, hdr)
-			continue
-		}
-		scale := math.Float32frombits(m) / 127
-		binary.LittleEndian.PutUint32(hdr, math.Float32bits(scale))
-		if scale < math.Float32frombits(minNormF32) {
-			// Tiny block: 1/scale could overflow; use the exact division.
-			int8Div(q, s, scale)
-			int8Residual(r, s, hdr)
-			continue
-		}
-		// No clamp is needed here: with scale = RN(a/127) and inv =
-		// RN(1/scale), |x*inv| <= RN(a*inv) <= 127*(1+3*2^-24) < 127.5, so
-		// |q| <= 127 (FuzzEncode checks the output never holds -128).
-		inv := 1 / scale
-		if r != nil {
-			for j, x := range s {
-				v := roundAway(float32(x * inv))
-				q[j] = uint8(v)
-				// float32(...) keeps the product unfused, as in Decode.
-				r[j] = x - float32(float32(int8(v))*scale)
-			}
-			continue
-		}
-		for len(s) >= 8 {
-			v := s[:8]
-			o := q[:8]
-			// Unrolled by hand: the Go compiler does not unroll loops.
-			o[0] = uint8(roundAway(float32(v[0] * inv)))
-			o[1] = uint8(roundAway(float32(v[1] * inv)))
-			o[2] = uint8(roundAway(float32(v[2] * inv)))
-			o[3] = uint8(roundAway(float32(v[3] * inv)))
-			o[4] = uint8(roundAway(float32(v[4] * inv)))
-			o[5] = uint8(roundAway(float32(v[5] * inv)))
-			o[6] = uint8(roundAway(float32(v[6] * inv)))
-			o[7] = uint8(roundAway(float32(v[7] * inv)))
-			s = s[8:]
-			q = q[8:]
-		}
-		for j, x := range s {
-			q[j] = uint8(roundAway(float32(x * inv)))
-		}
 	}
 	return Info{Clamped: clamped}
+}
+
+// int8Block encodes one block s into hdr (scale, then len(s) values) and,
+// if r != nil, writes the residual s - decoded into r. It returns the
+// number of clamped values.
+func int8Block(hdr []byte, s, r []float32) int {
+	q := hdr[4:]
+	m := absmaxBits(s)
+	if m >= hugeBits { // NaN, ±Inf, or near MaxFloat32
+		clamped := int8Slow(hdr, s)
+		int8Residual(r, s, hdr)
+		return clamped
+	}
+	scale := math.Float32frombits(m) / 127
+	binary.LittleEndian.PutUint32(hdr, math.Float32bits(scale))
+	if scale < math.Float32frombits(minNormF32) {
+		// Tiny block: 1/scale could overflow; use the exact division.
+		int8Div(q, s, scale)
+		int8Residual(r, s, hdr)
+		return 0
+	}
+	// No clamp is needed here: with scale = RN(a/127) and inv =
+	// RN(1/scale), |x*inv| <= RN(a*inv) <= 127*(1+3*2^-24) < 127.5, so
+	// |q| <= 127 (FuzzEncode checks the output never holds -128).
+	inv := 1 / scale
+	if r != nil {
+		r = r[:len(s)]
+		for j, x := range s {
+			v := roundAway(float32(x * inv))
+			q[j] = uint8(v)
+			// float32(...) keeps the product unfused, as in Decode.
+			r[j] = x - float32(float32(int8(v))*scale)
+		}
+		return 0
+	}
+	for len(s) >= 8 {
+		v := s[:8]
+		o := q[:8]
+		// Unrolled by hand: the Go compiler does not unroll loops.
+		o[0] = uint8(roundAway(float32(v[0] * inv)))
+		o[1] = uint8(roundAway(float32(v[1] * inv)))
+		o[2] = uint8(roundAway(float32(v[2] * inv)))
+		o[3] = uint8(roundAway(float32(v[3] * inv)))
+		o[4] = uint8(roundAway(float32(v[4] * inv)))
+		o[5] = uint8(roundAway(float32(v[5] * inv)))
+		o[6] = uint8(roundAway(float32(v[6] * inv)))
+		o[7] = uint8(roundAway(float32(v[7] * inv)))
+		s = s[8:]
+		q = q[8:]
+	}
+	for j, x := range s {
+		q[j] = uint8(roundAway(float32(x * inv)))
+	}
+	return 0
 }
 
 // int8Residual sets r = s - Decode(block) for a block encoded in hdr (scale
@@ -244,6 +260,23 @@ func has80(v uint64) uint64 {
 }
 
 func (c *int8Codec) Decode(dst []float32, src []byte) error {
+	if useAsm && c.block == 64 && len(src) == c.EncodedLen(len(dst)) {
+		return int8Decode64(dst, src, false)
+	}
+	return c.decodeGeneric(dst, src, false)
+}
+
+// DecodeAdd implements AccumulateDecoder: dst[i] += the value Decode would
+// give, with the product q*scale rounded to float32 before the addition.
+func (c *int8Codec) DecodeAdd(dst []float32, src []byte) error {
+	if useAsm && c.block == 64 && len(src) == c.EncodedLen(len(dst)) {
+		return int8Decode64(dst, src, true)
+	}
+	return c.decodeGeneric(dst, src, true)
+}
+
+// decodeGeneric is the portable Decode (add == false) or DecodeAdd.
+func (c *int8Codec) decodeGeneric(dst []float32, src []byte, add bool) error {
 	n := len(dst)
 	if want := c.EncodedLen(n); len(src) != want {
 		return errLen("int8", n, len(src), want)
@@ -251,41 +284,74 @@ func (c *int8Codec) Decode(dst []float32, src []byte) error {
 	B := c.block
 	for blk := 0; len(dst) > 0; blk++ {
 		k := min(B, len(dst))
-		d := dst[:k]
+		if err := int8DecodeBlock(dst[:k], src[:4+k], blk, add); err != nil {
+			return err
+		}
 		dst = dst[k:]
-		hdr := src[:4+k]
-		q := hdr[4:]
 		src = src[4+k:]
-		sb := binary.LittleEndian.Uint32(hdr)
-		if sb > maxScaleBits { // too large, NaN, Inf, or sign bit set
-			return fmt.Errorf("compress: int8: block %d has invalid scale %v (bits %#08x)", blk, math.Float32frombits(sb), sb)
-		}
-		scale := math.Float32frombits(sb)
-		var bad uint64
-		for len(d) >= 8 {
-			v := binary.LittleEndian.Uint64(q)
-			bad |= has80(v)
-			e := d[:8]
-			e[0] = float32(int8(v)) * scale
-			e[1] = float32(int8(v>>8)) * scale
-			e[2] = float32(int8(v>>16)) * scale
-			e[3] = float32(int8(v>>24)) * scale
-			e[4] = float32(int8(v>>32)) * scale
-			e[5] = float32(int8(v>>40)) * scale
-			e[6] = float32(int8(v>>48)) * scale
-			e[7] = float32(int8(v>>56)) * scale
-			d = d[8:]
-			q = q[8:]
-		}
-		for j := range d {
-			if q[j] == 0x80 {
-				bad = 1
-			}
-			d[j] = float32(int8(q[j])) * scale
-		}
-		if bad != 0 {
-			return fmt.Errorf("compress: int8: block %d holds the value -128, which Encode never writes", blk)
-		}
 	}
 	return nil
+}
+
+// int8DecodeBlock decodes block number blk, hdr (scale then len(d)
+// values), into d, or adds it to d if add is set.
+func int8DecodeBlock(d []float32, hdr []byte, blk int, add bool) error {
+	q := hdr[4:]
+	q = q[:len(d)]
+	sb := binary.LittleEndian.Uint32(hdr)
+	if sb > maxScaleBits { // too large, NaN, Inf, or sign bit set
+		return fmt.Errorf("compress: int8: block %d has invalid scale %v (bits %#08x)", blk, math.Float32frombits(sb), sb)
+	}
+	scale := math.Float32frombits(sb)
+	var bad uint64
+	if add {
+		// Check the whole block before touching d, so that a rejected
+		// block leaves its part of d as it was.
+		for j := 0; j+8 <= len(q); j += 8 {
+			bad |= has80(binary.LittleEndian.Uint64(q[j:]))
+		}
+		for _, b := range q[len(q)&^7:] {
+			if b == 0x80 {
+				bad = 1
+			}
+		}
+		if bad != 0 {
+			return errMinus128(blk)
+		}
+		for j, b := range q {
+			// float32(...) rounds the product before the sum, as Decode
+			// followed by an addition would; a fused multiply-add would not.
+			d[j] = d[j] + float32(float32(int8(b))*scale)
+		}
+		return nil
+	}
+	for len(d) >= 8 {
+		v := binary.LittleEndian.Uint64(q)
+		bad |= has80(v)
+		e := d[:8]
+		e[0] = float32(int8(v)) * scale
+		e[1] = float32(int8(v>>8)) * scale
+		e[2] = float32(int8(v>>16)) * scale
+		e[3] = float32(int8(v>>24)) * scale
+		e[4] = float32(int8(v>>32)) * scale
+		e[5] = float32(int8(v>>40)) * scale
+		e[6] = float32(int8(v>>48)) * scale
+		e[7] = float32(int8(v>>56)) * scale
+		d = d[8:]
+		q = q[8:]
+	}
+	for j := range d {
+		if q[j] == 0x80 {
+			bad = 1
+		}
+		d[j] = float32(int8(q[j])) * scale
+	}
+	if bad != 0 {
+		return errMinus128(blk)
+	}
+	return nil
+}
+
+func errMinus128(blk int) error {
+	return fmt.Errorf("compress: int8: block %d holds the value -128, which Encode never writes", blk)
 }

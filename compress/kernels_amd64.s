@@ -1,0 +1,777 @@
+//go:build amd64 && !purego
+
+// AVX2 + F16C kernels for the codecs. Every kernel reproduces the Go code
+// bit for bit on the inputs it accepts and stops (returning how far it
+// got) at the first group it cannot, for the Go driver (kernels.go) to
+// finish. Rules that keep the results identical to Go:
+//
+//   - No FMA: each product is rounded to float32 before it is added, as Go
+//     does with float32(x*y). VMULPS then VADDPS/VSUBPS, never VFMADD.
+//   - Rounding comes from MXCSR, which Go leaves at round to nearest with
+//     denormals kept (no FTZ/DAZ); VCVTPS2PH gets imm 0 (nearest even).
+//   - Subtractions keep Go's operand order (x - decoded), additions put dst
+//     first (see addF32): the first operand decides which NaN a result
+//     carries when both are NaN.
+
+#include "textflag.h"
+
+// Dword order that undoes the in-lane interleaving of VPACKSSDW+VPACKSSWB.
+DATA int8perm<>+0(SB)/4, $0
+DATA int8perm<>+4(SB)/4, $4
+DATA int8perm<>+8(SB)/4, $1
+DATA int8perm<>+12(SB)/4, $5
+DATA int8perm<>+16(SB)/4, $2
+DATA int8perm<>+20(SB)/4, $6
+DATA int8perm<>+24(SB)/4, $3
+DATA int8perm<>+28(SB)/4, $7
+GLOBL int8perm<>(SB), RODATA|NOPTR, $32
+
+#define BCAST(val, Y, X) MOVL $val, DX; VMOVD DX, X; VPBROADCASTD X, Y
+
+// ---- int8, block size 64 ----
+
+// ABSMAX64 leaves the largest |x| bits of the 64 floats at SI in every lane
+// of X0 and in DX. Integer max of the sign-cleared bits orders floats
+// correctly (and puts NaN above Inf, which the hugeBits test catches).
+// Uses Y0-Y7; Y15 = 0x7FFFFFFF.
+#define ABSMAX64 \
+	VPAND   0(SI), Y15, Y0; \
+	VPAND   32(SI), Y15, Y1; \
+	VPAND   64(SI), Y15, Y2; \
+	VPAND   96(SI), Y15, Y3; \
+	VPAND   128(SI), Y15, Y4; \
+	VPAND   160(SI), Y15, Y5; \
+	VPAND   192(SI), Y15, Y6; \
+	VPAND   224(SI), Y15, Y7; \
+	VPMAXUD Y1, Y0, Y0; \
+	VPMAXUD Y3, Y2, Y2; \
+	VPMAXUD Y5, Y4, Y4; \
+	VPMAXUD Y7, Y6, Y6; \
+	VPMAXUD Y2, Y0, Y0; \
+	VPMAXUD Y6, Y4, Y4; \
+	VPMAXUD Y4, Y0, Y0; \
+	VEXTRACTI128 $1, Y0, X1; \
+	VPMAXUD X1, X0, X0; \
+	VPSHUFD $0x4E, X0, X1; \
+	VPMAXUD X1, X0, X0; \
+	VPSHUFD $0xB1, X0, X1; \
+	VPMAXUD X1, X0, X0; \
+	VMOVD   X0, DX
+
+// QUANT computes T = int32(roundAway(float32(x*inv))) for the 8 floats at
+// off(SI): t = x*inv rounded, plus 0.49999997 with the sign of t, rounded,
+// then truncated (VCVTTPS2DQ, like Go's float32 -> int32 conversion).
+// Y2 = inv, Y13 = sign bit, Y14 = 0.49999997.
+#define QUANT(off, T, H) \
+	VMULPS     off(SI), Y2, T; \
+	VANDPS     T, Y13, H; \
+	VORPS      H, Y14, H; \
+	VADDPS     H, T, T; \
+	VCVTTPS2DQ T, T
+
+// QUANTRES is QUANT that also stores the residual x - float32(q*scale) at
+// off(R8); Y9 = scale. X is a scratch register for x.
+#define QUANTRES(off, T, X, H) \
+	VMOVUPS    off(SI), X; \
+	VMULPS     X, Y2, T; \
+	VANDPS     T, Y13, H; \
+	VORPS      H, Y14, H; \
+	VADDPS     H, T, T; \
+	VCVTTPS2DQ T, T; \
+	VCVTDQ2PS  T, H; \
+	VMULPS     Y9, H, H; \
+	VSUBPS     H, X, H; \
+	VMOVUPS    H, off(R8)
+
+// PACK4 narrows four vectors of int32 in [-127, 127] (A..D, values 0-31 of
+// a half block) to 32 bytes at out. The saturating packs are exact there.
+#define PACK4(A, B, C, D, out) \
+	VPACKSSDW B, A, A; \
+	VPACKSSDW D, C, C; \
+	VPACKSSWB C, A, A; \
+	VPERMD    A, Y12, A; \
+	VMOVDQU   A, out
+
+// INT8SETUP loads the constants both encoders use and DX is clobbered.
+#define INT8SETUP \
+	BCAST(0x7FFFFFFF, Y15, X15); \
+	BCAST(0x3EFFFFFF, Y14, X14); \
+	BCAST(0x80000000, Y13, X13); \
+	VMOVDQU int8perm<>(SB), Y12; \
+	MOVL    $0x42FE0000, DX; \
+	VMOVD   DX, X11; \
+	MOVL    $0x3F800000, DX; \
+	VMOVD   DX, X10
+
+// func int8Enc64(dst *byte, src *float32, nblk int) int
+TEXT ·int8Enc64(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ nblk+16(FP), CX
+	XORQ AX, AX
+	INT8SETUP
+	CMPQ CX, $0
+	JLE  enc_done
+
+enc_loop:
+	ABSMAX64
+	CMPL DX, $0x7E800000 // hugeBits: NaN, Inf or near MaxFloat32 -> Go
+	JAE  enc_done
+	VDIVSS X11, X0, X1   // scale = absmax / 127, rounded as in Go
+	VMOVD  X1, DX
+	TESTL  DX, DX
+	JZ     enc_zero
+	CMPL   DX, $0x00800000 // subnormal scale: Go divides instead
+	JB     enc_done
+	MOVL   DX, 0(DI)
+	VDIVSS X1, X10, X2     // inv = 1 / scale
+	VBROADCASTSS X2, Y2
+	QUANT(0, Y0, Y1)
+	QUANT(32, Y3, Y4)
+	QUANT(64, Y5, Y6)
+	QUANT(96, Y7, Y8)
+	PACK4(Y0, Y3, Y5, Y7, 4(DI))
+	QUANT(128, Y0, Y1)
+	QUANT(160, Y3, Y4)
+	QUANT(192, Y5, Y6)
+	QUANT(224, Y7, Y8)
+	PACK4(Y0, Y3, Y5, Y7, 36(DI))
+
+enc_next:
+	ADDQ $256, SI
+	ADDQ $68, DI
+	INCQ AX
+	CMPQ AX, CX
+	JLT  enc_loop
+
+enc_done:
+	MOVQ AX, ret+24(FP)
+	VZEROUPPER
+	RET
+
+enc_zero:
+	// scale rounds to 0 (all zeros, or absmax < 127*2^-150): Go's
+	// int8Div writes 0 for every value.
+	MOVL    $0, 0(DI)
+	VPXOR   Y0, Y0, Y0
+	VMOVDQU Y0, 4(DI)
+	VMOVDQU Y0, 36(DI)
+	JMP     enc_next
+
+// func int8EncRes64(dst *byte, src *float32, res *float32, nblk int) int
+TEXT ·int8EncRes64(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ res+16(FP), R8
+	MOVQ nblk+24(FP), CX
+	XORQ AX, AX
+	INT8SETUP
+	CMPQ CX, $0
+	JLE  encr_done
+
+encr_loop:
+	ABSMAX64
+	CMPL DX, $0x7E800000
+	JAE  encr_done
+	VDIVSS X11, X0, X1
+	VMOVD  X1, DX
+	TESTL  DX, DX
+	JZ     encr_zero
+	CMPL   DX, $0x00800000
+	JB     encr_done
+	MOVL   DX, 0(DI)
+	VDIVSS X1, X10, X2
+	VBROADCASTSS X2, Y2
+	VBROADCASTSS X1, Y9
+	QUANTRES(0, Y0, Y5, Y6)
+	QUANTRES(32, Y1, Y7, Y8)
+	QUANTRES(64, Y3, Y5, Y6)
+	QUANTRES(96, Y4, Y7, Y8)
+	PACK4(Y0, Y1, Y3, Y4, 4(DI))
+	QUANTRES(128, Y0, Y5, Y6)
+	QUANTRES(160, Y1, Y7, Y8)
+	QUANTRES(192, Y3, Y5, Y6)
+	QUANTRES(224, Y4, Y7, Y8)
+	PACK4(Y0, Y1, Y3, Y4, 36(DI))
+
+encr_next:
+	ADDQ $256, SI
+	ADDQ $256, R8
+	ADDQ $68, DI
+	INCQ AX
+	CMPQ AX, CX
+	JLT  encr_loop
+
+encr_done:
+	MOVQ AX, ret+32(FP)
+	VZEROUPPER
+	RET
+
+encr_zero:
+	// All values quantize to 0, so the residual x - 0*0 is x itself (x
+	// is finite here, and x - (+0) == x bit for bit, -0 included).
+	MOVL    $0, 0(DI)
+	VPXOR   Y0, Y0, Y0
+	VMOVDQU Y0, 4(DI)
+	VMOVDQU Y0, 36(DI)
+	VMOVUPS 0(SI), Y1
+	VMOVUPS 32(SI), Y2
+	VMOVUPS 64(SI), Y3
+	VMOVUPS 96(SI), Y4
+	VMOVUPS Y1, 0(R8)
+	VMOVUPS Y2, 32(R8)
+	VMOVUPS Y3, 64(R8)
+	VMOVUPS Y4, 96(R8)
+	VMOVUPS 128(SI), Y1
+	VMOVUPS 160(SI), Y2
+	VMOVUPS 192(SI), Y3
+	VMOVUPS 224(SI), Y4
+	VMOVUPS Y1, 128(R8)
+	VMOVUPS Y2, 160(R8)
+	VMOVUPS Y3, 192(R8)
+	VMOVUPS Y4, 224(R8)
+	JMP     encr_next
+
+// DEQ converts the 8 bytes at qoff(SI) to float32 times the scale in Y14
+// and stores them at doff(DI). The int8 -> float32 conversion is exact.
+#define DEQ(qoff, doff, R) \
+	VPMOVSXBD qoff(SI), R; \
+	VCVTDQ2PS R, R; \
+	VMULPS    Y14, R, R; \
+	VMOVUPS   R, doff(DI)
+
+// DEQADD is DEQ adding into dst: the product is rounded first (no FMA).
+// q*scale is never NaN, so the operand order of the addition is free.
+#define DEQADD(qoff, doff, R) \
+	VPMOVSXBD qoff(SI), R; \
+	VCVTDQ2PS R, R; \
+	VMULPS    Y14, R, R; \
+	VADDPS    doff(DI), R, R; \
+	VMOVUPS   R, doff(DI)
+
+// DECCHECK jumps to bad if the block at SI has a scale above maxScaleBits
+// (negative, NaN, Inf or too large) or a byte 0x80; nothing is written
+// for such a block. Y15 = 0x80 bytes.
+#define DECCHECK(bad) \
+	MOVL     0(SI), DX; \
+	CMPL     DX, $0x7C010203; \
+	JA       bad; \
+	VPCMPEQB 4(SI), Y15, Y0; \
+	VPCMPEQB 36(SI), Y15, Y1; \
+	VPOR     Y1, Y0, Y0; \
+	VPTEST   Y0, Y0; \
+	JNZ      bad; \
+	VBROADCASTSS 0(SI), Y14
+
+// func int8Dec64(dst *float32, src *byte, nblk int) int
+TEXT ·int8Dec64(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ nblk+16(FP), CX
+	XORQ AX, AX
+	BCAST(0x80808080, Y15, X15)
+	CMPQ CX, $0
+	JLE  dec_done
+
+dec_loop:
+	DECCHECK(dec_done)
+	DEQ(4, 0, Y0)
+	DEQ(12, 32, Y1)
+	DEQ(20, 64, Y2)
+	DEQ(28, 96, Y3)
+	DEQ(36, 128, Y4)
+	DEQ(44, 160, Y5)
+	DEQ(52, 192, Y6)
+	DEQ(60, 224, Y7)
+	ADDQ $68, SI
+	ADDQ $256, DI
+	INCQ AX
+	CMPQ AX, CX
+	JLT  dec_loop
+
+dec_done:
+	MOVQ AX, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func int8DecAdd64(dst *float32, src *byte, nblk int) int
+TEXT ·int8DecAdd64(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ nblk+16(FP), CX
+	XORQ AX, AX
+	BCAST(0x80808080, Y15, X15)
+	CMPQ CX, $0
+	JLE  deca_done
+
+deca_loop:
+	DECCHECK(deca_done)
+	DEQADD(4, 0, Y0)
+	DEQADD(12, 32, Y1)
+	DEQADD(20, 64, Y2)
+	DEQADD(28, 96, Y3)
+	DEQADD(36, 128, Y4)
+	DEQADD(44, 160, Y5)
+	DEQADD(52, 192, Y6)
+	DEQADD(60, 224, Y7)
+	ADDQ $68, SI
+	ADDQ $256, DI
+	INCQ AX
+	CMPQ AX, CX
+	JLT  deca_loop
+
+deca_done:
+	MOVQ AX, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// ---- fp16 ----
+
+// F16ONE converts the 8 floats at off(SI)(AX*4) to binary16 at
+// off/2(DI)(AX*2) and folds their |x| bits into the running max Y13.
+// VCVTPS2PH with imm 0 rounds to nearest even and makes subnormals, which
+// is f16Fast for |x| <= 65504; larger values, Inf and NaN are caught by
+// the max test and redone in Go.
+#define F16ONE(soff, doff, V, A, H) \
+	VMOVUPS   soff(SI)(AX*4), V; \
+	VPAND     V, Y15, A; \
+	VPMAXUD   A, Y13, Y13; \
+	VCVTPS2PH $0, V, H; \
+	VMOVDQU   H, doff(DI)(AX*2)
+
+// F16ONERES also stores the residual x - decoded at soff(R8)(AX*4); the
+// binary16 -> float32 conversion is exact.
+#define F16ONERES(soff, doff, V, A, H) \
+	F16ONE(soff, doff, V, A, H); \
+	VCVTPH2PS H, A; \
+	VSUBPS    A, V, A; \
+	VMOVUPS   A, soff(R8)(AX*4)
+
+// F16CHECK jumps to bad if the running max of |x| bits exceeds 65504.
+// Signed compare is fine: both sides are below 2^31.
+#define F16CHECK(bad) \
+	VPCMPGTD Y14, Y13, Y0; \
+	VPTEST   Y0, Y0; \
+	JNZ      bad
+
+#define F16SETUP \
+	BCAST(0x7FFFFFFF, Y15, X15); \
+	BCAST(0x477FE000, Y14, X14); \
+	VPXOR Y13, Y13, Y13
+
+// func f16Enc(dst *byte, src *float32, n int) int
+TEXT ·f16Enc(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	XORQ AX, AX
+	F16SETUP
+	LEAQ -32(CX), BX
+
+f16e_loop32:
+	CMPQ AX, BX
+	JGT  f16e_loop8
+	F16ONE(0, 0, Y1, Y2, X3)
+	F16ONE(32, 16, Y4, Y5, X6)
+	F16ONE(64, 32, Y7, Y8, X9)
+	F16ONE(96, 48, Y10, Y11, X12)
+	F16CHECK(f16e_done)
+	ADDQ $32, AX
+	JMP  f16e_loop32
+
+f16e_loop8:
+	CMPQ AX, CX
+	JGE  f16e_done
+	F16ONE(0, 0, Y1, Y2, X3)
+	F16CHECK(f16e_done)
+	ADDQ $8, AX
+	JMP  f16e_loop8
+
+f16e_done:
+	MOVQ AX, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func f16EncRes(dst *byte, src *float32, res *float32, n int) int
+TEXT ·f16EncRes(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ res+16(FP), R8
+	MOVQ n+24(FP), CX
+	XORQ AX, AX
+	F16SETUP
+	LEAQ -32(CX), BX
+
+f16r_loop32:
+	CMPQ AX, BX
+	JGT  f16r_loop8
+	F16ONERES(0, 0, Y1, Y2, X3)
+	F16ONERES(32, 16, Y4, Y5, X6)
+	F16ONERES(64, 32, Y7, Y8, X9)
+	F16ONERES(96, 48, Y10, Y11, X12)
+	F16CHECK(f16r_done)
+	ADDQ $32, AX
+	JMP  f16r_loop32
+
+f16r_loop8:
+	CMPQ AX, CX
+	JGE  f16r_done
+	F16ONERES(0, 0, Y1, Y2, X3)
+	F16CHECK(f16r_done)
+	ADDQ $8, AX
+	JMP  f16r_loop8
+
+f16r_done:
+	MOVQ AX, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// F16NAN jumps to bad if any of the 8 codes at off(SI)(AX*2) is a NaN:
+// (h & 0x7FFF) > 0x7C00, a signed 16-bit compare of non-negative values.
+// Y15 = 0x7FFF words, Y14 = 0x7C00 words.
+#define F16NAN(off, T, bad) \
+	VPAND    off(SI)(AX*2), X15, T; \
+	VPCMPGTW X14, T, T; \
+	VPTEST   T, T; \
+	JNZ      bad
+
+#define F16NAN32(T, U, bad) \
+	VPAND    0(SI)(AX*2), Y15, T; \
+	VPAND    32(SI)(AX*2), Y15, U; \
+	VPCMPGTW Y14, T, T; \
+	VPCMPGTW Y14, U, U; \
+	VPOR     U, T, T; \
+	VPTEST   T, T; \
+	JNZ      bad
+
+#define F16DSETUP \
+	MOVL $0x7FFF7FFF, DX; \
+	VMOVD DX, X15; \
+	VPBROADCASTD X15, Y15; \
+	MOVL $0x7C007C00, DX; \
+	VMOVD DX, X14; \
+	VPBROADCASTD X14, Y14
+
+// func f16Dec(dst *float32, src *byte, n int) int
+TEXT ·f16Dec(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	XORQ AX, AX
+	F16DSETUP
+	LEAQ -32(CX), BX
+
+f16d_loop32:
+	CMPQ AX, BX
+	JGT  f16d_one8
+	F16NAN32(Y0, Y1, f16d_one8)
+	VCVTPH2PS 0(SI)(AX*2), Y2
+	VCVTPH2PS 16(SI)(AX*2), Y3
+	VCVTPH2PS 32(SI)(AX*2), Y4
+	VCVTPH2PS 48(SI)(AX*2), Y5
+	VMOVUPS   Y2, 0(DI)(AX*4)
+	VMOVUPS   Y3, 32(DI)(AX*4)
+	VMOVUPS   Y4, 64(DI)(AX*4)
+	VMOVUPS   Y5, 96(DI)(AX*4)
+	ADDQ      $32, AX
+	JMP       f16d_loop32
+
+f16d_one8:
+	// Fewer than 32 codes left, or a NaN among the next 32: do 8 so that
+	// only the group of 8 holding the NaN goes back to Go.
+	CMPQ AX, CX
+	JGE  f16d_done
+	F16NAN(0, X0, f16d_done)
+	VCVTPH2PS 0(SI)(AX*2), Y2
+	VMOVUPS   Y2, 0(DI)(AX*4)
+	ADDQ      $8, AX
+	JMP       f16d_loop32
+
+f16d_done:
+	MOVQ AX, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func f16DecAdd(dst *float32, src *byte, n int) int
+TEXT ·f16DecAdd(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	XORQ AX, AX
+	F16DSETUP
+	LEAQ -32(CX), BX
+
+f16a_loop32:
+	CMPQ AX, BX
+	JGT  f16a_one8
+	F16NAN32(Y0, Y1, f16a_one8)
+	VCVTPH2PS 0(SI)(AX*2), Y2
+	VCVTPH2PS 16(SI)(AX*2), Y3
+	VCVTPH2PS 32(SI)(AX*2), Y4
+	VCVTPH2PS 48(SI)(AX*2), Y5
+	VMOVUPS   0(DI)(AX*4), Y6
+	VMOVUPS   32(DI)(AX*4), Y7
+	VMOVUPS   64(DI)(AX*4), Y8
+	VMOVUPS   96(DI)(AX*4), Y9
+	VADDPS    Y2, Y6, Y6 // dst first
+	VADDPS    Y3, Y7, Y7
+	VADDPS    Y4, Y8, Y8
+	VADDPS    Y5, Y9, Y9
+	VMOVUPS   Y6, 0(DI)(AX*4)
+	VMOVUPS   Y7, 32(DI)(AX*4)
+	VMOVUPS   Y8, 64(DI)(AX*4)
+	VMOVUPS   Y9, 96(DI)(AX*4)
+	ADDQ      $32, AX
+	JMP       f16a_loop32
+
+f16a_one8:
+	CMPQ AX, CX
+	JGE  f16a_done
+	F16NAN(0, X0, f16a_done)
+	VCVTPH2PS 0(SI)(AX*2), Y2
+	VMOVUPS   0(DI)(AX*4), Y6
+	VADDPS    Y2, Y6, Y6
+	VMOVUPS   Y6, 0(DI)(AX*4)
+	ADDQ      $8, AX
+	JMP       f16a_loop32
+
+f16a_done:
+	MOVQ AX, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// ---- bf16 ----
+
+// BF16R computes bf16Round of the 8 floats in V into the low 16 bits of
+// the dwords of R, exactly as the Go code: r = (b + 0x7FFF + lsb) >> 16,
+// or, for a NaN (|b| > 0x7F800000), r = b>>16 | 0x40. Y15 = 1, Y14 =
+// 0x7FFF, Y13 = 0x7FFFFFFF, Y12 = 0x7F800000, Y11 = 0x40.
+#define BF16R(V, T, R, M) \
+	VPSRLD    $16, V, T; \
+	VPAND     T, Y15, R; \
+	VPADDD    V, R, R; \
+	VPADDD    R, Y14, R; \
+	VPSRLD    $16, R, R; \
+	VPAND     V, Y13, M; \
+	VPCMPGTD  Y12, M, M; \
+	VPOR      T, Y11, T; \
+	VPBLENDVB M, T, R, R
+
+// BF16RES stores V - float32(R<<16) at off(R8)(AX*4); clobbers T.
+#define BF16RES(off, V, R, T) \
+	VPSLLD  $16, R, T; \
+	VSUBPS  T, V, T; \
+	VMOVUPS T, off(R8)(AX*4)
+
+// BF16PACK stores the 16 codes in A (values 0-7) and B (8-15) at
+// off(DI)(AX*2). VPACKUSDW is exact: codes are in [0, 0xFFFF].
+#define BF16PACK(A, B, off) \
+	VPACKUSDW B, A, A; \
+	VPERMQ    $0xD8, A, A; \
+	VMOVDQU   A, off(DI)(AX*2)
+
+#define BF16SETUP \
+	BCAST(1, Y15, X15); \
+	BCAST(0x7FFF, Y14, X14); \
+	BCAST(0x7FFFFFFF, Y13, X13); \
+	BCAST(0x7F800000, Y12, X12); \
+	BCAST(0x40, Y11, X11)
+
+// func bf16Enc(dst *byte, src *float32, n int)
+TEXT ·bf16Enc(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	XORQ AX, AX
+	BF16SETUP
+	LEAQ -16(CX), BX
+
+bf16e_loop16:
+	CMPQ AX, BX
+	JGT  bf16e_tail
+	VMOVUPS 0(SI)(AX*4), Y0
+	VMOVUPS 32(SI)(AX*4), Y4
+	BF16R(Y0, Y1, Y2, Y3)
+	BF16R(Y4, Y5, Y6, Y7)
+	BF16PACK(Y2, Y6, 0)
+	ADDQ $16, AX
+	JMP  bf16e_loop16
+
+bf16e_tail:
+	CMPQ AX, CX
+	JGE  bf16e_done
+	VMOVUPS 0(SI)(AX*4), Y0
+	BF16R(Y0, Y1, Y2, Y3)
+	VEXTRACTI128 $1, Y2, X6
+	VPACKUSDW X6, X2, X2
+	VMOVDQU X2, 0(DI)(AX*2)
+
+bf16e_done:
+	VZEROUPPER
+	RET
+
+// func bf16EncRes(dst *byte, src *float32, res *float32, n int)
+TEXT ·bf16EncRes(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ res+16(FP), R8
+	MOVQ n+24(FP), CX
+	XORQ AX, AX
+	BF16SETUP
+	LEAQ -16(CX), BX
+
+bf16r_loop16:
+	CMPQ AX, BX
+	JGT  bf16r_tail
+	VMOVUPS 0(SI)(AX*4), Y0
+	VMOVUPS 32(SI)(AX*4), Y4
+	BF16R(Y0, Y1, Y2, Y3)
+	BF16R(Y4, Y5, Y6, Y7)
+	BF16RES(0, Y0, Y2, Y1)
+	BF16RES(32, Y4, Y6, Y5)
+	BF16PACK(Y2, Y6, 0)
+	ADDQ $16, AX
+	JMP  bf16r_loop16
+
+bf16r_tail:
+	CMPQ AX, CX
+	JGE  bf16r_done
+	VMOVUPS 0(SI)(AX*4), Y0
+	BF16R(Y0, Y1, Y2, Y3)
+	BF16RES(0, Y0, Y2, Y1)
+	VEXTRACTI128 $1, Y2, X6
+	VPACKUSDW X6, X2, X2
+	VMOVDQU X2, 0(DI)(AX*2)
+
+bf16r_done:
+	VZEROUPPER
+	RET
+
+// func bf16Dec(dst *float32, src *byte, n int)
+TEXT ·bf16Dec(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	XORQ AX, AX
+	LEAQ -32(CX), BX
+
+bf16d_loop32:
+	CMPQ AX, BX
+	JGT  bf16d_loop8
+	VPMOVZXWD 0(SI)(AX*2), Y0
+	VPMOVZXWD 16(SI)(AX*2), Y1
+	VPMOVZXWD 32(SI)(AX*2), Y2
+	VPMOVZXWD 48(SI)(AX*2), Y3
+	VPSLLD    $16, Y0, Y0
+	VPSLLD    $16, Y1, Y1
+	VPSLLD    $16, Y2, Y2
+	VPSLLD    $16, Y3, Y3
+	VMOVDQU   Y0, 0(DI)(AX*4)
+	VMOVDQU   Y1, 32(DI)(AX*4)
+	VMOVDQU   Y2, 64(DI)(AX*4)
+	VMOVDQU   Y3, 96(DI)(AX*4)
+	ADDQ      $32, AX
+	JMP       bf16d_loop32
+
+bf16d_loop8:
+	CMPQ AX, CX
+	JGE  bf16d_done
+	VPMOVZXWD 0(SI)(AX*2), Y0
+	VPSLLD    $16, Y0, Y0
+	VMOVDQU   Y0, 0(DI)(AX*4)
+	ADDQ      $8, AX
+	JMP       bf16d_loop8
+
+bf16d_done:
+	VZEROUPPER
+	RET
+
+// func bf16DecAdd(dst *float32, src *byte, n int)
+TEXT ·bf16DecAdd(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	XORQ AX, AX
+	LEAQ -32(CX), BX
+
+bf16a_loop32:
+	CMPQ AX, BX
+	JGT  bf16a_loop8
+	VPMOVZXWD 0(SI)(AX*2), Y0
+	VPMOVZXWD 16(SI)(AX*2), Y1
+	VPMOVZXWD 32(SI)(AX*2), Y2
+	VPMOVZXWD 48(SI)(AX*2), Y3
+	VPSLLD    $16, Y0, Y0
+	VPSLLD    $16, Y1, Y1
+	VPSLLD    $16, Y2, Y2
+	VPSLLD    $16, Y3, Y3
+	VMOVUPS   0(DI)(AX*4), Y4
+	VMOVUPS   32(DI)(AX*4), Y5
+	VMOVUPS   64(DI)(AX*4), Y6
+	VMOVUPS   96(DI)(AX*4), Y7
+	VADDPS    Y0, Y4, Y4 // dst first
+	VADDPS    Y1, Y5, Y5
+	VADDPS    Y2, Y6, Y6
+	VADDPS    Y3, Y7, Y7
+	VMOVUPS   Y4, 0(DI)(AX*4)
+	VMOVUPS   Y5, 32(DI)(AX*4)
+	VMOVUPS   Y6, 64(DI)(AX*4)
+	VMOVUPS   Y7, 96(DI)(AX*4)
+	ADDQ      $32, AX
+	JMP       bf16a_loop32
+
+bf16a_loop8:
+	CMPQ AX, CX
+	JGE  bf16a_done
+	VPMOVZXWD 0(SI)(AX*2), Y0
+	VPSLLD    $16, Y0, Y0
+	VMOVUPS   0(DI)(AX*4), Y4
+	VADDPS    Y0, Y4, Y4
+	VMOVUPS   Y4, 0(DI)(AX*4)
+	ADDQ      $8, AX
+	JMP       bf16a_loop8
+
+bf16a_done:
+	VZEROUPPER
+	RET
+
+// ---- none ----
+
+// func f32AddK(dst *float32, src *byte, n int)
+TEXT ·f32AddK(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	XORQ AX, AX
+	LEAQ -32(CX), BX
+
+f32a_loop32:
+	CMPQ AX, BX
+	JGT  f32a_loop8
+	VMOVUPS 0(DI)(AX*4), Y4
+	VMOVUPS 32(DI)(AX*4), Y5
+	VMOVUPS 64(DI)(AX*4), Y6
+	VMOVUPS 96(DI)(AX*4), Y7
+	VADDPS  0(SI)(AX*4), Y4, Y4 // dst first
+	VADDPS  32(SI)(AX*4), Y5, Y5
+	VADDPS  64(SI)(AX*4), Y6, Y6
+	VADDPS  96(SI)(AX*4), Y7, Y7
+	VMOVUPS Y4, 0(DI)(AX*4)
+	VMOVUPS Y5, 32(DI)(AX*4)
+	VMOVUPS Y6, 64(DI)(AX*4)
+	VMOVUPS Y7, 96(DI)(AX*4)
+	ADDQ    $32, AX
+	JMP     f32a_loop32
+
+f32a_loop8:
+	CMPQ AX, CX
+	JGE  f32a_done
+	VMOVUPS 0(DI)(AX*4), Y4
+	VADDPS  0(SI)(AX*4), Y4, Y4
+	VMOVUPS Y4, 0(DI)(AX*4)
+	ADDQ    $8, AX
+	JMP     f32a_loop8
+
+f32a_done:
+	VZEROUPPER
+	RET
