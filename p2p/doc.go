@@ -29,9 +29,16 @@
 //     of its links (simultaneous dials of the same pair make
 //     a fraction of libp2p TLS handshakes fail, go-libp2p#2925). Ranks on the
 //     same host use a unix abstract socket (no file to clean up, no cipher,
-//     the kernel does the copy), authenticated by an HMAC handshake; with
-//     DataPlane "plaintext" different hosts use raw TCP with the same
-//     handshake; otherwise a libp2p stream (/gorun/ring/1) is used.
+//     the kernel does the copy), authenticated by an HMAC handshake.
+//     Different hosts (and, with DataPlane "tls", every pair) use a TCP
+//     connection of their own per link ("tcp-tls"), secured by libp2p's TLS
+//     1.3 handshake with the ranks' libp2p identities (the acceptor checks
+//     the peer ID is the table's for the rank the dialer claims to be), with
+//     the same HMAC handshake inside and no stream multiplexer: records go
+//     straight to the socket. With DataPlane "plaintext" different hosts use
+//     raw TCP with the HMAC handshake alone. With DataPlane "libp2p", or to a
+//     peer that advertises no TCP port, a libp2p stream (/gorun/ring/1, TLS
+//     and yamux on the hosts' connection) is used.
 //
 // # Failure model
 //

@@ -25,7 +25,7 @@ func seedMessages(t testing.TB) [][]byte {
 	ms := []*msg{
 		{T: tChallenge, Nonce: fuzzNonce},
 		{T: tHello, Rank: 1, Nonce: fuzzNonce, Proof: registerProof(fuzzKey, fuzzNonce, fuzzPeer, 1),
-			Addrs: []string{"/ip4/127.0.0.1/tcp/4001"}, HostID: "h/net:[1]/b", Unix: "@gorun-x", TCPPort: 9},
+			Addrs: []string{"/ip4/127.0.0.1/tcp/4001"}, HostID: "h/net:[1]/b", Unix: "@gorun-x", TCPPort: 9, TLSPort: 10},
 		{T: tWelcome, Proof: welcomeProof(fuzzKey, fuzzNonce, fuzzPeer)},
 		{T: tError, Text: "rank 3 out of range"},
 		{T: tTable, Table: []tableItem{{Rank: 0, ID: fuzzPeer, Addrs: []string{"/ip4/127.0.0.1/tcp/1"}, HostID: "h"}}},
@@ -78,7 +78,7 @@ func FuzzDecodeRegister(f *testing.F) {
 		ok := bytes.Equal(m.Proof, registerProof(fuzzKey, fuzzNonce, fuzzPeer, m.Rank))
 		inRange := m.Rank >= 0 && m.Rank < size
 		_ = ok && inRange
-		_ = tableItem{Rank: m.Rank, ID: fuzzPeer, Addrs: m.Addrs, HostID: m.HostID, Unix: m.Unix, TCPPort: m.TCPPort}
+		_ = tableItem{Rank: m.Rank, ID: fuzzPeer, Addrs: m.Addrs, HostID: m.HostID, Unix: m.Unix, TCPPort: m.TCPPort, TLSPort: m.TLSPort}
 	})
 }
 

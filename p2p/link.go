@@ -17,13 +17,15 @@ import (
 
 	"github.com/gorun/gorun/ring"
 	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-libp2p/core/sec"
 )
 
 const ringProto protocol.ID = "/gorun/ring/1"
 
-// sockBuf is the kernel buffer size requested for plaintext data sockets;
-// bigger buffers mean fewer wakeups per MiB moved.
+// sockBuf is the kernel buffer size requested for data sockets (unix,
+// tcp-plaintext, tcp-tls); bigger buffers mean fewer wakeups per MiB moved.
 const sockBuf = 4 << 20
 
 // deadliner is what a link needs from a net.Conn or libp2p stream.
@@ -41,16 +43,28 @@ type link struct {
 	peer int    // the other rank
 	addr string // the other rank's address, for error messages
 	kind string
-	c    net.Conn       // unix / tcp-plaintext
+	c    net.Conn       // unix / tcp-plaintext / tcp-tls (the TLS conn)
 	s    network.Stream // libp2p-tls
 	rw   deadliner
 	raw  syscall.RawConn // for polling reads on plain sockets; nil otherwise
+
+	// tcp-tls only.
+	sock   net.Conn // the TCP socket under c: close() closes it directly
+	peerID peer.ID  // remote identity proven by the TLS handshake
+	wbuf   []byte   // coalesces small buffers of a message into one record
+	bc     *batchConn
 }
 
+// close breaks the link at once. A TLS conn is not closed through TLS: its
+// Close would first try to send close_notify, which blocks (up to 5 s) when
+// the socket's send buffer is full; an orderly end is drainLinks' job.
 func (l *link) close() {
-	if l.c != nil {
+	switch {
+	case l.sock != nil:
+		l.sock.Close()
+	case l.c != nil:
 		l.c.Close()
-	} else {
+	default:
 		l.s.Reset()
 	}
 }
@@ -72,6 +86,96 @@ func newConnLink(c net.Conn, kind string) *link {
 	return l
 }
 
+// newTLSLink sets up the socket c like any TCP link and runs libp2p's TLS
+// 1.3 handshake on it: as the client, expecting peer ID want, or as the
+// server (want ""), accepting any libp2p identity, which the caller checks.
+func (n *Node) newTLSLink(ctx context.Context, c net.Conn, want peer.ID) (*link, error) {
+	newConnLink(c, LinkTCPTLS) // socket options
+	bc := &batchConn{Conn: c}
+	var sc sec.SecureConn
+	var err error
+	if want != "" {
+		sc, err = n.sec.SecureOutbound(ctx, bc, want)
+	} else {
+		sc, err = n.sec.SecureInbound(ctx, bc, "")
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("tls handshake: %w", err)
+	}
+	return &link{c: sc, rw: sc, sock: c, bc: bc, kind: LinkTCPTLS, peerID: sc.RemotePeer()}, nil
+}
+
+// batchSize is how many bytes of TLS records a tcp-tls link gathers per
+// write(2) while it sends a message.
+const batchSize = 256 << 10
+
+// batchConn is the socket under a tcp-tls link's TLS conn. crypto/tls makes
+// one Write, so one write(2), per record of at most 16 KiB. While a message
+// is sent (batching), records are gathered and written batchSize at a
+// time, which on 1 Gbit/s links between network namespaces took ~10% of a
+// rank's CPU off (the kernel's cost is mostly per write, not per byte).
+// Otherwise (handshake, close_notify, a KeyUpdate answered by the reading
+// side) writes go straight through, in order after what is gathered. A
+// failed write is sticky: TLS counts the records it handed over as sent, so
+// the stream is broken for good (as after any failed send, the ring aborts).
+type batchConn struct {
+	net.Conn
+	mu       sync.Mutex
+	buf      []byte
+	batching bool
+	err      error // first write error
+}
+
+func (b *batchConn) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.batching {
+		if err := b.flushLocked(); err != nil {
+			return 0, err
+		}
+		n, err := b.Conn.Write(p)
+		b.err = err
+		return n, err
+	}
+	if len(b.buf)+len(p) > batchSize {
+		if err := b.flushLocked(); err != nil {
+			return 0, err
+		}
+	}
+	if b.buf == nil {
+		b.buf = make([]byte, 0, batchSize)
+	}
+	b.buf = append(b.buf, p...)
+	return len(p), nil
+}
+
+// batch starts gathering records.
+func (b *batchConn) batch() {
+	b.mu.Lock()
+	b.batching = true
+	b.mu.Unlock()
+}
+
+// flush writes the gathered records and stops gathering.
+func (b *batchConn) flush() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.batching = false
+	return b.flushLocked()
+}
+
+func (b *batchConn) flushLocked() error {
+	if b.err != nil {
+		return b.err
+	}
+	if len(b.buf) > 0 {
+		_, b.err = b.Conn.Write(b.buf)
+		b.buf = b.buf[:0]
+	}
+	return b.err
+}
+
 func (n *Node) acceptLoop(ln net.Listener, kind string) {
 	defer n.wg.Done()
 	for {
@@ -82,13 +186,33 @@ func (n *Node) acceptLoop(ln net.Listener, kind string) {
 		n.wg.Add(1)
 		go func() {
 			defer n.wg.Done()
-			l := newConnLink(c, kind)
-			if err := n.acceptHandshake(l, c.RemoteAddr().String()); err != nil {
+			if err := n.accept(c, kind); err != nil {
 				n.logf("refused %s data connection from %s: %v", kind, c.RemoteAddr(), err)
 				c.Close()
 			}
 		}()
 	}
+}
+
+// accept authenticates one connection accepted on a data listener and, on
+// success, hands the link to connectLinks.
+func (n *Node) accept(c net.Conn, kind string) error {
+	from := c.RemoteAddr().String()
+	if kind != LinkTCPTLS {
+		return n.acceptHandshake(newConnLink(c, kind), from)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Timeout)
+	defer cancel()
+	c.SetDeadline(time.Now().Add(n.cfg.Timeout))
+	l, err := n.newTLSLink(ctx, c, "")
+	if err != nil {
+		return err
+	}
+	// Refuse a stranger before it learns anything, like the gater does.
+	if !n.inTable(l.peerID) {
+		return fmt.Errorf("peer %s is not in the job table", l.peerID)
+	}
+	return n.acceptHandshake(l, from)
 }
 
 func (n *Node) handleRingStream(s network.Stream) {
@@ -111,8 +235,8 @@ func (n *Node) handleRingStream(s network.Stream) {
 }
 
 // acceptHandshake authenticates a dialer: it must prove the job key over
-// our fresh nonce and be the rank expected on that link (and, for libp2p,
-// have that rank's peer ID). We prove the key back over its nonce.
+// our fresh nonce and be the rank expected on that link (and, over libp2p
+// or TLS, have that rank's peer ID). We prove the key back over its nonce.
 func (n *Node) acceptHandshake(l *link, from string) error {
 	l.rw.SetDeadline(time.Now().Add(n.cfg.Timeout))
 	nonce := make([]byte, nonceLen)
@@ -139,8 +263,12 @@ func (n *Node) acceptHandshake(l *link, from string) error {
 	if err := checkDataHello(m, n.cfg.Rank, n.cfg.Size); err != nil {
 		return err
 	}
-	if l.s != nil && l.s.Conn().RemotePeer().String() != table[m.Rank].ID {
-		return fmt.Errorf("peer %s claims rank %d", l.s.Conn().RemotePeer(), m.Rank)
+	remote := l.peerID
+	if l.s != nil {
+		remote = l.s.Conn().RemotePeer()
+	}
+	if (l.s != nil || l.kind == LinkTCPTLS) && remote.String() != table[m.Rank].ID {
+		return fmt.Errorf("peer %s claims rank %d", remote, m.Rank)
 	}
 	recv := m.Link == m.Rank // the dialer sends, we receive
 	key := linkKey(m.Rank, n.cfg.Rank, n.cfg.Size)
@@ -164,6 +292,18 @@ func (n *Node) acceptHandshake(l *link, from string) error {
 	l.addr = n.peerAddr(m.Rank, l.kind, from)
 	n.accepted <- l // capacity covers every expected link
 	return nil
+}
+
+// inTable reports whether id is the peer ID of a rank of the job.
+func (n *Node) inTable(id peer.ID) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, it := range n.table {
+		if it.ID == id.String() {
+			return true
+		}
+	}
+	return false
 }
 
 // checkDataHello verifies that a data hello names a link between the
@@ -198,17 +338,27 @@ func (n *Node) peerAddr(rank int, kind, fallback string) string {
 		return it.Unix
 	case LinkTCPPlaintext:
 		return net.JoinHostPort(ipOfAddrs(it.Addrs), strconv.Itoa(it.TCPPort))
+	case LinkTCPTLS:
+		return net.JoinHostPort(ipOfAddrs(it.Addrs), strconv.Itoa(it.TLSPort))
 	}
 	return fallback
 }
 
-// chooseKind decides, on the dialing side, how to reach peer p.
+// chooseKind decides, on the dialing side, how to reach peer p: see
+// Config.DataPlane. A kind is only chosen if p listens for it (which
+// depends on p's mode), with a libp2p stream as the fallback.
 func (n *Node) chooseKind(p tableItem) string {
-	if n.cfg.DataPlane != DataPlaneTLS && p.Unix != "" && p.HostID == n.hostID {
+	mode := n.cfg.DataPlane
+	if mode != DataPlaneTLS && p.Unix != "" && p.HostID == n.hostID {
 		return LinkUnix
 	}
-	if n.cfg.DataPlane == DataPlanePlaintext && p.TCPPort > 0 && ipOfAddrs(p.Addrs) != "" {
-		return LinkTCPPlaintext
+	if ipOfAddrs(p.Addrs) != "" {
+		switch {
+		case mode == DataPlanePlaintext && p.TCPPort > 0:
+			return LinkTCPPlaintext
+		case (mode == DataPlaneAuto || mode == DataPlaneTLS) && p.TLSPort > 0:
+			return LinkTCPTLS
+		}
 	}
 	return LinkLibp2pTLS
 }
@@ -222,17 +372,37 @@ func (n *Node) dialLink(ctx context.Context, id, to int) (*link, error) {
 	kind := n.chooseKind(p)
 	var l *link
 	switch kind {
-	case LinkUnix, LinkTCPPlaintext:
+	case LinkUnix, LinkTCPPlaintext, LinkTCPTLS:
 		network, addr := "unix", p.Unix
-		if kind == LinkTCPPlaintext {
+		switch kind {
+		case LinkTCPPlaintext:
 			network, addr = "tcp", net.JoinHostPort(ipOfAddrs(p.Addrs), strconv.Itoa(p.TCPPort))
+		case LinkTCPTLS:
+			network, addr = "tcp", net.JoinHostPort(ipOfAddrs(p.Addrs), strconv.Itoa(p.TLSPort))
 		}
 		var d net.Dialer
 		c, err := d.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, fmt.Errorf("dial rank %d (%s): %w", to, addr, err)
 		}
-		l = newConnLink(c, kind)
+		if kind == LinkTCPTLS {
+			want, err := peerIDOf(p)
+			if err != nil {
+				c.Close()
+				return nil, err
+			}
+			if d, ok := ctx.Deadline(); ok {
+				c.SetDeadline(d)
+			}
+			if l, err = n.newTLSLink(ctx, c, want); err != nil {
+				if ctx.Err() != nil {
+					err = context.Cause(ctx)
+				}
+				return nil, fmt.Errorf("data handshake with rank %d (%s, %s): %w", to, addr, kind, err)
+			}
+		} else {
+			l = newConnLink(c, kind)
+		}
 		l.addr = addr
 	default:
 		id, err := peerIDOf(p)
@@ -542,7 +712,10 @@ func (t *transport) SendTo(ctx context.Context, rank int, bufs ...[]byte) error 
 	l := t.to[rank]
 	done := watch(ctx, l.rw.SetWriteDeadline)
 	var err error
-	if l.c != nil {
+	switch {
+	case l.sock != nil:
+		err = l.writeTLS(bufs)
+	case l.c != nil:
 		nb := make(net.Buffers, 0, len(bufs))
 		for _, b := range bufs {
 			if len(b) > 0 {
@@ -550,7 +723,7 @@ func (t *transport) SendTo(ctx context.Context, rank int, bufs ...[]byte) error 
 			}
 		}
 		_, err = nb.WriteTo(l.c)
-	} else {
+	default:
 		for _, b := range bufs {
 			if _, err = l.s.Write(b); err != nil {
 				break
@@ -560,6 +733,57 @@ func (t *transport) SendTo(ctx context.Context, rank int, bufs ...[]byte) error 
 	done()
 	if err != nil {
 		return t.fail(ctx, err, "send to", l)
+	}
+	return nil
+}
+
+// tlsRecord is the most plaintext one TLS record carries.
+const tlsRecord = 16 << 10
+
+// writeTLS writes one message (bufs, in order) to a tcp-tls link. Every
+// Write to a TLS conn ends in a record of its own (with its own 22 bytes of
+// header and tag): a 56-byte message header written alone would take a
+// record, and a packet, of its own. So pieces are gathered in l.wbuf until
+// it holds a full record, large buffers are written directly in whole
+// records, and what is left at the end goes out as one record: a message
+// takes as few records as its size allows. This copies less than two
+// records per message. The records reach the socket through l.bc in
+// batches, the last one when writeTLS returns.
+func (l *link) writeTLS(bufs [][]byte) error {
+	w := l.wbuf[:0]
+	if cap(w) < tlsRecord {
+		w = make([]byte, 0, tlsRecord)
+	}
+	defer func() { l.wbuf = w[:0] }()
+	if l.bc != nil {
+		l.bc.batch()
+		defer l.bc.flush() // on an error: stop gathering
+	}
+	for _, b := range bufs {
+		if len(w) > 0 && len(w)+len(b) >= tlsRecord {
+			k := tlsRecord - len(w)
+			w = append(w, b[:k]...)
+			b = b[k:]
+			if _, err := l.c.Write(w); err != nil {
+				return err
+			}
+			w = w[:0]
+		}
+		if direct := len(b) / tlsRecord * tlsRecord; direct > 0 {
+			if _, err := l.c.Write(b[:direct]); err != nil {
+				return err
+			}
+			b = b[direct:]
+		}
+		w = append(w, b...)
+	}
+	if len(w) > 0 {
+		if _, err := l.c.Write(w); err != nil {
+			return err
+		}
+	}
+	if l.bc != nil {
+		return l.bc.flush()
 	}
 	return nil
 }
@@ -594,6 +818,12 @@ func (t *transport) RecvFrom(ctx context.Context, rank int, buf []byte) error {
 // on. Closing a socket or a libp2p connection outright while a peer's data
 // is in flight resets it, and the peer would lose the end of the last
 // collective. On a job that was aborted there is nothing to save.
+//
+// A tcp-tls link is half-closed with TLS close_notify (tls.Conn.CloseWrite),
+// which the peer's Read returns as io.EOF; the TCP socket stays open until
+// close(). Sending the alert can block while the socket's send buffer is
+// full (crypto/tls bounds it by 5 s), so those run concurrently with the
+// drain of the incoming links, which is what lets the peers make room.
 func (n *Node) drainLinks() {
 	select {
 	case <-n.done:
@@ -604,6 +834,7 @@ func (n *Node) drainLinks() {
 	links := slices.Clone(n.links)
 	n.mu.Unlock()
 	deadline := time.Now().Add(n.cfg.Timeout)
+	var wg sync.WaitGroup
 	for _, l := range links {
 		if l.id != n.cfg.Rank {
 			continue
@@ -611,13 +842,20 @@ func (n *Node) drainLinks() {
 		switch {
 		case l.s != nil:
 			l.s.CloseWrite()
+		case l.sock != nil:
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := l.c.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
+					n.logf("closing link to rank %d (%s): %v", l.peer, l.addr, err)
+				}
+			}()
 		case l.c != nil:
 			if cw, ok := l.c.(interface{ CloseWrite() error }); ok {
 				cw.CloseWrite()
 			}
 		}
 	}
-	var wg sync.WaitGroup
 	for _, l := range links {
 		if l.id == n.cfg.Rank {
 			continue

@@ -71,7 +71,6 @@ func meshExchange(t testing.TB, nodes []*Node, sizes []int) {
 }
 
 func TestMesh(t *testing.T) {
-	otherHosts := func(r int) string { return fmt.Sprintf("testhost-%d", r) }
 	cases := []struct {
 		mode   string
 		hostID func(int) string
@@ -79,12 +78,14 @@ func TestMesh(t *testing.T) {
 		sizes  []int
 	}{
 		{DataPlaneAuto, nil, LinkUnix, []int{2, 3, 4}},
-		{DataPlaneTLS, nil, LinkLibp2pTLS, []int{3}},
+		{DataPlaneAuto, otherHosts, LinkTCPTLS, []int{2, 4}},
+		{DataPlaneTLS, nil, LinkTCPTLS, []int{3}},
 		{DataPlanePlaintext, otherHosts, LinkTCPPlaintext, []int{3}},
+		{DataPlaneLibp2p, otherHosts, LinkLibp2pTLS, []int{3}},
 	}
 	for _, c := range cases {
 		for _, size := range c.sizes {
-			t.Run(fmt.Sprintf("%s/N=%d", c.mode, size), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/%s/N=%d", c.mode, c.kind, size), func(t *testing.T) {
 				j := startJob(t, jobOpts{size: size, mode: c.mode, hostID: c.hostID})
 				for r, n := range j.nodes {
 					if n.Mesh() == nil || n.Transport() == nil {
@@ -105,6 +106,7 @@ func TestMesh(t *testing.T) {
 						t.Errorf("rank %d: RecvFrom out of range succeeded", r)
 					}
 				}
+				t.Logf("links: %s", linkKinds(j.nodes))
 				meshExchange(t, j.nodes, []int{1, 1000, 200 << 10, 7})
 				// SendNext / RecvPrev are the streams to next / from prev.
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

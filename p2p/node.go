@@ -19,6 +19,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/peerstore"
+	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 	ma "github.com/multiformats/go-multiaddr"
 )
 
@@ -27,12 +28,14 @@ const (
 	DataPlaneAuto      = "auto"
 	DataPlanePlaintext = "plaintext"
 	DataPlaneTLS       = "tls"
+	DataPlaneLibp2p    = "libp2p"
 )
 
 // Link kinds (Peer.Link).
 const (
 	LinkUnix         = "unix"
 	LinkTCPPlaintext = "tcp-plaintext"
+	LinkTCPTLS       = "tcp-tls"
 	LinkLibp2pTLS    = "libp2p-tls"
 )
 
@@ -45,11 +48,15 @@ type Config struct {
 	Rank, Size int
 	JobKey     []byte // shared secret, >= 16 bytes
 	Rendezvous string // "host:port" of the rendezvous service
-	ListenIP   string // IP the libp2p host (and plaintext TCP) listens on and advertises; "" = 127.0.0.1
+	ListenIP   string // IP the libp2p host (and the TCP data ports) listen on and advertise; "" = 127.0.0.1
 	// DataPlane: "auto" (default): same host -> authenticated plaintext over
-	// a unix abstract socket, different hosts -> libp2p stream; "plaintext":
-	// different hosts use raw TCP authenticated by the job key (no cipher);
-	// "tls": always a libp2p stream.
+	// a unix abstract socket, different hosts -> a TCP connection of its own
+	// per link secured by libp2p's TLS 1.3 (peer IDs checked, no yamux);
+	// "plaintext": different hosts use raw TCP authenticated by the job key
+	// (no cipher); "tls": TLS over TCP between every pair, same host
+	// included; "libp2p": like auto, but different hosts use a libp2p stream
+	// (TLS + yamux on the host's connection), as before tcp-tls. A peer
+	// that advertises no TCP data port is reached over a libp2p stream.
 	DataPlane string
 	// Timeout bounds every setup step and dead-peer detection on the
 	// control path; 0 = 60s.
@@ -67,7 +74,7 @@ type Peer struct {
 	ID     peer.ID
 	Addrs  []string
 	HostID string
-	Link   string // "unix", "tcp-plaintext", "libp2p-tls" for every other rank, "" for this one
+	Link   string // "unix", "tcp-plaintext", "tcp-tls", "libp2p-tls" for every other rank, "" for this one
 }
 
 // Node is one rank's membership in a job.
@@ -80,8 +87,11 @@ type Node struct {
 
 	unixName string
 	unixLn   net.Listener
-	tcpLn    net.Listener
+	tcpLn    net.Listener // tcp-plaintext
 	tcpPort  int
+	tlsLn    net.Listener // tcp-tls
+	tlsPort  int
+	sec      *libp2ptls.Transport // TLS with this rank's libp2p identity, for tcp-tls links
 
 	ctl        network.Stream
 	ctlMu      sync.Mutex // serialises control writes
@@ -134,7 +144,7 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 	switch cfg.DataPlane {
 	case "":
 		cfg.DataPlane = DataPlaneAuto
-	case DataPlaneAuto, DataPlanePlaintext, DataPlaneTLS:
+	case DataPlaneAuto, DataPlanePlaintext, DataPlaneTLS, DataPlaneLibp2p:
 	default:
 		return nil, fmt.Errorf("p2p: unknown data plane %q", cfg.DataPlane)
 	}
@@ -187,6 +197,12 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 	if n.h, err = newHost(sk, la, n.g); err != nil {
 		return nil, fmt.Errorf("p2p: rank %d: libp2p host: %w", cfg.Rank, err)
 	}
+	// tcp-tls links run libp2p's TLS handshake on their own sockets, with
+	// the host's identity, so a link's peer ID is the one in the table.
+	if n.sec, err = libp2ptls.New(libp2ptls.ID, sk, nil); err != nil {
+		n.shutdown()
+		return nil, fmt.Errorf("p2p: rank %d: tls: %w", cfg.Rank, err)
+	}
 	n.h.SetStreamHandler(ringProto, n.handleRingStream)
 	if err := n.listenData(ip); err != nil {
 		n.shutdown()
@@ -200,9 +216,23 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 	return n, nil
 }
 
-// listenData opens the plaintext data listeners this rank may be dialed on.
+// listenData opens the data listeners this rank may be dialed on: a unix
+// socket unless the mode is tls, a tcp-tls port in auto and tls modes, a
+// tcp-plaintext port in plaintext mode. What a rank listens on is what it
+// accepts (besides libp2p streams): a tls rank never takes plaintext.
 func (n *Node) listenData(ip net.IP) error {
-	if n.cfg.DataPlane == DataPlaneTLS {
+	mode := n.cfg.DataPlane
+	if mode == DataPlaneAuto || mode == DataPlaneTLS {
+		ln, err := listenTCP(ip)
+		if err != nil {
+			return err
+		}
+		n.tlsLn = ln
+		n.tlsPort = ln.Addr().(*net.TCPAddr).Port
+		n.wg.Add(1)
+		go n.acceptLoop(ln, LinkTCPTLS)
+	}
+	if mode == DataPlaneTLS {
 		return nil
 	}
 	var rb [8]byte
@@ -217,10 +247,10 @@ func (n *Node) listenData(ip net.IP) error {
 	n.unixLn = ln
 	n.wg.Add(1)
 	go n.acceptLoop(ln, LinkUnix)
-	if n.cfg.DataPlane == DataPlanePlaintext {
-		ln, err := net.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
+	if mode == DataPlanePlaintext {
+		ln, err := listenTCP(ip)
 		if err != nil {
-			return fmt.Errorf("tcp listen: %w", err)
+			return err
 		}
 		n.tcpLn = ln
 		n.tcpPort = ln.Addr().(*net.TCPAddr).Port
@@ -228,6 +258,14 @@ func (n *Node) listenData(ip net.IP) error {
 		go n.acceptLoop(ln, LinkTCPPlaintext)
 	}
 	return nil
+}
+
+func listenTCP(ip net.IP) (net.Listener, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
+	if err != nil {
+		return nil, fmt.Errorf("tcp listen: %w", err)
+	}
+	return ln, nil
 }
 
 // stepCtx bounds one setup step by Timeout, with a cause naming the step.
@@ -343,7 +381,7 @@ func (n *Node) register(ctx context.Context, rzAddrs []ma.Multiaddr) error {
 	hello := &msg{T: tHello, Rank: n.cfg.Rank, Nonce: myNonce,
 		Proof:  registerProof(n.cfg.JobKey, ch.Nonce, n.h.ID().String(), n.cfg.Rank),
 		Addrs:  addrs,
-		HostID: n.hostID, Unix: n.unixName, TCPPort: n.tcpPort}
+		HostID: n.hostID, Unix: n.unixName, TCPPort: n.tcpPort, TLSPort: n.tlsPort}
 	if err := writeMsg(s, hello); err != nil {
 		return fail(err)
 	}
@@ -721,6 +759,9 @@ func (n *Node) shutdown() error {
 	if n.tcpLn != nil {
 		n.tcpLn.Close()
 	}
+	if n.tlsLn != nil {
+		n.tlsLn.Close()
+	}
 	n.mu.Lock()
 	links := slices.Clone(n.links)
 	n.mu.Unlock()
@@ -746,9 +787,18 @@ func (n *Node) shutdown() error {
 	}
 }
 
-// crash closes the host without telling the rendezvous (tests: simulates a
-// killed process).
-func (n *Node) crash() { n.h.Close() }
+// crash closes the host and the data links without telling the rendezvous
+// or draining anything (tests: simulates a killed process, whose sockets
+// the kernel closes).
+func (n *Node) crash() {
+	n.mu.Lock()
+	links := slices.Clone(n.links)
+	n.mu.Unlock()
+	for _, l := range links {
+		l.close()
+	}
+	n.h.Close()
+}
 
 // freeze stops the heartbeat (tests: simulates a SIGSTOPped process as seen
 // by the rendezvous).

@@ -52,6 +52,7 @@ func (r *logRec) has(sub string) bool {
 type jobOpts struct {
 	size    int
 	mode    string
+	modeOf  func(rank int) string // overrides mode per rank
 	hostID  func(rank int) string
 	timeout time.Duration
 	log     *logRec
@@ -88,7 +89,27 @@ func baseConfig(j *job, o jobOpts, rank int) Config {
 	if o.hostID != nil {
 		c.HostID = o.hostID(rank)
 	}
+	if o.modeOf != nil {
+		c.DataPlane = o.modeOf(rank)
+	}
 	return c
+}
+
+// otherHosts gives every rank a host of its own.
+func otherHosts(r int) string { return fmt.Sprintf("testhost-%d", r) }
+
+// linkKinds describes which kind of link every rank uses to every other
+// rank, for test logs: "0->1 tcp-tls, ...".
+func linkKinds(nodes []*Node) string {
+	var parts []string
+	for r, n := range nodes {
+		for p, ps := range n.Peers() {
+			if p != r {
+				parts = append(parts, fmt.Sprintf("%d->%d %s", r, p, ps.Link))
+			}
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // startJob runs a rendezvous and o.size ranks in this process.
@@ -185,7 +206,6 @@ func exchange(t testing.TB, nodes []*Node, sizes []int) {
 }
 
 func TestRing(t *testing.T) {
-	otherHosts := func(r int) string { return fmt.Sprintf("testhost-%d", r) }
 	cases := []struct {
 		name   string
 		mode   string
@@ -193,13 +213,16 @@ func TestRing(t *testing.T) {
 		kind   string
 	}{
 		{"auto", DataPlaneAuto, nil, LinkUnix},
-		{"auto-crosshost", DataPlaneAuto, otherHosts, LinkLibp2pTLS},
-		{"tls", DataPlaneTLS, nil, LinkLibp2pTLS},
+		{"auto-crosshost", DataPlaneAuto, otherHosts, LinkTCPTLS},
+		{"tls", DataPlaneTLS, nil, LinkTCPTLS},
 		{"plaintext", DataPlanePlaintext, otherHosts, LinkTCPPlaintext},
+		{"libp2p-crosshost", DataPlaneLibp2p, otherHosts, LinkLibp2pTLS},
+		{"libp2p", DataPlaneLibp2p, nil, LinkUnix},
 	}
 	for _, c := range cases {
 		for size := 1; size <= 4; size++ {
-			if c.name == "auto-crosshost" && size != 3 {
+			if (c.name == "auto-crosshost" || c.name == "libp2p-crosshost") && size != 3 ||
+				c.name == "libp2p" && size != 2 {
 				continue
 			}
 			t.Run(fmt.Sprintf("%s/N=%d", c.name, size), func(t *testing.T) {
@@ -225,6 +248,7 @@ func TestRing(t *testing.T) {
 						t.Errorf("rank %d: wrong peer ID for %d", r, next)
 					}
 				}
+				t.Logf("links: %s", linkKinds(j.nodes))
 				exchange(t, j.nodes, []int{1, 1000, 300 << 10, 7})
 			})
 		}
@@ -383,14 +407,38 @@ func TestAbortPropagates(t *testing.T) {
 	}
 }
 
+// TestCrashDetected: a killed rank (host and sockets closed, no leave) is
+// announced to the others, and a receive blocked on it fails naming it.
 func TestCrashDetected(t *testing.T) {
-	j := startJob(t, jobOpts{size: 3, timeout: 4 * time.Second})
-	start := time.Now()
-	j.nodes[2].crash()
-	for _, n := range j.nodes[:2] {
-		waitDone(t, n, 4*time.Second, "rank 2 (", "disconnected")
+	for _, c := range []struct {
+		kind   string
+		hostID func(int) string
+	}{{LinkUnix, nil}, {LinkTCPTLS, otherHosts}} {
+		t.Run(c.kind, func(t *testing.T) {
+			j := startJob(t, jobOpts{size: 3, hostID: c.hostID, timeout: 4 * time.Second})
+			if k := j.nodes[0].Peers()[2].Link; k != c.kind {
+				t.Fatalf("link is %s, want %s", k, c.kind)
+			}
+			recvErr := make(chan error, 1)
+			go func() {
+				recvErr <- j.nodes[0].Mesh().RecvFrom(context.Background(), 2, make([]byte, 10))
+			}()
+			start := time.Now()
+			j.nodes[2].crash()
+			for _, n := range j.nodes[:2] {
+				waitDone(t, n, 4*time.Second, "rank 2 (", "disconnected")
+			}
+			t.Logf("crash detected after %v: %v", time.Since(start), j.nodes[0].Err())
+			select {
+			case err := <-recvErr:
+				if err == nil || !strings.Contains(err.Error(), "rank 2 (") {
+					t.Errorf("blocked RecvFrom returned %v", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("blocked RecvFrom not released by the crash")
+			}
+		})
 	}
-	t.Logf("crash detected after %v: %v", time.Since(start), j.nodes[0].Err())
 }
 
 // TestFrozenRankDetected: a rank that stops talking (like a SIGSTOPped
@@ -513,9 +561,19 @@ func TestRegistrationErrors(t *testing.T) {
 }
 
 func TestContextCancel(t *testing.T) {
-	for _, mode := range []string{DataPlaneAuto, DataPlaneTLS} {
-		t.Run(mode, func(t *testing.T) {
-			j := startJob(t, jobOpts{size: 2, mode: mode})
+	for _, c := range []struct {
+		kind, mode string
+		hostID     func(int) string
+	}{
+		{LinkUnix, DataPlaneAuto, nil},
+		{LinkTCPTLS, DataPlaneTLS, nil},
+		{LinkLibp2pTLS, DataPlaneLibp2p, otherHosts},
+	} {
+		t.Run(c.kind, func(t *testing.T) {
+			j := startJob(t, jobOpts{size: 2, mode: c.mode, hostID: c.hostID})
+			if k := j.nodes[0].Peers()[1].Link; k != c.kind {
+				t.Fatalf("link is %s, want %s", k, c.kind)
+			}
 			tr := j.nodes[0].Transport()
 			cause := errors.New("my cause")
 			ctx, cancel := context.WithCancelCause(context.Background())
@@ -549,14 +607,25 @@ func TestContextCancel(t *testing.T) {
 }
 
 func TestPeerClosedError(t *testing.T) {
-	j := startJob(t, jobOpts{size: 2})
-	// Close rank 0's links behind its back: rank 1's receive names rank 0.
-	for _, l := range j.nodes[0].links {
-		l.close()
-	}
-	err := j.nodes[1].Transport().RecvPrev(context.Background(), make([]byte, 4))
-	if err == nil || !strings.Contains(err.Error(), "recv from rank 0 (@gorun-") {
-		t.Errorf("RecvPrev: %v", err)
+	for _, c := range []struct {
+		kind   string
+		hostID func(int) string
+	}{{LinkUnix, nil}, {LinkTCPTLS, otherHosts}} {
+		t.Run(c.kind, func(t *testing.T) {
+			j := startJob(t, jobOpts{size: 2, hostID: c.hostID})
+			want := "recv from rank 0 (@gorun-"
+			if c.kind == LinkTCPTLS {
+				want = fmt.Sprintf("recv from rank 0 (127.0.0.1:%d): EOF", j.nodes[0].tlsPort)
+			}
+			// Close rank 0's links behind its back: rank 1's receive names rank 0.
+			for _, l := range j.nodes[0].links {
+				l.close()
+			}
+			err := j.nodes[1].Transport().RecvPrev(context.Background(), make([]byte, 4))
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("RecvPrev: %v, want %q", err, want)
+			}
+		})
 	}
 }
 

@@ -266,7 +266,7 @@ func (r *Rendezvous) handle(s network.Stream) {
 		return
 	}
 	c := &rzConn{rank: m.Rank, s: s, addr: raddr, item: tableItem{
-		Rank: m.Rank, ID: remote.String(), Addrs: m.Addrs, HostID: m.HostID, Unix: m.Unix, TCPPort: m.TCPPort,
+		Rank: m.Rank, ID: remote.String(), Addrs: m.Addrs, HostID: m.HostID, Unix: m.Unix, TCPPort: m.TCPPort, TLSPort: m.TLSPort,
 	}}
 	// Hold c's write lock from the moment c becomes visible in regs until
 	// the welcome is written: otherwise another rank's registration could

@@ -52,6 +52,7 @@ type msg struct {
 	HostID  string      `json:"host,omitempty"`
 	Unix    string      `json:"unix,omitempty"`
 	TCPPort int         `json:"tcp,omitempty"`
+	TLSPort int         `json:"tlsport,omitempty"`
 	Text    string      `json:"text,omitempty"`
 	Missing []int       `json:"missing,omitempty"`
 	Table   []tableItem `json:"table,omitempty"`
@@ -67,7 +68,8 @@ type tableItem struct {
 	Addrs   []string `json:"addrs"`
 	HostID  string   `json:"host"`
 	Unix    string   `json:"unix,omitempty"`
-	TCPPort int      `json:"tcp,omitempty"`
+	TCPPort int      `json:"tcp,omitempty"`     // tcp-plaintext data port
+	TLSPort int      `json:"tlsport,omitempty"` // tcp-tls data port
 }
 
 const nonceLen = 32
@@ -136,8 +138,8 @@ func (m *msg) check() error {
 		if m.Rank < 0 || m.Link < 0 {
 			return fmt.Errorf("bad %s: negative rank", m.T)
 		}
-		if m.TCPPort < 0 || m.TCPPort > 65535 {
-			return fmt.Errorf("bad %s: tcp port %d", m.T, m.TCPPort)
+		if !validPort(m.TCPPort) || !validPort(m.TLSPort) {
+			return fmt.Errorf("bad %s: tcp port %d / tls port %d", m.T, m.TCPPort, m.TLSPort)
 		}
 	case tWelcome, tDOK:
 		if len(m.Proof) != sha256.Size {
@@ -174,12 +176,14 @@ func checkTable(t []tableItem) (int, error) {
 		if it.ID == "" {
 			return 0, fmt.Errorf("bad table: rank %d has no peer ID", i)
 		}
-		if it.TCPPort < 0 || it.TCPPort > 65535 {
-			return 0, fmt.Errorf("bad table: rank %d tcp port %d", i, it.TCPPort)
+		if !validPort(it.TCPPort) || !validPort(it.TLSPort) {
+			return 0, fmt.Errorf("bad table: rank %d tcp port %d / tls port %d", i, it.TCPPort, it.TLSPort)
 		}
 	}
 	return len(t), nil
 }
+
+func validPort(p int) bool { return p >= 0 && p <= 65535 }
 
 // mac computes HMAC-SHA256(key, label || parts...). Every part has a fixed
 // size or is length-prefixed so distinct inputs can not collide.
