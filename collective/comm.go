@@ -108,7 +108,8 @@ func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = 
 func WithListenIP(ip string) Option { return func(c *config) { c.listenIP = ip } }
 
 // WithDataPlane chooses how ring data travels: "auto" (no cipher between
-// ranks of one host, TLS between hosts), "tls" or "plaintext".
+// ranks of one host, TLS over a TCP connection per link between hosts),
+// "tls", "plaintext" or "libp2p" (libp2p streams between hosts).
 func WithDataPlane(mode string) Option { return func(c *config) { c.dataPlane = mode } }
 
 // WithChunkBytes overrides the ring's pipelining chunk size.

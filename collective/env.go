@@ -24,7 +24,7 @@ const (
 	EnvJobKeyFile     = "GORUN_JOB_KEY_FILE"    // file holding the hex job key
 	EnvTimeout        = "GORUN_TIMEOUT"         // collective timeout, a Go duration ("60s") or seconds
 	EnvListenIP       = "GORUN_LISTEN_IP"       // IP this rank listens on and advertises
-	EnvDataPlane      = "GORUN_DATA_PLANE"      // auto | tls | plaintext
+	EnvDataPlane      = "GORUN_DATA_PLANE"      // auto | tls | plaintext | libp2p
 	EnvRestartCount   = "GORUN_RESTART_COUNT"   // how many times gorun restarted the job
 	EnvVerbose        = "GORUN_VERBOSE"         // non-empty: print connection diagnostics
 	EnvChunkBytes     = "GORUN_CHUNK_BYTES"     // ring pipelining chunk size in bytes (tuning)
