@@ -13,7 +13,8 @@
 # shaped to RATE with tc tbf, so every host's uplink and downlink is a RATE
 # link. Ranks are started by hand in their namespaces with torchrun-style
 # variables (rank 0 hosts the rendezvous), each on its own "host", so ring
-# data crosses the shaped links over libp2p TLS. Traffic stays inside the
+# data crosses the shaped links over TLS (tcp-tls links; set
+# GORUN_DATA_PLANE=libp2p or plaintext to compare). Traffic stays inside the
 # namespaces. Everything is removed on exit. Needs root and iproute2.
 set -euo pipefail
 np=${1:-4}

@@ -55,9 +55,7 @@ func gorunIn(t *testing.T, c *netns.Cluster, h *netns.Host, env []string, limit 
 
 func startGorunIn(c *netns.Cluster, h *netns.Host, env []string, args ...string) (*exec.Cmd, *syncBuf, *syncBuf) {
 	// Remote ranks see only what -x passes (and GORUN_*), as with mpirun.
-	// TESTPROG_LINGER works around p2p resetting libp2p-tls streams on
-	// Close (see internal/testprog).
-	full := []string{"--ssh-identity-file", c.Key, "-x", "TESTPROG_LINGER=500ms"}
+	full := []string{"--ssh-identity-file", c.Key}
 	for _, e := range env {
 		full = append(full, "-x", e)
 	}
@@ -147,7 +145,7 @@ func TestMultiHostAllreduce(t *testing.T) {
 	if n != 5*20 {
 		t.Errorf("%d long lines, want 100", n)
 	}
-	for _, want := range []string{"rendezvous and local ranks use " + h0.IP, "all 2 remote hosts reachable", "via libp2p-tls"} {
+	for _, want := range []string{"rendezvous and local ranks use " + h0.IP, "all 2 remote hosts reachable", "via tcp-tls"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, stderr)
 		}

@@ -12,7 +12,6 @@
 //	TESTPROG_FAIL_ONCE=R    rank R exits 5 on the first launch (GORUN_RESTART_COUNT=0)
 //	TESTPROG_SHOWENV=1      every rank prints its GORUN_* identity and listen address
 //	TESTPROG_STAMP=1        every rank prints the time its first allreduce finished
-//	TESTPROG_LINGER=D       every rank waits D before closing its communicator
 //	TESTPROG_LINES=N        every rank prints N long lines (to check they are never cut)
 package main
 
@@ -52,12 +51,6 @@ func main() {
 		os.Exit(1)
 	}
 	defer comm.Close()
-	if d, err := time.ParseDuration(os.Getenv("TESTPROG_LINGER")); err == nil {
-		// Give the last sends time to reach their peers before Close: p2p's
-		// libp2p-tls links reset their streams on Close, which can discard a
-		// final send to a rank on another host that is still in flight.
-		defer time.Sleep(d)
-	}
 	rank, n := comm.Rank(), comm.Size()
 	if os.Getenv("TESTPROG_SHOWENV") != "" {
 		fmt.Printf("rank %d env local_rank=%s local_size=%s listen_ip=%s restart=%s\n", rank,
