@@ -109,3 +109,68 @@ func BenchmarkDecodeAdd(b *testing.B) {
 		})
 	})
 }
+
+// BenchmarkEncodeFeedbackAdd adds the error-feedback residual, encodes and
+// keeps the new residual in one call (asm and go: benchN values). The
+// sub-benchmarks two-pass-16Mi and fused-16Mi compare, in the same run and
+// on buffers far larger than the caches, the way the ring's encoder worked
+// before, 4096 values at a time (meant = src + res, then EncodeFeedback of
+// meant; the package's fastest EncodeFeedback), with one EncodeFeedbackAdd
+// per 4096 values. The throughput counts the gradient's bytes.
+func BenchmarkEncodeFeedbackAdd(b *testing.B) {
+	src := gradients(benchN, 1)
+	const bigN, sub = 16 << 20, 4096
+	var big, bigRes []float32
+	bigBufs := func() ([]float32, []float32) {
+		if big == nil {
+			big = gradients(bigN, 3)
+			bigRes = make([]float32, bigN)
+		}
+		clear(bigRes)
+		return big, bigRes
+	}
+	for _, c := range benchCodecs() {
+		fa, ok := c.(FeedbackAddEncoder)
+		if !ok {
+			continue // none has no EncodeFeedback
+		}
+		fe := c.(FeedbackEncoder)
+		b.Run(c.Name(), func(b *testing.B) {
+			small := func(b *testing.B, p codecPath) {
+				dst := make([]byte, c.EncodedLen(benchN))
+				res := make([]float32, benchN)
+				measure(b, benchN, func() { p.encFBA(dst, src, res) })
+			}
+			b.Run("asm", func(b *testing.B) {
+				if !useAsm {
+					b.Skip("no kernels on this build or CPU")
+				}
+				small(b, fastPath(c))
+			})
+			b.Run("go", func(b *testing.B) { small(b, goPath(c)) })
+			b.Run("two-pass-16Mi", func(b *testing.B) {
+				s, res := bigBufs()
+				dst := make([]byte, c.EncodedLen(bigN))
+				meant := make([]float32, sub)
+				measure(b, bigN, func() {
+					for lo := 0; lo < bigN; lo += sub {
+						m, r := meant, res[lo:lo+sub]
+						for i, v := range s[lo : lo+sub] { // ring's addTo
+							m[i] = v + r[i]
+						}
+						fe.EncodeFeedback(dst[c.EncodedLen(lo):c.EncodedLen(lo+sub)], m, r)
+					}
+				})
+			})
+			b.Run("fused-16Mi", func(b *testing.B) {
+				s, res := bigBufs()
+				dst := make([]byte, c.EncodedLen(bigN))
+				measure(b, bigN, func() {
+					for lo := 0; lo < bigN; lo += sub {
+						fa.EncodeFeedbackAdd(dst[c.EncodedLen(lo):c.EncodedLen(lo+sub)], s[lo:lo+sub], res[lo:lo+sub])
+					}
+				})
+			})
+		})
+	}
+}

@@ -40,6 +40,23 @@ type FeedbackEncoder interface {
 	EncodeFeedback(dst []byte, src, res []float32) Info
 }
 
+// FeedbackAddEncoder is implemented by codecs that can also add the
+// error-feedback residual in the same pass, which is what error feedback
+// does before every encoding: EncodeFeedbackAdd(dst, src, res) encodes
+// m[i] = src[i] + res[i] (one float32 addition; where both are NaN, m[i] is
+// src[i]'s NaN with the quiet bit set, as for the first operand of an x86
+// addition) exactly as EncodeFeedback(dst, m, res) would: the same bytes
+// and the same Info. res is both an input and the output: afterwards
+// res[i] = m[i] - decoded[i]. The addition and every later product are
+// rounded to float32 separately (nothing is fused into a multiply-add), so
+// the result is bit for bit that of the two passes it replaces, on every
+// CPU. It panics if len(res) < len(src) or dst is too short (like
+// EncodeFeedback); dst must not overlap src or res. FP16, BF16 and Int8
+// implement it.
+type FeedbackAddEncoder interface {
+	EncodeFeedbackAdd(dst []byte, src, res []float32) Info
+}
+
 // AccumulateDecoder is implemented by codecs that can decode and add in one
 // pass, as a reduction (sum of decoded chunks) wants: DecodeAdd(dst, src)
 // sets dst[i] += v[i], where v is what Decode(v, src) would produce, and

@@ -84,6 +84,38 @@ func (fp16Codec) EncodeFeedback(dst []byte, src, res []float32) Info {
 	return fp16EncodeFeedbackGeneric(dst, src, res)
 }
 
+// EncodeFeedbackAdd implements FeedbackAddEncoder: it encodes m = src +
+// res as EncodeFeedback(dst, m, res) would and leaves m - decoded in res.
+func (fp16Codec) EncodeFeedbackAdd(dst []byte, src, res []float32) Info {
+	checkDst("fp16", dst, 2*len(src))
+	checkRes("fp16", res, len(src))
+	if useAsm {
+		return f16EncodeAdd(dst, src, res)
+	}
+	return fp16EncodeFeedbackAddGeneric(dst, src, res)
+}
+
+// fp16EncodeFeedbackAddGeneric is the portable EncodeFeedbackAdd: the sum
+// goes into res, 256 values at a time (L1-resident), which are then
+// encoded with their residual in place. fp16 encodes value by value, so
+// where the pieces start does not change the result.
+func fp16EncodeFeedbackAddGeneric(dst []byte, src, res []float32) Info {
+	n := len(src)
+	checkDst("fp16", dst, 2*n)
+	checkRes("fp16", res, n)
+	const piece = 4 * encodeChunk
+	clamped := 0
+	for lo := 0; lo < n; lo += piece {
+		hi := min(lo+piece, n)
+		r := res[lo:hi]
+		for i, x := range src[lo:hi] {
+			r[i] = addF32(x, r[i])
+		}
+		clamped += fp16EncodeFeedbackGeneric(dst[2*lo:2*hi], r, r).Clamped
+	}
+	return Info{Clamped: clamped}
+}
+
 // fp16EncodeFeedbackGeneric is the portable EncodeFeedback: Encode, then the
 // residual against the exact decoding of what was written.
 func fp16EncodeFeedbackGeneric(dst []byte, src, res []float32) Info {
@@ -307,6 +339,40 @@ func (bf16Codec) EncodeFeedback(dst []byte, src, res []float32) Info {
 		return Info{}
 	}
 	return bf16EncodeFeedbackGeneric(dst, src, res)
+}
+
+// EncodeFeedbackAdd implements FeedbackAddEncoder: it encodes m = src +
+// res as EncodeFeedback(dst, m, res) would and leaves m - decoded in res.
+func (bf16Codec) EncodeFeedbackAdd(dst []byte, src, res []float32) Info {
+	checkDst("bf16", dst, 2*len(src))
+	checkRes("bf16", res, len(src))
+	if useAsm {
+		bf16EncodeAdd(dst, src, res)
+		return Info{}
+	}
+	return bf16EncodeFeedbackAddGeneric(dst, src, res)
+}
+
+// bf16EncodeFeedbackAddGeneric is the portable EncodeFeedbackAdd.
+func bf16EncodeFeedbackAddGeneric(dst []byte, src, res []float32) Info {
+	checkDst("bf16", dst, 2*len(src))
+	checkRes("bf16", res, len(src))
+	bf16AddLoop(dst, src, res)
+	return Info{}
+}
+
+// bf16AddLoop encodes m = src + res (addF32) value by value into dst and
+// leaves m - decoded in res.
+func bf16AddLoop(dst []byte, src, res []float32) {
+	n := len(src)
+	dst = dst[:2*n]
+	res = res[:n]
+	for i, x := range src {
+		m := addF32(x, res[i])
+		h := bf16Round(math.Float32bits(m))
+		binary.LittleEndian.PutUint16(dst[2*i:], uint16(h))
+		res[i] = m - math.Float32frombits(h<<16)
+	}
 }
 
 // bf16EncodeFeedbackGeneric is the portable EncodeFeedback.

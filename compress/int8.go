@@ -108,6 +108,45 @@ func (c *int8Codec) EncodeFeedback(dst []byte, src, res []float32) Info {
 	return c.encode(dst, src, res)
 }
 
+// EncodeFeedbackAdd implements FeedbackAddEncoder: it encodes m = src +
+// res as EncodeFeedback(dst, m, res) would and leaves m - decoded in res.
+// With the default block size and AVX2 the kernel adds, finds the absmax
+// and quantizes a block of 64 without storing m; blocks it cannot do go to
+// int8BlockAdd, as they go to int8Block in EncodeFeedback.
+func (c *int8Codec) EncodeFeedbackAdd(dst []byte, src, res []float32) Info {
+	checkRes("int8", res, len(src))
+	checkDst("int8", dst, c.EncodedLen(len(src)))
+	if useAsm && c.block == 64 {
+		return int8EncodeAdd64(dst, src, res)
+	}
+	return c.encodeAddGeneric(dst, src, res)
+}
+
+// encodeAddGeneric is the portable EncodeFeedbackAdd, block by block.
+func (c *int8Codec) encodeAddGeneric(dst []byte, src, res []float32) Info {
+	checkRes("int8", res, len(src))
+	checkDst("int8", dst, c.EncodedLen(len(src)))
+	clamped := 0
+	B := c.block
+	for len(src) > 0 {
+		k := min(B, len(src))
+		clamped += int8BlockAdd(dst[:4+k], src[:k], res[:k])
+		src, res, dst = src[k:], res[k:], dst[4+k:]
+	}
+	return Info{Clamped: clamped}
+}
+
+// int8BlockAdd sets r = s + r (addF32) and encodes that block into hdr,
+// leaving the residual in r. int8Block reads each value before it writes
+// the same index of the residual, so s and r may be the same slice there.
+func int8BlockAdd(hdr []byte, s, r []float32) int {
+	r = r[:len(s)]
+	for j, x := range s {
+		r[j] = addF32(x, r[j])
+	}
+	return int8Block(hdr, r, r)
+}
+
 // encode is Encode, and with res != nil also the residual src - decoded.
 // Blocks of 64 go to the AVX2 kernels when the CPU has them (see
 // kernels.go); they give the same bytes and residuals as encodeGeneric.

@@ -225,3 +225,73 @@ func f32Add(dst []float32, src []byte) {
 		dst[i] = addF32(dst[i], math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:])))
 	}
 }
+
+// int8EncodeAdd64 is int8 EncodeFeedbackAdd for block size 64. A block the
+// kernel stops at (or a short last block) is left untouched by it and
+// int8BlockAdd does it from src and the residual as they were.
+func int8EncodeAdd64(dst []byte, src, res []float32) Info {
+	res = res[:len(src)]
+	clamped := 0
+	for len(src) >= 64 {
+		nb := len(src) / 64
+		_ = dst[68*nb-1]
+		_ = res[64*nb-1]
+		k := int8EncAddRes64(&dst[0], &src[0], &res[0], nb)
+		src, res, dst = src[64*k:], res[64*k:], dst[68*k:]
+		if k == nb {
+			break
+		}
+		clamped += int8BlockAdd(dst[:68], src[:64], res[:64])
+		src, res, dst = src[64:], res[64:], dst[68:]
+	}
+	if len(src) > 0 {
+		clamped += int8BlockAdd(dst[:4+len(src)], src, res)
+	}
+	return Info{Clamped: clamped}
+}
+
+// f16EncodeAdd is fp16 EncodeFeedbackAdd. The kernel stops, without
+// writing it, at the first group holding an m to clamp or a NaN; that
+// chunk goes to f16AddSlowChunk.
+func f16EncodeAdd(dst []byte, src, res []float32) Info {
+	n := len(src)
+	dst = dst[:2*n]
+	res = res[:n]
+	clamped := 0
+	for len(src) >= 8 {
+		m := len(src) &^ 7
+		k := f16EncAddRes(&dst[0], &src[0], &res[0], m)
+		src, res, dst = src[k:], res[k:], dst[2*k:]
+		if k == m {
+			break
+		}
+		g := min(encodeChunk, len(src))
+		clamped += f16AddSlowChunk(dst[:2*g], src[:g], res[:g])
+		src, res, dst = src[g:], res[g:], dst[2*g:]
+	}
+	return Info{Clamped: clamped + f16AddSlowChunk(dst, src, res)}
+}
+
+// f16AddSlowChunk sets r = s + r (addF32), encodes it into dst value by
+// value and leaves the residual in r; it returns the clamped count.
+func f16AddSlowChunk(dst []byte, s, r []float32) int {
+	r = r[:len(s)]
+	for i, x := range s {
+		r[i] = addF32(x, r[i])
+	}
+	clamped := f16SlowChunk(dst, r)
+	f16Residual(r, r, dst)
+	return clamped
+}
+
+// bf16EncodeAdd is bf16 EncodeFeedbackAdd; the kernel never stops early.
+func bf16EncodeAdd(dst []byte, src, res []float32) {
+	n := len(src)
+	dst = dst[:2*n]
+	res = res[:n]
+	m := n &^ 7
+	if m > 0 {
+		bf16EncAddRes(&dst[0], &src[0], &res[0], m)
+	}
+	bf16AddLoop(dst[2*m:], src[m:], res[m:])
+}

@@ -76,3 +76,22 @@ func bf16DecAdd(dst *float32, src *byte, n int)
 //
 //go:noescape
 func f32AddK(dst *float32, src *byte, n int)
+
+// int8EncAddRes64 is int8EncRes64 of m = src + res (see EncodeFeedbackAdd),
+// res read and overwritten in place. It writes nothing (dst or res) for
+// the block it stops at.
+//
+//go:noescape
+func int8EncAddRes64(dst *byte, src, res *float32, nblk int) int
+
+// f16EncAddRes is f16EncRes of m = src + res, res read and overwritten in
+// place. It writes nothing for the group it stops at.
+//
+//go:noescape
+func f16EncAddRes(dst *byte, src, res *float32, n int) int
+
+// bf16EncAddRes is bf16EncRes of m = src + res, res read and overwritten in
+// place.
+//
+//go:noescape
+func bf16EncAddRes(dst *byte, src, res *float32, n int)

@@ -775,3 +775,252 @@ f32a_loop8:
 f32a_done:
 	VZEROUPPER
 	RET
+
+// ---- fused residual add + encode with feedback ----
+//
+// These kernels take m = src + res (one VADDPS, src as the first operand
+// so that a NaN + NaN sum is src's NaN, quieted, as addF32(src, res)),
+// encode m as the EncodeFeedback kernels above do and overwrite res with
+// m - decoded. A group they stop at has not been written at all (neither
+// dst nor res), so that the Go driver can redo it from src and the
+// residual as they were.
+
+// LOADADD64 loads the block m = src + res at SI, R8 into Y0-Y7.
+#define LOADADD64 \
+	VMOVUPS 0(SI), Y0; \
+	VMOVUPS 32(SI), Y1; \
+	VMOVUPS 64(SI), Y2; \
+	VMOVUPS 96(SI), Y3; \
+	VMOVUPS 128(SI), Y4; \
+	VMOVUPS 160(SI), Y5; \
+	VMOVUPS 192(SI), Y6; \
+	VMOVUPS 224(SI), Y7; \
+	VADDPS  0(R8), Y0, Y0; \
+	VADDPS  32(R8), Y1, Y1; \
+	VADDPS  64(R8), Y2, Y2; \
+	VADDPS  96(R8), Y3, Y3; \
+	VADDPS  128(R8), Y4, Y4; \
+	VADDPS  160(R8), Y5, Y5; \
+	VADDPS  192(R8), Y6, Y6; \
+	VADDPS  224(R8), Y7, Y7
+
+// ABSMAXREG is ABSMAX64 on the block held in Y0-Y7 (left intact): the
+// largest |m| bits in the low lane of X8 and in DX. Uses Y8-Y11.
+#define ABSMAXREG \
+	VPAND   Y0, Y15, Y8; \
+	VPAND   Y1, Y15, Y9; \
+	VPAND   Y2, Y15, Y10; \
+	VPAND   Y3, Y15, Y11; \
+	VPMAXUD Y9, Y8, Y8; \
+	VPMAXUD Y11, Y10, Y10; \
+	VPAND   Y4, Y15, Y9; \
+	VPAND   Y5, Y15, Y11; \
+	VPMAXUD Y9, Y8, Y8; \
+	VPMAXUD Y11, Y10, Y10; \
+	VPAND   Y6, Y15, Y9; \
+	VPAND   Y7, Y15, Y11; \
+	VPMAXUD Y9, Y8, Y8; \
+	VPMAXUD Y11, Y10, Y10; \
+	VPMAXUD Y10, Y8, Y8; \
+	VEXTRACTI128 $1, Y8, X9; \
+	VPMAXUD X9, X8, X8; \
+	VPSHUFD $0x4E, X8, X9; \
+	VPMAXUD X9, X8, X8; \
+	VPSHUFD $0xB1, X8, X9; \
+	VPMAXUD X9, X8, X8; \
+	VMOVD   X8, DX
+
+// QADD quantizes the 8 values in M (QUANT), stores the residual
+// M - float32(q*scale) at off(R8) and leaves q (int32) in A; M is free
+// afterwards. Y10 = inv, Y11 = scale, Y13 = sign bit, Y14 = 0.49999997.
+#define QADD(M, A, B, off) \
+	VMULPS     Y10, M, A; \
+	VANDPS     A, Y13, B; \
+	VORPS      B, Y14, B; \
+	VADDPS     B, A, A; \
+	VCVTTPS2DQ A, A; \
+	VCVTDQ2PS  A, B; \
+	VMULPS     Y11, B, B; \
+	VSUBPS     B, M, B; \
+	VMOVUPS    B, off(R8)
+
+// func int8EncAddRes64(dst *byte, src *float32, res *float32, nblk int) int
+//
+// int8EncRes64 of m = src + res, block by block; the 64 values of a block
+// stay in Y0-Y7 from the load to the quantization. It stops before a block
+// whose absmax is >= hugeBits or whose scale is subnormal.
+TEXT ·int8EncAddRes64(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ res+16(FP), R8
+	MOVQ nblk+24(FP), CX
+	XORQ AX, AX
+	BCAST(0x7FFFFFFF, Y15, X15)
+	BCAST(0x3EFFFFFF, Y14, X14)
+	BCAST(0x80000000, Y13, X13)
+	VMOVDQU int8perm<>(SB), Y12
+	CMPQ CX, $0
+	JLE  encar_done
+
+encar_loop:
+	LOADADD64
+	ABSMAXREG
+	CMPL DX, $0x7E800000 // hugeBits: NaN, Inf or near MaxFloat32 -> Go
+	JAE  encar_done
+	MOVL   $0x42FE0000, BX // 127
+	VMOVD  BX, X9
+	VDIVSS X9, X8, X9      // scale = absmax / 127
+	VMOVD  X9, DX
+	TESTL  DX, DX
+	JZ     encar_zero
+	CMPL   DX, $0x00800000 // subnormal scale: Go divides instead
+	JB     encar_done
+	MOVL   DX, 0(DI)
+	MOVL   $0x3F800000, BX // 1
+	VMOVD  BX, X10
+	VDIVSS X9, X10, X10    // inv = 1 / scale
+	VBROADCASTSS X10, Y10
+	VBROADCASTSS X9, Y11
+	QADD(Y0, Y8, Y9, 0)
+	QADD(Y1, Y0, Y9, 32)
+	QADD(Y2, Y1, Y9, 64)
+	QADD(Y3, Y2, Y9, 96)
+	PACK4(Y8, Y0, Y1, Y2, 4(DI))
+	QADD(Y4, Y8, Y9, 128)
+	QADD(Y5, Y0, Y9, 160)
+	QADD(Y6, Y1, Y9, 192)
+	QADD(Y7, Y2, Y9, 224)
+	PACK4(Y8, Y0, Y1, Y2, 36(DI))
+
+encar_next:
+	ADDQ $256, SI
+	ADDQ $256, R8
+	ADDQ $68, DI
+	INCQ AX
+	CMPQ AX, CX
+	JLT  encar_loop
+
+encar_done:
+	MOVQ AX, ret+32(FP)
+	VZEROUPPER
+	RET
+
+encar_zero:
+	// Every value quantizes to 0 and the residual m - 0*0 is m itself (m
+	// is finite here, and m - (+0) == m bit for bit, -0 included).
+	MOVL    $0, 0(DI)
+	VPXOR   Y8, Y8, Y8
+	VMOVDQU Y8, 4(DI)
+	VMOVDQU Y8, 36(DI)
+	VMOVUPS Y0, 0(R8)
+	VMOVUPS Y1, 32(R8)
+	VMOVUPS Y2, 64(R8)
+	VMOVUPS Y3, 96(R8)
+	VMOVUPS Y4, 128(R8)
+	VMOVUPS Y5, 160(R8)
+	VMOVUPS Y6, 192(R8)
+	VMOVUPS Y7, 224(R8)
+	JMP     encar_next
+
+// F16LOADADD loads the 8 values m = src + res at soff(SI)(AX*4),
+// soff(R8)(AX*4) into V and folds their |m| bits into the running max Y13.
+#define F16LOADADD(soff, V, A) \
+	VMOVUPS soff(SI)(AX*4), V; \
+	VADDPS  soff(R8)(AX*4), V, V; \
+	VPAND   V, Y15, A; \
+	VPMAXUD A, Y13, Y13
+
+// F16STOREADD converts the 8 values in V to binary16 at doff(DI)(AX*2) and
+// stores the residual V - decoded at soff(R8)(AX*4).
+#define F16STOREADD(soff, doff, V, A, H) \
+	VCVTPS2PH $0, V, H; \
+	VMOVDQU   H, doff(DI)(AX*2); \
+	VCVTPH2PS H, A; \
+	VSUBPS    A, V, A; \
+	VMOVUPS   A, soff(R8)(AX*4)
+
+// func f16EncAddRes(dst *byte, src *float32, res *float32, n int) int
+//
+// f16EncRes of m = src + res. A group of 32 (or, at the end, 8) values is
+// checked before anything of it is written, and the kernel stops at the
+// start of the first group holding an |m| > 65504 or a NaN.
+TEXT ·f16EncAddRes(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ res+16(FP), R8
+	MOVQ n+24(FP), CX
+	XORQ AX, AX
+	F16SETUP
+	LEAQ -32(CX), BX
+
+f16ar_loop32:
+	CMPQ AX, BX
+	JGT  f16ar_loop8
+	F16LOADADD(0, Y1, Y2)
+	F16LOADADD(32, Y4, Y5)
+	F16LOADADD(64, Y7, Y8)
+	F16LOADADD(96, Y10, Y11)
+	F16CHECK(f16ar_done)
+	F16STOREADD(0, 0, Y1, Y2, X3)
+	F16STOREADD(32, 16, Y4, Y5, X6)
+	F16STOREADD(64, 32, Y7, Y8, X9)
+	F16STOREADD(96, 48, Y10, Y11, X12)
+	ADDQ $32, AX
+	JMP  f16ar_loop32
+
+f16ar_loop8:
+	CMPQ AX, CX
+	JGE  f16ar_done
+	F16LOADADD(0, Y1, Y2)
+	F16CHECK(f16ar_done)
+	F16STOREADD(0, 0, Y1, Y2, X3)
+	ADDQ $8, AX
+	JMP  f16ar_loop8
+
+f16ar_done:
+	MOVQ AX, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func bf16EncAddRes(dst *byte, src *float32, res *float32, n int)
+//
+// bf16EncRes of m = src + res; both groups of 8 are loaded before their
+// residuals are stored.
+TEXT ·bf16EncAddRes(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ res+16(FP), R8
+	MOVQ n+24(FP), CX
+	XORQ AX, AX
+	BF16SETUP
+	LEAQ -16(CX), BX
+
+bf16ar_loop16:
+	CMPQ AX, BX
+	JGT  bf16ar_tail
+	VMOVUPS 0(SI)(AX*4), Y0
+	VMOVUPS 32(SI)(AX*4), Y4
+	VADDPS  0(R8)(AX*4), Y0, Y0
+	VADDPS  32(R8)(AX*4), Y4, Y4
+	BF16R(Y0, Y1, Y2, Y3)
+	BF16R(Y4, Y5, Y6, Y7)
+	BF16RES(0, Y0, Y2, Y1)
+	BF16RES(32, Y4, Y6, Y5)
+	BF16PACK(Y2, Y6, 0)
+	ADDQ $16, AX
+	JMP  bf16ar_loop16
+
+bf16ar_tail:
+	CMPQ AX, CX
+	JGE  bf16ar_done
+	VMOVUPS 0(SI)(AX*4), Y0
+	VADDPS  0(R8)(AX*4), Y0, Y0
+	BF16R(Y0, Y1, Y2, Y3)
+	BF16RES(0, Y0, Y2, Y1)
+	VEXTRACTI128 $1, Y2, X6
+	VPACKUSDW X6, X2, X2
+	VMOVDQU X2, 0(DI)(AX*2)
+
+bf16ar_done:
+	VZEROUPPER
+	RET

@@ -20,6 +20,7 @@ import (
 type codecPath struct {
 	enc    func(dst []byte, src []float32) Info
 	encFB  func(dst []byte, src, res []float32) Info // nil: not a FeedbackEncoder
+	encFBA func(dst []byte, src, res []float32) Info // nil: not a FeedbackAddEncoder
 	dec    func(dst []float32, src []byte) error
 	decAdd func(dst []float32, src []byte) error
 }
@@ -30,6 +31,9 @@ func fastPath(c Codec) codecPath {
 	if fe, ok := c.(FeedbackEncoder); ok {
 		p.encFB = fe.EncodeFeedback
 	}
+	if fa, ok := c.(FeedbackAddEncoder); ok {
+		p.encFBA = fa.EncodeFeedbackAdd
+	}
 	return p
 }
 
@@ -39,13 +43,14 @@ func goPath(c Codec) codecPath {
 	case noneCodec:
 		return codecPath{enc: c.Encode, dec: c.Decode, decAdd: noneDecodeAddGeneric}
 	case fp16Codec:
-		return codecPath{enc: fp16EncodeGeneric, encFB: fp16EncodeFeedbackGeneric, dec: fp16DecodeGeneric, decAdd: fp16DecodeAddGeneric}
+		return codecPath{enc: fp16EncodeGeneric, encFB: fp16EncodeFeedbackGeneric, encFBA: fp16EncodeFeedbackAddGeneric, dec: fp16DecodeGeneric, decAdd: fp16DecodeAddGeneric}
 	case bf16Codec:
-		return codecPath{enc: bf16EncodeGeneric, encFB: bf16EncodeFeedbackGeneric, dec: bf16DecodeGeneric, decAdd: bf16DecodeAddGeneric}
+		return codecPath{enc: bf16EncodeGeneric, encFB: bf16EncodeFeedbackGeneric, encFBA: bf16EncodeFeedbackAddGeneric, dec: bf16DecodeGeneric, decAdd: bf16DecodeAddGeneric}
 	case *int8Codec:
 		return codecPath{
 			enc:    func(d []byte, s []float32) Info { return c.encodeGeneric(d, s, nil) },
 			encFB:  func(d []byte, s, r []float32) Info { return c.encodeGeneric(d, s, r) },
+			encFBA: c.encodeAddGeneric,
 			dec:    func(d []float32, s []byte) error { return c.decodeGeneric(d, s, false) },
 			decAdd: func(d []float32, s []byte) error { return c.decodeGeneric(d, s, true) },
 		}

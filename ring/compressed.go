@@ -199,14 +199,42 @@ type shareStats struct {
 // are scratch of at least sub values. It works sub values at a time
 // (sub = len(seg) when the codec's blocks do not divide it) so that adding
 // the residual, encoding and measuring the error read cache-resident
-// values instead of streaming the chunk from memory three times.
-func encodeShare(codec compress.Codec, fe compress.FeedbackEncoder, sub int, dst []byte, seg, res, meant, sent []float32) (shareStats, error) {
+// values instead of streaming the chunk from memory three times. A codec
+// with EncodeFeedbackAdd (fa) adds, encodes and keeps the residual in one
+// pass; otherwise EncodeFeedback (fe) of seg+res, or Encode and Decode.
+func encodeShare(codec compress.Codec, fe compress.FeedbackEncoder, fa compress.FeedbackAddEncoder, sub int, dst []byte, seg, res, meant, sent []float32) (shareStats, error) {
 	var st shareStats
 	var sq, ref float64
 	for lo := 0; lo < len(seg) || lo == 0; lo += sub {
 		hi := min(lo+sub, len(seg))
 		s := seg[lo:hi]
 		d := dst[codec.EncodedLen(lo):codec.EncodedLen(hi)]
+		if fa != nil && res != nil {
+			// The error statistic wants the meant values s+r, which the
+			// fused call never stores: keep the sampled old residuals,
+			// then rebuild the sampled sums from them (the same float32
+			// additions) once s is in cache.
+			r := res[lo:hi]
+			old := meant[:0]
+			for i := 0; i < len(r); i += statsStride {
+				old = append(old, r[i])
+			}
+			st.clamped += fa.EncodeFeedbackAdd(d, s, r).Clamped
+			// Summed per sub-block, as sampledSq does below, so that the
+			// statistic does not depend on which path ran.
+			var a, b float64
+			for k, i := 0, 0; i < len(r); k, i = k+1, i+statsStride {
+				m := float64(s[i] + old[k])
+				e := float64(r[i])
+				a += e * e
+				b += m * m
+			}
+			sq, ref = sq+a, ref+b
+			if hi == len(seg) {
+				break
+			}
+			continue
+		}
 		m := s
 		var r []float32
 		if res != nil {
@@ -413,6 +441,7 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 			}
 		}
 		fe, _ := codec.(compress.FeedbackEncoder)
+		fa, _ := codec.(compress.FeedbackAddEncoder)
 		sub := subBlock(codec, cv)
 		for c := range maxChunks {
 			if ctx.Err() != nil {
@@ -429,7 +458,7 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 				if fb != nil {
 					res = fb.Contrib[off : off+cnt]
 				}
-				cs, err := encodeShare(codec, fe, sub, dst, x[off:off+cnt], res, cb.meant, cb.sent)
+				cs, err := encodeShare(codec, fe, fa, sub, dst, x[off:off+cnt], res, cb.meant, cb.sent)
 				if err != nil {
 					return fmt.Errorf("%s: decoding own share: %w", r.chunkPrefix(uint32(c+1)), err)
 				}
