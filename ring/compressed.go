@@ -334,22 +334,31 @@ func reduceChunk(codec compress.Codec, da decodeAdder, sub int, avg bool, own []
 				sum[i] /= n
 			}
 		}
-		var r []float32
-		if ores != nil {
-			r = ores[lo:hi]
+		// Encode the owned sum (plus the owner residual) once; everybody,
+		// this rank included, uses its decoding.
+		o, enc := own[lo:hi], out[elo:ehi]
+		fa, fused := codec.(compress.FeedbackAddEncoder)
+		switch {
+		case ores == nil:
+			clamped += codec.Encode(enc, sum).Clamped
+		case fused:
+			// One pass: add the residual, encode, keep what was lost.
+			clamped += fa.EncodeFeedbackAdd(enc, sum, ores[lo:hi]).Clamped
+		default:
+			r := ores[lo:hi]
 			for i, v := range r {
 				sum[i] += v
 			}
+			clamped += codec.Encode(enc, sum).Clamped
 		}
-		// Encode the owned sum once; everybody, this rank included, uses
-		// its decoding.
-		o := own[lo:hi]
-		clamped += codec.Encode(out[elo:ehi], sum).Clamped
-		if err := codec.Decode(o, out[elo:ehi]); err != nil {
+		if err := codec.Decode(o, enc); err != nil {
 			return clamped, -1, err
 		}
-		for i := range r {
-			r[i] = sum[i] - o[i]
+		if ores != nil && !fused {
+			r := ores[lo:hi]
+			for i := range r {
+				r[i] = sum[i] - o[i]
+			}
 		}
 		if hi == len(own) {
 			break
