@@ -87,7 +87,7 @@ sed -E 's/.*"bytes":([0-9]+).*"time_us":([0-9.]+).*"compression":"([a-z0-9]+)".*
   awk '{ k = $1 " " $2; t[k] = t[k] " " $3; n[k]++ }
        END {
          for (k in t) {
-           m = split(substr(t[k], 2), v, " "); med[k] = v[int((m + 1) / 2)]
+           m = split(substr(t[k], 2), v, " "); med[k] = (v[int((m + 1) / 2)] + v[int(m / 2) + 1]) / 2
          }
          for (k in med) {
            split(k, kb, " "); base = med["none " kb[2]]
