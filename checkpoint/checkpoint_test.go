@@ -16,46 +16,19 @@ import (
 	"gorgonia.org/tensor"
 
 	"github.com/gorun/gorun/collective"
-	"github.com/gorun/gorun/p2p"
 )
 
-// newJob starts n ranks in this process, as collective's tests do.
+// newJob starts n ranks in this process and closes them when the test ends.
 func newJob(t testing.TB, n int) []*collective.Comm {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	key := p2p.NewJobKey()
-	rdv, err := p2p.StartRendezvous(ctx, p2p.RendezvousConfig{ListenAddr: "127.0.0.1:0", Size: n, JobKey: key, Timeout: 20 * time.Second, Logf: t.Logf})
+	j, err := collective.StartLocal(ctx, n, collective.WithTimeout(10*time.Second), collective.WithLogger(t.Logf))
 	if err != nil {
 		t.Fatal(err)
 	}
-	comms := make([]*collective.Comm, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			comms[r], errs[r] = collective.Init(ctx, collective.WithRank(r, n), collective.WithRendezvous(rdv.Addr(), false),
-				collective.WithJobKey(key), collective.WithTimeout(10*time.Second), collective.WithLogger(t.Logf))
-		}()
-	}
-	wg.Wait()
-	t.Cleanup(func() {
-		var wg sync.WaitGroup
-		for _, c := range comms {
-			if c != nil {
-				wg.Add(1)
-				go func() { defer wg.Done(); c.Close() }()
-			}
-		}
-		wg.Wait()
-		rdv.Close()
-	})
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	return comms
+	t.Cleanup(func() { j.Close() })
+	return j.Comms
 }
 
 func onEach(comms []*collective.Comm, f func(r int, c *collective.Comm) error) []error {

@@ -13,49 +13,21 @@ import (
 
 	"gorgonia.org/tensor"
 
-	"github.com/gorun/gorun/p2p"
 	"github.com/gorun/gorun/ring"
 )
 
-// newJob starts a rendezvous and n ranks in this process, over the real
-// libp2p transport, and closes them all when the test ends.
+// newJob starts n ranks in this process, over the real transport, and
+// closes them all when the test ends.
 func newJob(t testing.TB, n int, opts ...Option) []*Comm {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	key := p2p.NewJobKey()
-	rdv, err := p2p.StartRendezvous(ctx, p2p.RendezvousConfig{ListenAddr: "127.0.0.1:0", Size: n, JobKey: key, Timeout: 20 * time.Second, Logf: t.Logf})
+	j, err := StartLocal(ctx, n, append([]Option{WithTimeout(20 * time.Second), WithLogger(t.Logf)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	comms := make([]*Comm, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			o := append([]Option{WithRank(r, n), WithRendezvous(rdv.Addr(), false), WithJobKey(key),
-				WithTimeout(20 * time.Second), WithLogger(t.Logf)}, opts...)
-			comms[r], errs[r] = Init(ctx, o...)
-		}()
-	}
-	wg.Wait()
-	t.Cleanup(func() {
-		var wg sync.WaitGroup
-		for _, c := range comms {
-			if c != nil {
-				wg.Add(1)
-				go func() { defer wg.Done(); c.Close() }()
-			}
-		}
-		wg.Wait()
-		rdv.Close()
-	})
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	return comms
+	t.Cleanup(func() { j.Close() })
+	return j.Comms
 }
 
 // onEach runs f on every rank at once and returns each rank's error.
@@ -522,4 +494,19 @@ func TestEnvironmentContract(t *testing.T) {
 			t.Errorf("parseTimeout(%q) accepted", in)
 		}
 	}
+}
+
+// StartLocal refuses a job without ranks, and a bad option fails every
+// rank's Init and leaves nothing running.
+func TestStartLocalErrors(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := StartLocal(ctx, 0); err == nil || !strings.Contains(err.Error(), "at least one rank") {
+		t.Fatalf("StartLocal(0): %v", err)
+	}
+	_, err := StartLocal(ctx, 2, WithDataPlane("carrier-pigeon"))
+	if err == nil || !strings.Contains(err.Error(), "carrier-pigeon") {
+		t.Fatalf("bad data plane: %v", err)
+	}
+	t.Log(err)
 }

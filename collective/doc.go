@@ -20,7 +20,8 @@
 // The same binary runs under mpirun, Slurm or torchrun: Init reads their
 // variables, and rank 0 then hosts the rendezvous at MASTER_ADDR:MASTER_PORT
 // (or GORUN_RENDEZVOUS_ADDR) with the key from GORUN_JOB_KEY. Run alone, with
-// none of these, Init returns a one-rank Comm.
+// none of these, Init returns a one-rank Comm. StartLocal runs a job of n
+// ranks inside one process, for tests and examples.
 //
 // # Ordering and agreement
 //

@@ -61,3 +61,31 @@ func ExampleComm_Allreduce() {
 	fmt.Println(results)
 	// Output: [[3 60] [3 60] [3 60]]
 }
+
+// A job of three ranks inside this process, as a unit test of a training
+// loop would start one.
+func ExampleStartLocal() {
+	ctx := context.Background()
+	job, err := collective.StartLocal(ctx, 3)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer job.Close()
+
+	results := make([][]float32, 3)
+	var wg sync.WaitGroup
+	for rank, comm := range job.Comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			grad := []float32{float32(rank), 1}
+			if err := comm.Allreduce(ctx, grad, collective.Avg); err != nil {
+				log.Fatal(err)
+			}
+			results[rank] = grad
+		}()
+	}
+	wg.Wait()
+	fmt.Println(results)
+	// Output: [[1 1] [1 1] [1 1]]
+}
