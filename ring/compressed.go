@@ -147,13 +147,6 @@ const gatherStep = 1 << 30
 // it describes the codec's error well and costs little.
 const statsStride = 8
 
-// decodeAdder is implemented by codecs that decode and accumulate in one
-// pass (compress.AccumulateDecoder): dst[i] += decoded[i], with the same
-// float32 result as decoding first and adding after.
-type decodeAdder interface {
-	DecodeAdd(dst []float32, src []byte) error
-}
-
 // chunking cuts the segments of a compressed allreduce into chunks of cv
 // values; only the last chunk of a segment may be shorter, so chunk c's
 // encoding starts at c times the encoded size of a full chunk.
@@ -197,95 +190,57 @@ type shareStats struct {
 // encodeShare encodes seg into dst. With a residual res (error feedback) it
 // encodes seg+res and leaves in res what the encoding lost; meant and sent
 // are scratch of at least sub values. It works sub values at a time
-// (sub = len(seg) when the codec's blocks do not divide it) so that adding
-// the residual, encoding and measuring the error read cache-resident
-// values instead of streaming the chunk from memory three times. A codec
-// with EncodeFeedbackAdd (fa) adds, encodes and keeps the residual in one
-// pass; otherwise EncodeFeedback (fe) of seg+res, or Encode and Decode.
-func encodeShare(codec compress.Codec, fe compress.FeedbackEncoder, fa compress.FeedbackAddEncoder, sub int, dst []byte, seg, res, meant, sent []float32) (shareStats, error) {
+// (sub = len(seg) when the codec's blocks do not divide it) so that every
+// pass reads cache-resident values.
+func encodeShare(codec compress.Codec, fa compress.FeedbackAddEncoder, sub int, dst []byte, seg, res, meant, sent []float32) (shareStats, error) {
 	var st shareStats
-	var sq, ref float64
-	for lo := 0; lo < len(seg) || lo == 0; lo += sub {
+	for lo := 0; lo < len(seg); lo += sub {
 		hi := min(lo+sub, len(seg))
-		s := seg[lo:hi]
-		d := dst[codec.EncodedLen(lo):codec.EncodedLen(hi)]
+		s, d := seg[lo:hi], dst[codec.EncodedLen(lo):codec.EncodedLen(hi)]
 		if fa != nil && res != nil {
-			// The error statistic wants the meant values s+r, which the
-			// fused call never stores: keep the sampled old residuals,
-			// then rebuild the sampled sums from them (the same float32
-			// additions) once s is in cache.
+			// One pass: add the residual, encode, keep what was lost. The
+			// error statistic wants the meant values s+r, which the call
+			// never stores: keep the sampled old residuals and rebuild the
+			// sampled sums from them.
 			r := res[lo:hi]
 			old := meant[:0]
 			for i := 0; i < len(r); i += statsStride {
 				old = append(old, r[i])
 			}
 			st.clamped += fa.EncodeFeedbackAdd(d, s, r).Clamped
-			// Summed per sub-block, as sampledSq does below, so that the
-			// statistic does not depend on which path ran.
-			var a, b float64
 			for k, i := 0, 0; i < len(r); k, i = k+1, i+statsStride {
-				m := float64(s[i] + old[k])
-				e := float64(r[i])
-				a += e * e
-				b += m * m
-			}
-			sq, ref = sq+a, ref+b
-			if hi == len(seg) {
-				break
+				m, e := float64(s[i]+old[k]), float64(r[i])
+				st.sq += e * e
+				st.sqRef += m * m
 			}
 			continue
 		}
+		// Any other codec: encode, decode to learn what was lost.
 		m := s
-		var r []float32
 		if res != nil {
-			m, r = meant[:len(s)], res[lo:hi]
-			addTo(m, s, r)
-		}
-		if fe != nil && r != nil {
-			// One pass: encode and keep what was lost as the residual.
-			st.clamped += fe.EncodeFeedback(d, m, r).Clamped
-			a, b := sampledSq(r, m)
-			sq, ref = sq+a, ref+b
-		} else {
-			st.clamped += codec.Encode(d, m).Clamped
-			dec := sent[:hi-lo]
-			if err := codec.Decode(dec, d); err != nil {
-				return st, err
+			m = meant[:len(s)]
+			for i, v := range s {
+				m[i] = v + res[lo+i]
 			}
+		}
+		st.clamped += codec.Encode(d, m).Clamped
+		dec := sent[:len(s)]
+		if err := codec.Decode(dec, d); err != nil {
+			return st, err
+		}
+		if res != nil {
+			r := res[lo:hi]
 			for i := range r {
 				r[i] = m[i] - dec[i]
 			}
-			for i := 0; i < len(m); i += statsStride {
-				e := float64(m[i]) - float64(dec[i])
-				sq += e * e
-				ref += float64(m[i]) * float64(m[i])
-			}
 		}
-		if hi == len(seg) {
-			break
+		for i := 0; i < len(m); i += statsStride {
+			e := float64(m[i]) - float64(dec[i])
+			st.sq += e * e
+			st.sqRef += float64(m[i]) * float64(m[i])
 		}
 	}
-	st.sq, st.sqRef = sq, ref
 	return st, nil
-}
-
-// addTo sets dst = a + b (all of the same length).
-func addTo(dst, a, b []float32) {
-	b, dst = b[:len(a)], dst[:len(a)]
-	for i, v := range a {
-		dst[i] = v + b[i]
-	}
-}
-
-// sampledSq returns the sums of squares of every statsStride-th value of e
-// and of ref (of the same length).
-func sampledSq(e, ref []float32) (se, sr float64) {
-	ref = ref[:len(e)]
-	for i := 0; i < len(e); i += statsStride {
-		se += float64(e[i]) * float64(e[i])
-		sr += float64(ref[i]) * float64(ref[i])
-	}
-	return se, sr
 }
 
 // subBlock is how many values encodeShare handles at a time: 4096 (16 KiB
@@ -306,9 +261,9 @@ func subBlock(codec compress.Codec, cv int) int {
 // out; and decoded back into own, which leaves ores holding what the
 // encoding lost. It works sub values at a time so that every pass reads
 // cache-resident values. On a bad share it returns the share's index.
-func reduceChunk(codec compress.Codec, da decodeAdder, sub int, avg bool, own []float32, shares [][]byte, out []byte, ores, sumBuf, decBuf []float32) (clamped, bad int, err error) {
+func reduceChunk(codec compress.Codec, da compress.AccumulateDecoder, fa compress.FeedbackAddEncoder, sub int, avg bool, own []float32, shares [][]byte, out []byte, ores, sumBuf, decBuf []float32) (clamped, bad int, err error) {
 	n := float32(len(shares) + 1)
-	for lo := 0; lo < len(own) || lo == 0; lo += sub {
+	for lo := 0; lo < len(own); lo += sub {
 		hi := min(lo+sub, len(own))
 		elo, ehi := codec.EncodedLen(lo), codec.EncodedLen(hi)
 		sum := sumBuf[:hi-lo]
@@ -337,7 +292,7 @@ func reduceChunk(codec compress.Codec, da decodeAdder, sub int, avg bool, own []
 		// Encode the owned sum (plus the owner residual) once; everybody,
 		// this rank included, uses its decoding.
 		o, enc := own[lo:hi], out[elo:ehi]
-		fa, fused := codec.(compress.FeedbackAddEncoder)
+		fused := fa != nil && ores != nil
 		switch {
 		case ores == nil:
 			clamped += codec.Encode(enc, sum).Clamped
@@ -354,14 +309,11 @@ func reduceChunk(codec compress.Codec, da decodeAdder, sub int, avg bool, own []
 		if err := codec.Decode(o, enc); err != nil {
 			return clamped, -1, err
 		}
-		if ores != nil && !fused {
+		if ores != nil && !fused { // what the separate encoding lost
 			r := ores[lo:hi]
 			for i := range r {
 				r[i] = sum[i] - o[i]
 			}
-		}
-		if hi == len(own) {
-			break
 		}
 	}
 	return clamped, -1, nil
@@ -399,10 +351,14 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 	cb.gathered = growBytes(cb.gathered, encOff[n])
 	cb.recv = growBytes(cb.recv, (n-1)*ownEnc) // the share of rank-k at (k-1)*ownEnc
 	cb.out = growBytes(cb.out, ownEnc)
-	cb.meant = growF32(cb.meant, subBlock(codec, cv))
-	cb.sent = growF32(cb.sent, subBlock(codec, cv))
-	cb.sum = growF32(cb.sum, subBlock(codec, cv))
-	cb.dec = growF32(cb.dec, subBlock(codec, cv))
+	sub := subBlock(codec, cv)
+	cb.meant = growF32(cb.meant, sub)
+	cb.sent = growF32(cb.sent, sub)
+	cb.sum = growF32(cb.sum, sub)
+	cb.dec = growF32(cb.dec, sub)
+	// The one-pass operations, when the codec has them.
+	fa, _ := codec.(compress.FeedbackAddEncoder)
+	da, _ := codec.(compress.AccumulateDecoder)
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -449,9 +405,6 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 				maxChunks = max(maxChunks, g.chunks(j))
 			}
 		}
-		fe, _ := codec.(compress.FeedbackEncoder)
-		fa, _ := codec.(compress.FeedbackAddEncoder)
-		sub := subBlock(codec, cv)
 		for c := range maxChunks {
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
@@ -467,7 +420,7 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 				if fb != nil {
 					res = fb.Contrib[off : off+cnt]
 				}
-				cs, err := encodeShare(codec, fe, fa, sub, dst, x[off:off+cnt], res, cb.meant, cb.sent)
+				cs, err := encodeShare(codec, fa, sub, dst, x[off:off+cnt], res, cb.meant, cb.sent)
 				if err != nil {
 					return fmt.Errorf("%s: decoding own share: %w", r.chunkPrefix(uint32(c+1)), err)
 				}
@@ -481,11 +434,9 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 	})
 
 	// The reducer, on this goroutine: chunk by chunk, as the shares arrive.
-	da, _ := codec.(decodeAdder)
 	var tReduced time.Time
 	rerr := func() error {
 		shares := make([][]byte, n-1)
-		sub := subBlock(codec, cv)
 		for c := range mine {
 			off, cnt, elo, ehi := g.span(rank, c)
 			for k := 1; k < n; k++ {
@@ -501,7 +452,7 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 				ores = fb.Owner[off-ownOff : off-ownOff+cnt]
 			}
 			out := cb.out[elo:ehi]
-			clamped, bad, err := reduceChunk(codec, da, sub, p.call.Op == Avg, x[off:off+cnt], shares, out, ores, cb.sum, cb.dec)
+			clamped, bad, err := reduceChunk(codec, da, fa, sub, p.call.Op == Avg, x[off:off+cnt], shares, out, ores, cb.sum, cb.dec)
 			st.Clamped += clamped
 			if err != nil && bad >= 0 {
 				return fmt.Errorf("%s: share from rank %d: %w", r.chunkPrefix(uint32(c+1)), mod(rank-1-bad, n), err)

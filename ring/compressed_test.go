@@ -344,3 +344,47 @@ func TestCompressedPeerCrash(t *testing.T) {
 		t.Fatal("the ranks only stopped at the test's deadline")
 	}
 }
+
+// plainCodec hides a codec's one-pass operations (EncodeFeedbackAdd,
+// DecodeAdd), as a codec written by a user may lack them.
+type plainCodec struct{ compress.Codec }
+
+// A codec without the one-pass operations takes the separate
+// encode/decode path, which must give the same bytes: results and both
+// residuals bitwise equal on every rank.
+func TestCompressedPlainCodecMatchesOnePass(t *testing.T) {
+	const n, count = 3, 30011
+	for _, name := range []string{"int8", "fp16", "bf16"} {
+		codec, _ := compress.ByName(name)
+		inputs := make([][]float32, n)
+		for i := range inputs {
+			inputs[i] = gaussian(uint64(40+i), count)
+		}
+		run := func(c compress.Codec) ([][]float32, []*Feedback) {
+			rs, _ := newRings(t, n, 4096)
+			fbs := make([]*Feedback, n)
+			for i := range fbs {
+				_, own := Segment(count, n, i)
+				fbs[i] = &Feedback{Contrib: make([]float32, count), Owner: make([]float32, own)}
+			}
+			var out [][]float32
+			for range 2 {
+				out, _ = compressedRun(t, rs, inputs, c, Avg, fbs)
+			}
+			return out, fbs
+		}
+		want, wantFB := run(codec)
+		got, gotFB := run(plainCodec{codec})
+		for r := range n {
+			if i := firstDiff(got[r], want[r]); i >= 0 {
+				t.Fatalf("%s rank %d: element %d = %v, one-pass path gave %v", name, r, i, got[r][i], want[r][i])
+			}
+			if i := firstDiff(gotFB[r].Contrib, wantFB[r].Contrib); i >= 0 {
+				t.Fatalf("%s rank %d: contribution residual %d differs", name, r, i)
+			}
+			if i := firstDiff(gotFB[r].Owner, wantFB[r].Owner); i >= 0 {
+				t.Fatalf("%s rank %d: owner residual %d differs", name, r, i)
+			}
+		}
+	}
+}
