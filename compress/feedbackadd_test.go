@@ -94,11 +94,6 @@ func checkFBA(t *testing.T, c Codec, src, res []float32, what string) {
 	}
 }
 
-type namedVec struct {
-	name string
-	v    []float32
-}
-
 // resKinds returns residuals to add to src: zeros of both signs, typical
 // residuals (a fraction of each value), values of every kind, -src (every
 // sum is an exact zero), src itself (sums double; huge ones overflow), and
@@ -136,19 +131,7 @@ func resKinds(r *rand.Rand, src []float32) []namedVec {
 // alignments and every length from 0 to 300.
 func TestEncodeFeedbackAddMatches(t *testing.T) {
 	r := rand.New(rand.NewSource(11))
-	var inputs []namedVec
-	for _, s := range []float64{1e-42, 1e-38, 1e-30, 1e-10, 1e-7, 1e-5, 1e-3, 1, 1e3, 3e4, 6.5e4, 1e6, 1e10, 1e30, 1e37, 1e38} {
-		inputs = append(inputs, namedVec{fmt.Sprintf("gauss %g", s), gaussScaled(r, 1000, s)})
-	}
-	inputs = append(inputs,
-		namedVec{"random bits", randBits(r, 2000)},
-		namedVec{"specials", specialValues()},
-		namedVec{"fp16 ties", f16Ties(r, 3000)},
-		namedVec{"int8 ties", int8Ties(r, 40)},
-		namedVec{"mixed blocks", mixedBlocks(r, 200)},
-		namedVec{"zeros", make([]float32, 300)},
-	)
-	for _, in := range inputs {
+	for _, in := range kernelInputs(r) {
 		for _, rk := range resKinds(r, in.v) {
 			for _, c := range fbaCodecs() {
 				what := in.name + ", " + rk.name

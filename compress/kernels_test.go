@@ -357,25 +357,33 @@ func TestKernelsAvailable(t *testing.T) {
 
 // TestKernelsMatchGo compares both paths on many kinds of input, every
 // length from 0 to 300, and odd alignments.
+// namedVec is a test input and what to call it in failures.
+type namedVec struct {
+	name string
+	v    []float32
+}
+
+// kernelInputs are the vectors the kernels are compared on: Gaussians over
+// the whole float32 range, random bit patterns, special values, fp16 and
+// int8 ties, blocks mixing magnitudes, zeros.
+func kernelInputs(r *rand.Rand) []namedVec {
+	var inputs []namedVec
+	for _, s := range []float64{1e-42, 1e-38, 1e-30, 1e-10, 1e-7, 1e-5, 1e-3, 1, 1e3, 3e4, 6.5e4, 1e6, 1e10, 1e30, 1e37, 1e38} {
+		inputs = append(inputs, namedVec{fmt.Sprintf("gauss %g", s), gaussScaled(r, 1000, s)})
+	}
+	return append(inputs,
+		namedVec{"random bits", randBits(r, 2000)},
+		namedVec{"specials", specialValues()},
+		namedVec{"fp16 ties", f16Ties(r, 3000)},
+		namedVec{"int8 ties", int8Ties(r, 40)},
+		namedVec{"mixed blocks", mixedBlocks(r, 200)},
+		namedVec{"zeros", make([]float32, 300)},
+	)
+}
+
 func TestKernelsMatchGo(t *testing.T) {
 	r := rand.New(rand.NewSource(1))
-	type input struct {
-		name string
-		v    []float32
-	}
-	var inputs []input
-	for _, s := range []float64{1e-42, 1e-38, 1e-30, 1e-10, 1e-7, 1e-5, 1e-3, 1, 1e3, 3e4, 6.5e4, 1e6, 1e10, 1e30, 1e37, 1e38} {
-		inputs = append(inputs, input{fmt.Sprintf("gauss %g", s), gaussScaled(r, 1000, s)})
-	}
-	inputs = append(inputs,
-		input{"random bits", randBits(r, 2000)},
-		input{"specials", specialValues()},
-		input{"fp16 ties", f16Ties(r, 3000)},
-		input{"int8 ties", int8Ties(r, 40)},
-		input{"mixed blocks", mixedBlocks(r, 200)},
-		input{"zeros", make([]float32, 300)},
-	)
-	for _, in := range inputs {
+	for _, in := range kernelInputs(r) {
 		acc := accValues(r, len(in.v))
 		for _, c := range kernelCodecs() {
 			checkPaths(t, c, in.v, acc, in.name)
