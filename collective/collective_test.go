@@ -376,6 +376,127 @@ func TestBadInputChangesNothing(t *testing.T) {
 	}))
 }
 
+// An invalid op (or an unknown codec) is a bad argument like any other: it
+// is refused on the calling rank alone, before the call is numbered, and
+// the job goes on (it used to take a sequence number and abort every rank
+// with "ring: allreduce #1: invalid op 0").
+func TestInvalidOpRefusedLocally(t *testing.T) {
+	ctx := context.Background()
+	comms := newJob(t, 3)
+	big := make([]float32, 1<<16) // large enough to be compressed
+	for _, tc := range []struct {
+		name string
+		call func(c *Comm) error
+		want string
+	}{
+		{"Allreduce", func(c *Comm) error { return c.Allreduce(ctx, []float32{1}, Op(0)) }, "gorun: Allreduce: invalid op Op(0)"},
+		{"AllreduceAsync", func(c *Comm) error { return c.AllreduceAsync(ctx, []int64{1}, Op(9)).Wait(ctx) }, "gorun: Allreduce: invalid op Op(9)"},
+		{"compressed", func(c *Comm) error { return c.Allreduce(ctx, big, Op(0), Compression("int8")) }, "gorun: Allreduce: invalid op Op(0)"},
+		{"ReduceScatter", func(c *Comm) error {
+			return c.ReduceScatter(ctx, make([]float64, 3), make([]float64, 1), Op(0))
+		}, "gorun: ReduceScatter: invalid op Op(0)"},
+		{"ReduceScatterAsync", func(c *Comm) error {
+			return c.ReduceScatterAsync(ctx, make([]float64, 3), make([]float64, 1), Op(200)).Wait(ctx)
+		}, "gorun: ReduceScatter: invalid op Op(200)"},
+		{"codec", func(c *Comm) error { return c.Allreduce(ctx, big, Sum, Compression("zip")) }, `unknown codec "zip"`},
+	} {
+		err := tc.call(comms[1])
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want %q", tc.name, err, tc.want)
+		} else {
+			t.Logf("%s: %v", tc.name, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "#") {
+			t.Errorf("%s: the refused call was numbered: %v", tc.name, err)
+		}
+	}
+	// Nothing reached the other ranks: all three make their first call,
+	// numbered 1 everywhere, and get the right sum.
+	mustAll(t, onEach(comms, func(c *Comm) error {
+		buf := []float32{float32(c.Rank() + 1), 10}
+		h := c.AllreduceAsync(ctx, buf, Sum)
+		if err := h.Wait(ctx); err != nil {
+			return err
+		}
+		if h.Seq() != 1 {
+			return fmt.Errorf("rank %d: first good call has sequence %d", c.Rank(), h.Seq())
+		}
+		if buf[0] != 6 || buf[1] != 30 {
+			return fmt.Errorf("rank %d: sum %v, want [6 30]", c.Rank(), buf)
+		}
+		return c.Barrier(ctx)
+	}))
+	for r, c := range comms {
+		if err := c.Err(); err != nil {
+			t.Errorf("rank %d: Comm unusable: %v", r, err)
+		}
+	}
+}
+
+// A rank that closes its Comm after call #2 while the others go on to call
+// #3 fails them at once (not after a grace second with "recv from rank 1:
+// EOF"), naming it and both calls, whether they were already in the call
+// (rank 2) or enter it later (rank 0); its own Close names them.
+func TestLeaveEarlyFailsOthers(t *testing.T) {
+	ctx := context.Background()
+	comms := newJob(t, 3, WithTimeout(time.Minute))
+	for range 2 {
+		mustAll(t, onEach(comms, func(c *Comm) error { return c.Allreduce(ctx, make([]float32, 1000), Sum) }))
+	}
+	start := time.Now()
+	call3 := func(c *Comm) error { return c.Allreduce(ctx, make([]float32, 1000), Sum) }
+	rank2 := make(chan error, 1)
+	go func() { rank2 <- call3(comms[2]) }()
+	closed := make(chan error, 1)
+	go func() { closed <- comms[1].Close() }()
+	errs := map[int]error{2: <-rank2}
+	errs[0] = call3(comms[0])
+	closeErr := <-closed
+	el := time.Since(start)
+	for r, err := range errs {
+		var left *PeerLeftError
+		want := fmt.Sprintf("gorun: rank %d: rank 1 closed its communicator after call #2 while rank %d was in call #3", r, r)
+		if !errors.As(err, &left) || left.Rank != 1 || !strings.Contains(fmt.Sprint(err), want) {
+			t.Errorf("rank %d: %v; want a *PeerLeftError saying %q", r, err, want)
+		}
+		t.Logf("rank %d: %v", r, err)
+	}
+	var early *EarlyCloseError
+	want := "gorun: rank 1: close: rank 0 and rank 2 were still in call #3 after this rank's last call #2; every rank must make the same collective calls before Close"
+	if !errors.As(closeErr, &early) || fmt.Sprint(closeErr) != want {
+		t.Errorf("rank 1: Close: %v; want %q", closeErr, want)
+	}
+	t.Logf("rank 1: Close: %v", closeErr)
+	if el > 20*time.Second {
+		t.Errorf("the departure took %v to surface; the timeout is 1m", el)
+	}
+	if err := comms[0].Allreduce(ctx, []float32{1}, Sum); err == nil || !strings.Contains(err.Error(), "rank 1 closed its communicator") {
+		t.Errorf("rank 0: call after the failure: %v", err)
+	}
+}
+
+// Closing every rank after the same last call is clean and quick.
+func TestCloseAfterSameCallIsClean(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	j, err := StartLocal(ctx, 4, WithTimeout(time.Minute), WithLogger(t.Logf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		mustAll(t, onEach(j.Comms, func(c *Comm) error { return c.Allreduce(ctx, make([]float32, 1<<16), Sum) }))
+	}
+	start := time.Now()
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	el := time.Since(start)
+	t.Logf("4 ranks and the rendezvous closed in %v", el)
+	if el > 10*time.Second {
+		t.Errorf("closing took %v", el)
+	}
+}
+
 // Disagreement is an error on every rank, naming both calls, and leaves the
 // Comm unusable with a clear error.
 func TestMismatchFailsEveryRank(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gorun/gorun/p2p"
 	"github.com/gorun/gorun/ring"
 )
 
@@ -22,6 +23,17 @@ const (
 	Max  = ring.Max
 	Prod = ring.Prod
 )
+
+// checkOp refuses an op that is not one of the reductions, as a bad
+// argument: before the call is numbered, so the other ranks never hear of
+// it and the Comm stays usable.
+func checkOp(what string, op Op) error {
+	switch op {
+	case Sum, Avg, Min, Max, Prod:
+		return nil
+	}
+	return fmt.Errorf("gorun: %s: invalid op %v: use Sum, Avg, Min, Max or Prod", what, op)
+}
 
 // CallOption adjusts one collective call.
 type CallOption func(*ring.Call)
@@ -104,6 +116,13 @@ func (c *Comm) do(ctx context.Context, call ring.Call, opts []CallOption, run ru
 func (c *Comm) prepare(ctx context.Context, call ring.Call, opts []CallOption, run runFunc, mayInline bool) (*Handle, bool) {
 	for _, o := range opts {
 		o(&call)
+	}
+	// What the options chose is checked before the call is numbered too: a
+	// numbered call that fails on one rank fails the job.
+	if call.Kind == ring.Allreduce && call.Codec != "" {
+		if _, err := c.compression.codec(call.Codec); err != nil {
+			return failed(fmt.Errorf("gorun: Allreduce: %w", err)), false
+		}
 	}
 	h := &Handle{call: call, ctx: ctx, done: make(chan struct{}), comm: c, queued: time.Now()}
 	c.mu.Lock()
@@ -198,6 +217,11 @@ func (c *Comm) execute(h *Handle) error {
 		c.stats.nanos.Add(uint64(end.Sub(start)))
 		return nil
 	}
+	if c.life.Err() == nil && c.node != nil && c.node.Err() != nil {
+		// The node failed (an abort, a lost peer, a rank that left) and the
+		// call broke on it before c.life heard: the node's cause is the one.
+		c.cancel(c.node.Err())
+	}
 	if c.life.Err() != nil {
 		// Another rank aborted first: its cause is the one worth reading.
 		c.awaitAbortRelay()
@@ -222,6 +246,10 @@ func (c *Comm) execute(h *Handle) error {
 func (c *Comm) awaitAbortRelay() {
 	if c.rdv == nil {
 		return
+	}
+	var left *p2p.PeerLeftError
+	if errors.As(context.Cause(c.life), &left) {
+		return // nothing is relayed: every rank was told of the departure already
 	}
 	t := time.NewTimer(2 * time.Second)
 	defer t.Stop()
@@ -273,6 +301,9 @@ func (c *Comm) allreduce(buf any, op Op) (ring.Call, runFunc, error) {
 	}
 	if v.dtype == ring.Uint8 {
 		return ring.Call{}, nil, fmt.Errorf("gorun: Allreduce: []byte cannot be reduced: use a numeric slice")
+	}
+	if err := checkOp("Allreduce", op); err != nil {
+		return ring.Call{}, nil, err
 	}
 	call := ring.Call{Kind: ring.Allreduce, Op: op, DType: v.dtype, Count: v.count, Codec: c.compression.defaultName()}
 	return call, func(ctx context.Context, call ring.Call) error {
@@ -356,6 +387,9 @@ func (c *Comm) reduceScatter(in, out any, op Op) (ring.Call, runFunc, error) {
 	}
 	if vi.dtype == ring.Uint8 {
 		return ring.Call{}, nil, fmt.Errorf("gorun: ReduceScatter: []byte cannot be reduced: use a numeric slice")
+	}
+	if err := checkOp("ReduceScatter", op); err != nil {
+		return ring.Call{}, nil, err
 	}
 	call := ring.Call{Kind: ring.ReduceScatter, Op: op, DType: vi.dtype, Count: vi.count}
 	return call, func(ctx context.Context, call ring.Call) error {

@@ -314,8 +314,20 @@ func (c *Comm) Err() error {
 // ErrClosed is returned by calls on a Comm after Close.
 var ErrClosed = errors.New("gorun: communicator is closed")
 
+// PeerLeftError is the cause of a collective that failed because another
+// rank closed its Comm after an earlier call (see Close); EarlyCloseError is
+// what Close returns on that rank. Match them with errors.As.
+type (
+	PeerLeftError   = p2p.PeerLeftError
+	EarlyCloseError = p2p.EarlyCloseError
+)
+
 // Close leaves the job in order. Collectives already called finish first;
-// later calls return ErrClosed.
+// later calls return ErrClosed. Every rank must have made the same calls:
+// a rank still in (or entering) a call after this rank's last one fails at
+// once with a *PeerLeftError naming this rank, and Close then returns an
+// *EarlyCloseError naming those ranks (after waiting, at most the timeout,
+// for every peer to close or fail).
 func (c *Comm) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -339,7 +351,9 @@ func (c *Comm) shutdown(cause error) error {
 	var errs []error
 	if c.node != nil {
 		if failed == nil {
-			errs = append(errs, c.node.Close())
+			if err := c.node.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("gorun: rank %d: %w", c.rank, err))
+			}
 		} else {
 			c.node.Abort(failed)
 			c.node.Close()

@@ -39,4 +39,16 @@
 // rank's pending and later calls return an error naming the rank and cause.
 // A Comm is not usable after a failure: exit, and let gorun's restarts and a
 // checkpoint bring the job back.
+//
+// Close tells the other ranks this rank's last call. A rank still in, or
+// later entering, a call after it fails at once with a *PeerLeftError
+// ("rank 1 closed its communicator after call #3 while rank 0 was in call
+// #4"), and the closing rank's Close returns an *EarlyCloseError naming the
+// ranks it left behind. When every rank closes after the same call, Close
+// is quiet and quick.
+//
+// Bad arguments (an unsupported buffer, mismatched lengths, a root
+// out of range, an invalid op, an unknown codec) are refused on the calling
+// rank before the call is numbered: nothing is sent and the Comm stays
+// usable.
 package collective

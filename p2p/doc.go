@@ -22,7 +22,12 @@
 //     Aborts are relayed to every rank; a stream that breaks without a prior
 //     "leave" is broadcast as "rank N (addr) disconnected". Both ends send
 //     heartbeats and put a read deadline of Timeout on the stream, so a frozen
-//     (SIGSTOPped) process is noticed within Timeout.
+//     (SIGSTOPped) process is noticed within Timeout. Close announces "rank L
+//     leaves after call #N" (its last SetProgress) before it ends its links;
+//     the rendezvous relays it to every rank and tells RendezvousConfig.OnLeave.
+//     A rank in, or entering, a later call fails at once with a
+//     *PeerLeftError, reports it, and the leaver's Close returns an
+//     *EarlyCloseError naming the ranks it left behind.
 //   - Data plane: one ordered byte stream per ordered pair of ranks i -> j
 //     (a full mesh, set up at Join; Node.Mesh), of which the ring edges
 //     r -> r+1 carry SendNext/RecvPrev. The lower rank of a pair dials both
@@ -38,7 +43,10 @@
 //     straight to the socket. With DataPlane "plaintext" different hosts use
 //     raw TCP with the HMAC handshake alone. With DataPlane "libp2p", or to a
 //     peer that advertises no TCP port, a libp2p stream (/gorun/ring/1, TLS
-//     and yamux on the hosts' connection) is used.
+//     and yamux on the hosts' connection) is used. An accepted connection
+//     must finish its handshake within a few seconds (5 s, or Timeout if
+//     shorter), whatever Timeout is, and Close drops the ones still in it,
+//     so a silent stranger on a data port holds up nothing.
 //
 // # Failure model
 //

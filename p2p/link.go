@@ -176,6 +176,59 @@ func (b *batchConn) flushLocked() error {
 	return b.err
 }
 
+// maxHandshake bounds the handshake of an accepted data connection (or
+// the collective timeout, if that is shorter). It is short and independent
+// of the collective timeout: anyone who can reach a data port can open a
+// connection and say nothing, and it must not hold a goroutine and a socket
+// for a minute. Ranks dial their links only once every rank is ready
+// ("go"), so a real dialer answers within milliseconds.
+const maxHandshake = 5 * time.Second
+
+func (n *Node) handshakeTimeout() time.Duration { return min(maxHandshake, n.cfg.Timeout) }
+
+// trackHandshake records c (an accepted connection or stream) as being in
+// its handshake, so that shutdown closes it at once instead of waiting for
+// its deadline. It reports false, and closes c, if the node is stopping.
+// The caller must call untrackHandshake when the handshake ends.
+func (n *Node) trackHandshake(c io.Closer) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.stopped {
+		c.Close()
+		return false
+	}
+	n.handshakes[c] = struct{}{}
+	n.wg.Add(1) // under mu and !stopped: never races with shutdown's Wait
+	return true
+}
+
+func (n *Node) untrackHandshake(c io.Closer) {
+	n.mu.Lock()
+	delete(n.handshakes, c)
+	n.mu.Unlock()
+	n.wg.Done()
+}
+
+// closeHandshakes closes every connection still in its handshake; called
+// once the node is stopped, so no new one is tracked.
+func (n *Node) closeHandshakes() {
+	n.mu.Lock()
+	cs := make([]io.Closer, 0, len(n.handshakes))
+	for c := range n.handshakes {
+		cs = append(cs, c)
+	}
+	n.mu.Unlock()
+	for _, c := range cs {
+		c.Close()
+	}
+}
+
+// streamResetter closes a libp2p stream by resetting it: an unfinished
+// handshake has nothing to flush.
+type streamResetter struct{ s network.Stream }
+
+func (r streamResetter) Close() error { return r.s.Reset() }
+
 func (n *Node) acceptLoop(ln net.Listener, kind string) {
 	defer n.wg.Done()
 	for {
@@ -183,9 +236,11 @@ func (n *Node) acceptLoop(ln net.Listener, kind string) {
 		if err != nil {
 			return
 		}
-		n.wg.Add(1)
+		if !n.trackHandshake(c) {
+			continue
+		}
 		go func() {
-			defer n.wg.Done()
+			defer n.untrackHandshake(c)
 			if err := n.accept(c, kind); err != nil {
 				n.logf("refused %s data connection from %s: %v", kind, c.RemoteAddr(), err)
 				c.Close()
@@ -201,9 +256,9 @@ func (n *Node) accept(c net.Conn, kind string) error {
 	if kind != LinkTCPTLS {
 		return n.acceptHandshake(newConnLink(c, kind), from)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), n.handshakeTimeout())
 	defer cancel()
-	c.SetDeadline(time.Now().Add(n.cfg.Timeout))
+	c.SetDeadline(time.Now().Add(n.handshakeTimeout()))
 	l, err := n.newTLSLink(ctx, c, "")
 	if err != nil {
 		return err
@@ -216,17 +271,11 @@ func (n *Node) accept(c net.Conn, kind string) error {
 }
 
 func (n *Node) handleRingStream(s network.Stream) {
-	// Add to the WaitGroup only while not stopped (under mu), so an Add can
-	// never race with shutdown's Wait.
-	n.mu.Lock()
-	if n.stopped {
-		n.mu.Unlock()
-		s.Reset()
+	r := streamResetter{s}
+	if !n.trackHandshake(r) {
 		return
 	}
-	n.wg.Add(1)
-	n.mu.Unlock()
-	defer n.wg.Done()
+	defer n.untrackHandshake(r)
 	l := &link{s: s, rw: s, kind: LinkLibp2pTLS}
 	if err := n.acceptHandshake(l, s.Conn().RemoteMultiaddr().String()); err != nil {
 		n.logf("refused libp2p data stream from %s: %v", s.Conn().RemotePeer(), err)
@@ -238,7 +287,7 @@ func (n *Node) handleRingStream(s network.Stream) {
 // our fresh nonce and be the rank expected on that link (and, over libp2p
 // or TLS, have that rank's peer ID). We prove the key back over its nonce.
 func (n *Node) acceptHandshake(l *link, from string) error {
-	l.rw.SetDeadline(time.Now().Add(n.cfg.Timeout))
+	l.rw.SetDeadline(time.Now().Add(n.handshakeTimeout()))
 	nonce := make([]byte, nonceLen)
 	rand.Read(nonce)
 	if err := writeMsg(l.rw, &msg{T: tDChal, Nonce: nonce}); err != nil {

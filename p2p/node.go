@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"sync"
@@ -109,6 +110,9 @@ type Node struct {
 	have     map[int]bool
 	links    []*link
 	accepted chan *link
+	// handshakes holds the accepted data connections (and libp2p streams)
+	// not yet authenticated; shutdown closes them.
+	handshakes map[io.Closer]struct{}
 
 	tr *transport
 
@@ -118,13 +122,20 @@ type Node struct {
 	stopped bool        // under mu: no new handler goroutines
 	frozen  atomic.Bool // tests: simulate a stopped process
 
-	progress   atomic.Uint64 // last collective entered (SetProgress)
+	progress   atomic.Uint64 // last collective entered (SetProgress); stored under leaveMu
 	progSent   uint64        // last value reported, owned by progressLoop
 	progQuery  sync.Mutex    // one QueryProgress at a time
 	progAnswer chan []uint64
 	closeOnce  sync.Once
 	stop       chan struct{}
 	wg         sync.WaitGroup
+
+	// Ranks that left early (see leave.go).
+	leaveMu        sync.Mutex
+	departed       []departure    // ranks that announced they leave, in order
+	reportedBehind bool           // this rank reported being in a later call
+	behind         map[int]uint64 // peers in later calls than ours when we left
+	lateOK         chan struct{}  // the rendezvous passed our report on
 }
 
 func (n *Node) logf(format string, args ...any) {
@@ -179,8 +190,11 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 		byeCh:      make(chan struct{}),
 		ctlDead:    make(chan struct{}),
 		progAnswer: make(chan []uint64, 1),
+		behind:     map[int]uint64{},
+		lateOK:     make(chan struct{}, 1),
 		expect:     map[int]bool{},
 		have:       map[int]bool{},
+		handshakes: map[io.Closer]struct{}{},
 		accepted:   make(chan *link, 2*cfg.Size),
 		done:       make(chan struct{}),
 		stop:       make(chan struct{}),
@@ -453,11 +467,6 @@ func (n *Node) tick(interval time.Duration, next func() *msg) {
 // stall warnings, which fire after tens of seconds.
 const progressInterval = 200 * time.Millisecond
 
-// SetProgress records the sequence number of the last collective this rank
-// entered. It is reported to the rendezvous within progressInterval, so that
-// QueryProgress on any rank can tell which ranks have not reached a call.
-func (n *Node) SetProgress(seq uint64) { n.progress.Store(seq) }
-
 func (n *Node) progressLoop() {
 	n.tick(progressInterval, func() *msg {
 		s := n.progress.Load()
@@ -545,6 +554,15 @@ func (n *Node) ctlReader() {
 			case <-n.byeCh:
 			default:
 				close(n.byeCh)
+			}
+		case tLeaving:
+			n.peerLeaving(m.Rank, m.Seq)
+		case tLate:
+			n.peerBehind(m.Rank, m.Seq)
+		case tLateOK:
+			select {
+			case n.lateOK <- struct{}{}:
+			default:
 			}
 		default:
 			n.logf("unexpected control message %q", m.T)
@@ -712,10 +730,15 @@ func (n *Node) abortLocal(err error) bool {
 
 // Close leaves the job in an orderly way: the rendezvous records the leave
 // (so nobody treats it as a crash), then links and host are closed. Bounded
-// by Timeout.
+// by Timeout. A healthy rank first announces that it leaves after its last
+// SetProgress call: a rank in a later call fails at once with a
+// *PeerLeftError, and Close returns an *EarlyCloseError naming those ranks.
 func (n *Node) Close() error {
 	var err error
 	n.closeOnce.Do(func() {
+		// Before the links end, so that a peer reading EOF from this rank
+		// learns why at the same time.
+		lastCall, announced := n.announceLeaving()
 		n.drainLinks()
 		n.closing.Store(true)
 		if n.ctl != nil {
@@ -736,8 +759,14 @@ func (n *Node) Close() error {
 				}
 			}
 		}
+		// Reports of peers left behind came before the bye, and the drain
+		// waited for their links to end.
+		var early error
+		if announced {
+			early = n.earlyCloseErr(lastCall)
+		}
 		n.abortLocal(ErrClosed)
-		err = n.shutdown()
+		err = errors.Join(early, n.shutdown())
 	})
 	return err
 }
@@ -762,6 +791,7 @@ func (n *Node) shutdown() error {
 	if n.tlsLn != nil {
 		n.tlsLn.Close()
 	}
+	n.closeHandshakes()
 	n.mu.Lock()
 	links := slices.Clone(n.links)
 	n.mu.Unlock()

@@ -56,6 +56,7 @@ type jobOpts struct {
 	hostID  func(rank int) string
 	timeout time.Duration
 	log     *logRec
+	onLeave func(rank int, lastCall uint64) // RendezvousConfig.OnLeave
 }
 
 type job struct {
@@ -125,7 +126,7 @@ func startJob(t testing.TB, o jobOpts) *job {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	rz, err := StartRendezvous(ctx, RendezvousConfig{ListenAddr: "127.0.0.1:0", Size: o.size,
-		JobKey: j.key, Timeout: o.timeout, Logf: j.log.logf})
+		JobKey: j.key, Timeout: o.timeout, Logf: j.log.logf, OnLeave: o.onLeave})
 	if err != nil {
 		t.Fatal(err)
 	}

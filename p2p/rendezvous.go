@@ -28,6 +28,15 @@ type RendezvousConfig struct {
 	JobKey     []byte        // shared secret, >= 16 bytes
 	Timeout    time.Duration // heartbeat/dead-peer bound and Close wait; 0 = 60s
 	Logf       func(format string, args ...any)
+	// OnLeave, if set, is called when a rank in good health announces that
+	// it leaves the job (Node.Close, hence Comm.Close), with the sequence
+	// number of its last collective call (0 if it made none): once per
+	// rank, before the other ranks are told. When every rank closes after
+	// the same call the job ended cleanly; a rank whose lastCall is below
+	// another rank's progress left early, and the ranks still in later
+	// calls fail naming it. It runs on the rendezvous' goroutines, possibly
+	// concurrently for different ranks, and must not block.
+	OnLeave func(rank int, lastCall uint64)
 }
 
 // Rendezvous is the membership and control service of one job.
@@ -50,6 +59,10 @@ type Rendezvous struct {
 	closeCh   chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
+	// relayMu orders broadcasts (departures, aborts): a rank that fails
+	// because of a departure can not have its consequences reach another
+	// rank before the departure itself.
+	relayMu sync.Mutex
 }
 
 // rzConn is the server side of one rank's control stream.
@@ -62,6 +75,9 @@ type rzConn struct {
 	acked bool
 	left  bool
 	gone  bool
+	// leaving: the rank announced it leaves after call lastCall.
+	leaving  bool
+	lastCall uint64
 }
 
 func (c *rzConn) send(m *msg, timeout time.Duration) error {
@@ -352,6 +368,14 @@ func (r *Rendezvous) handle(s network.Stream) {
 			r.ack(c)
 		case tAbort:
 			r.abort(fmt.Sprintf("rank %d aborted: %s", c.rank, m.Text))
+		case tLeaving:
+			r.leaving(c, m.Seq)
+		case tLate:
+			r.late(c, m.Seq)
+			if c.send(&msg{T: tLateOK}, to) != nil {
+				r.lost(c, errors.New("late report acknowledgement failed"))
+				return
+			}
 		case tLeave:
 			r.mu.Lock()
 			c.left = true
@@ -458,19 +482,80 @@ func (r *Rendezvous) abort(text string) {
 		return
 	}
 	r.aborted = true
-	conns := r.connsLocked()
 	r.mu.Unlock()
 	r.cfg.Logf("rendezvous: job aborted: %s", text)
+	r.relayMu.Lock()
+	r.mu.Lock()
+	conns := r.connsLocked()
+	r.mu.Unlock()
+	r.broadcast(conns, &msg{T: tAbort, Text: text})
+	r.relayMu.Unlock()
+	close(r.abortSent)
+}
+
+// broadcast sends m to conns concurrently (one frozen rank must not hold up
+// the others) and returns when every send ended. The caller holds relayMu.
+func (r *Rendezvous) broadcast(conns []*rzConn, m *msg) {
 	var wg sync.WaitGroup
 	for _, c := range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c.send(&msg{T: tAbort, Text: text}, r.cfg.Timeout)
+			c.send(m, r.cfg.Timeout)
 		}()
 	}
 	wg.Wait()
-	close(r.abortSent)
+}
+
+// leaving records that c's rank leaves after call lastCall, tells OnLeave,
+// and tells every rank that may be behind it: all but those that announced
+// their own leave, which made no later call (it could not have completed).
+func (r *Rendezvous) leaving(c *rzConn, lastCall uint64) {
+	r.mu.Lock()
+	if !r.tableSent || c.leaving {
+		r.mu.Unlock()
+		return
+	}
+	c.leaving, c.lastCall = true, lastCall
+	aborted := r.aborted || r.closed
+	r.mu.Unlock()
+	r.cfg.Logf("rendezvous: rank %d leaves after call #%d", c.rank, lastCall)
+	if r.cfg.OnLeave != nil {
+		r.cfg.OnLeave(c.rank, lastCall)
+	}
+	if aborted {
+		return // every rank has been told why already
+	}
+	r.relayMu.Lock()
+	defer r.relayMu.Unlock()
+	r.mu.Lock()
+	var to []*rzConn
+	for _, o := range r.connsLocked() {
+		if o != c && !o.leaving {
+			to = append(to, o)
+		}
+	}
+	r.mu.Unlock()
+	r.broadcast(to, &msg{T: tLeaving, Rank: c.rank, Seq: lastCall})
+}
+
+// late passes on c's report that its rank is in call `call`, after ranks
+// left following earlier calls, to those ranks if they are still here: their
+// Close says whom they left behind. The caller acknowledges the report
+// after this returns, so it precedes the bye on the leaver's stream.
+func (r *Rendezvous) late(c *rzConn, call uint64) {
+	r.mu.Lock()
+	var to []*rzConn
+	for _, o := range r.connsLocked() {
+		if o.leaving && !o.left && o.lastCall < call {
+			to = append(to, o)
+		}
+	}
+	r.mu.Unlock()
+	for _, o := range to {
+		r.cfg.Logf("rendezvous: rank %d was in call #%d when rank %d left after call #%d", c.rank, call, o.rank, o.lastCall)
+		o.send(&msg{T: tLate, Rank: c.rank, Seq: call}, r.cfg.Timeout)
+	}
 }
 
 // AbortDelivered is closed once the job has been aborted and every rank

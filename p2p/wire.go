@@ -39,6 +39,9 @@ const (
 	tDOK       = "dok"       // data acceptor -> dialer: proof
 	tProgress  = "progress"  // client -> server: last collective entered (Seq); server -> client: every rank's (Progress)
 	tProgQuery = "progq"     // client -> server: send me every rank's progress
+	tLeaving   = "leaving"   // client -> server: I leave after call Seq; server -> client: rank Rank leaves after call Seq
+	tLate      = "late"      // client -> server: I am in call Seq, after a rank left; server -> that leaver: rank Rank was
+	tLateOK    = "lateok"    // server -> client: your late report reached the leavers
 )
 
 // msg is the single wire message type; unused fields are omitted.
@@ -153,7 +156,7 @@ func (m *msg) check() error {
 		if m.Rank < 0 {
 			return fmt.Errorf("bad %s: negative rank", m.T)
 		}
-	case tAbort, tError, tAck, tGo, tPing, tLeave, tBye:
+	case tAbort, tError, tAck, tGo, tPing, tLeave, tBye, tLeaving, tLate, tLateOK:
 		if m.Rank < 0 {
 			return fmt.Errorf("bad %s: negative rank", m.T)
 		}

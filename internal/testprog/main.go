@@ -7,6 +7,9 @@
 //	TESTPROG_MODE=freeze    rank VICTIM stops itself with SIGSTOP before the allreduce
 //	TESTPROG_MODE=fail      rank VICTIM prints to stderr and exits 7 before joining
 //	TESTPROG_MODE=noinit    rank VICTIM sleeps a minute instead of joining
+//	TESTPROG_MODE=leave     rank VICTIM makes ITERS-1 allreduces, closes its Comm (printing
+//	                        Close's error, if any, to stderr) and exits 0; the others
+//	                        make ITERS
 //	TESTPROG_MODE=loop      every rank runs allreduces until it is stopped, printing
 //	                        "rank R looping" after the first one
 //	TESTPROG_FAIL_ONCE=R    rank R exits 5 on the first launch (GORUN_RESTART_COUNT=0)
@@ -69,6 +72,14 @@ func main() {
 		}
 		if rank == victim {
 			switch mode {
+			case "leave":
+				if it == iters-1 {
+					if err := comm.Close(); err != nil {
+						fmt.Fprintln(os.Stderr, err)
+					}
+					fmt.Printf("rank %d closed after %d allreduces\n", rank, it)
+					os.Exit(0)
+				}
 			case "exit":
 				h := comm.AllreduceAsync(ctx, buf, collective.Sum)
 				_ = h
