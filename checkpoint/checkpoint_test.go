@@ -443,11 +443,23 @@ func TestWriteErrorOnOneRankFailsAllAndKeepsPrevious(t *testing.T) {
 	restore(t, comms, dir, 1, 1)
 }
 
+// An empty directory has no checkpoints, and a restore there starts fresh;
+// a path that does not exist, or is a file, is a mistake that Scan names
+// (gorun checkpoint inspect used to say "no checkpoints" for a typo).
 func TestScanEmptyAndMissingDir(t *testing.T) {
-	for _, dir := range []string{t.TempDir(), filepath.Join(t.TempDir(), "missing")} {
-		r, err := Scan(dir)
-		if err != nil || r.Pick != -1 || len(r.Entries) != 0 || !strings.Contains(r.Reason, "starts fresh") {
-			t.Errorf("Scan(%s) = %+v, %v", dir, r, err)
+	dir := t.TempDir()
+	r, err := Scan(dir)
+	if err != nil || r.Pick != -1 || len(r.Entries) != 0 || !strings.Contains(r.Reason, "starts fresh") {
+		t.Errorf("Scan(%s) = %+v, %v", dir, r, err)
+	}
+	missing := filepath.Join(t.TempDir(), "missing")
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{missing: missing + " does not exist", file: file + " is not a directory"} {
+		if r, err := Scan(path); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Scan(%s) = %+v, %v; want an error containing %q", path, r, err, want)
 		}
 	}
 }

@@ -117,8 +117,21 @@ func listSteps(dir string) ([]Entry, error) {
 
 // Scan lists the checkpoints under dir and verifies every committed one
 // (manifest, file sizes, sha256), newest first, and says which one a restore
-// would pick: the newest committed checkpoint that verifies.
+// would pick: the newest committed checkpoint that verifies. A directory
+// without checkpoints is an empty report; a dir that does not exist or is
+// not a directory is an error (Restore, by contrast, starts fresh there: a
+// new job's directory need not exist yet, but a path given to look at
+// checkpoints that is not there is most likely mistyped).
 func Scan(dir string) (*Report, error) {
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("checkpoint: %s does not exist: give the directory the job was given (checkpoint.New, --checkpoint-dir)", dir)
+	case err != nil:
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	case !st.IsDir():
+		return nil, fmt.Errorf("checkpoint: %s is not a directory: give the directory the job was given (checkpoint.New, --checkpoint-dir)", dir)
+	}
 	entries, err := listSteps(dir)
 	if err != nil {
 		return nil, err

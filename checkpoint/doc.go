@@ -76,5 +76,8 @@
 // silently starts over.
 //
 // `gorun checkpoint inspect DIR` lists the checkpoints, verifies them and
-// says which one a restore would pick (Scan).
+// says which one a restore would pick (Scan). It fails when DIR does not
+// exist or is not a directory, and when a committed checkpoint is corrupted;
+// an existing directory without checkpoints says "no checkpoints" and is not
+// an error.
 package checkpoint

@@ -23,8 +23,9 @@ given to checkpoint.New): its step, the world size that wrote it, its tensors
 (name, shape, dtype), its files and size. It verifies every committed
 checkpoint (each file's size and sha256 against the manifest), reports the
 ones that are corrupted or were never committed, and says which checkpoint a
-restore would pick and why. It exits 1 when a committed checkpoint is
-corrupted, 0 otherwise.`,
+restore would pick and why. It exits 1 when DIR does not exist or is not a
+directory, or when a committed checkpoint is corrupted; an existing DIR
+without checkpoints prints "no checkpoints in DIR" and exits 0.`,
 		Example:       "  gorun checkpoint inspect /shared/ckpt",
 		Args:          cobra.ExactArgs(1),
 		SilenceUsage:  true,

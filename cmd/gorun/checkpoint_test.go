@@ -119,3 +119,18 @@ func TestCheckpointKillResumeBitwiseIdentical(t *testing.T) {
 		t.Errorf("stderr: %s", stderr)
 	}
 }
+
+// inspect of a path that does not exist (a typo) fails and names it; an
+// existing directory without checkpoints is not an error.
+func TestCheckpointInspectMissingOrEmptyDir(t *testing.T) {
+	tmp := t.TempDir()
+	missing := filepath.Join(tmp, "no-such-dir")
+	stdout, stderr, code := run(t, nil, gorunBin, "checkpoint", "inspect", missing)
+	if code == 0 || !strings.Contains(stderr, missing+" does not exist") || strings.Contains(stdout, "no checkpoints") {
+		t.Errorf("inspect %s: exit %d\nstdout:\n%s\nstderr:\n%s\nwant a failure naming the path", missing, code, stdout, stderr)
+	}
+	stdout, stderr, code = run(t, nil, gorunBin, "checkpoint", "inspect", tmp)
+	if code != 0 || !strings.Contains(stdout, "no checkpoints in "+tmp) {
+		t.Errorf("inspect of an empty directory: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"time"
 
 	"gorgonia.org/tensor"
 
@@ -17,19 +18,25 @@ import (
 // --checkpoint-dir and restores the newest one at start. Without
 // --checkpoint-dir it does nothing.
 type checkpointer struct {
-	every int
-	mgr   *checkpoint.Manager
-	state *checkpoint.State
+	every     int
+	mgr       *checkpoint.Manager
+	state     *checkpoint.State
+	out       *output
+	global    int // this run's global batch, saved with the state
+	saved     int // the global batch the restored checkpoint was trained with; 0 if unknown
+	lastSaved int // the step of the newest checkpoint on disk; -1 for none
 }
 
 // progressBlob is this rank's part of the state: the history of finished
-// epochs (for the plot and metrics) and the running sums of the current one.
+// epochs (for the plot and metrics), the running sums of the current one,
+// and the global batch, which fixes what a step is.
 type progressBlob struct {
-	History []EpochResult `json:"history"`
-	Sums    []float64     `json:"sums"`
+	History     []EpochResult `json:"history"`
+	Sums        []float64     `json:"sums"`
+	GlobalBatch int           `json:"global_batch,omitempty"`
 }
 
-func newCheckpointer(ctx context.Context, comm *collective.Comm, cfg *Config, names []string, params []*tensor.Dense,
+func newCheckpointer(comm *collective.Comm, cfg *Config, out *output, global int, names []string, params []*tensor.Dense,
 	opt Optimizer, history *[]EpochResult, sums *[]float64) (*checkpointer, error) {
 	if cfg.CheckpointDir == "" {
 		return &checkpointer{}, nil
@@ -37,6 +44,7 @@ func newCheckpointer(ctx context.Context, comm *collective.Comm, cfg *Config, na
 	if cfg.CheckpointEvery <= 0 {
 		return nil, fmt.Errorf("--checkpoint-every %d must be positive", cfg.CheckpointEvery)
 	}
+	c := &checkpointer{every: cfg.CheckpointEvery, out: out, global: global, lastSaved: -1}
 	st := new(checkpoint.State)
 	// Replicated state: the same on every rank, saved in shards.
 	for i, p := range params {
@@ -48,7 +56,7 @@ func newCheckpointer(ctx context.Context, comm *collective.Comm, cfg *Config, na
 	}
 	// Per-rank state.
 	st.Blob("progress", func() ([]byte, error) {
-		return json.Marshal(progressBlob{History: *history, Sums: *sums})
+		return json.Marshal(progressBlob{History: *history, Sums: *sums, GlobalBatch: c.global})
 	}, func(b []byte) error {
 		var p progressBlob
 		if err := json.Unmarshal(b, &p); err != nil {
@@ -57,19 +65,24 @@ func newCheckpointer(ctx context.Context, comm *collective.Comm, cfg *Config, na
 		if len(p.Sums) != 3 {
 			return fmt.Errorf("progress blob holds %d sums, want 3", len(p.Sums))
 		}
-		*history, *sums = p.History, p.Sums
+		*history, *sums, c.saved = p.History, p.Sums, p.GlobalBatch
 		return nil
 	})
 	mgr, err := checkpoint.New(comm, cfg.CheckpointDir)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--checkpoint-dir: %w", err)
 	}
-	return &checkpointer{every: cfg.CheckpointEvery, mgr: mgr, state: st}, nil
+	c.mgr, c.state = mgr, st
+	return c, nil
 }
 
 // restore loads the newest checkpoint and returns its optimizer step (0
-// for a fresh start).
-func (c *checkpointer) restore(ctx context.Context, out *output) (int, error) {
+// for a fresh start, as without --checkpoint-dir). A step counts global
+// batches, so a checkpoint trained with another global batch cannot
+// continue this run: restore then fails on every rank alike (the ranks
+// agree on the recorded global batch with an allreduce, since ranks beyond
+// the old world size have none).
+func (c *checkpointer) restore(ctx context.Context, comm *collective.Comm) (int, error) {
 	if c.mgr == nil {
 		return 0, nil
 	}
@@ -77,8 +90,17 @@ func (c *checkpointer) restore(ctx context.Context, out *output) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if found {
-		out.printf("mnist: resumed from %s at step %d\n", checkpoint.StepDir(c.mgr.Dir(), step), step)
+	if !found {
+		return 0, nil
+	}
+	c.lastSaved = int(step)
+	saved := []int64{int64(c.saved)}
+	if err := comm.Allreduce(ctx, saved, collective.Max); err != nil {
+		return 0, err
+	}
+	if saved[0] != 0 && int(saved[0]) != c.global {
+		return 0, fmt.Errorf("--checkpoint-dir %s holds a run with global batch %d, and this one has global batch %d, so its step %d would mean other samples: continue it with --global-batch %d (the number of ranks may change), or use a new --checkpoint-dir",
+			c.mgr.Dir(), saved[0], c.global, step, saved[0])
 	}
 	return int(step), nil
 }
@@ -88,7 +110,42 @@ func (c *checkpointer) maybeSave(ctx context.Context, step int) error {
 	if c.mgr == nil || step%c.every != 0 {
 		return nil
 	}
-	return c.mgr.Save(ctx, int64(step), c.state)
+	return c.save(ctx, step)
+}
+
+// saveFinal saves the end of training, unless that step is saved already,
+// so that a rerun of the finished job finds it complete instead of
+// training its last steps again.
+func (c *checkpointer) saveFinal(ctx context.Context, step int) error {
+	if c.mgr == nil || step == c.lastSaved {
+		return nil
+	}
+	return c.save(ctx, step)
+}
+
+// save writes a checkpoint and says so on one line.
+func (c *checkpointer) save(ctx context.Context, step int) error {
+	if err := c.mgr.Save(ctx, int64(step), c.state); err != nil {
+		return err
+	}
+	c.lastSaved = step
+	st := c.mgr.LastSave()
+	c.out.printf("checkpoint: step %d saved to %s (%s, %s)\n", step, checkpoint.StepDir(c.mgr.Dir(), int64(step)),
+		humanBytes(st.Bytes), st.Total.Round(time.Millisecond))
+	return nil
+}
+
+// humanBytes is a size in decimal units, as ls -h --si and disk tools say.
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1e9:
+		return fmt.Sprintf("%.1f GB", float64(n)/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%.1f MB", float64(n)/1e6)
+	case n >= 1e3:
+		return fmt.Sprintf("%.0f kB", float64(n)/1e3)
+	}
+	return fmt.Sprintf("%d B", n)
 }
 
 // failAt makes the last rank exit at --fail-at-step on the job's first

@@ -6,6 +6,10 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"os"
+	"strconv"
+	"strings"
+
+	"github.com/gorun/gorun/collective"
 )
 
 // The default dataset: 10,000 real MNIST digits (8,000 train, 2,000 test),
@@ -77,23 +81,112 @@ func loadSplit(fsys fs.FS, prefix string) (*Dataset, error) {
 	return d, nil
 }
 
+// BatchPlan says how the samples of one optimizer step are split between
+// the ranks and their micro-batches. The Global samples of a step are cut
+// into K·Size consecutive slots, as evenly as the numbers allow: slot
+// j·Size + r is micro-batch j of rank r. When K·Size divides Global every
+// slot has Global/(K·Size) samples; otherwise (64 over 3 ranks) the slots
+// differ by one sample (21, 21, 22), and Weight corrects each micro-batch's
+// gradient for its size, so a step still averages over exactly Global
+// samples.
+type BatchPlan struct {
+	Global int // samples per optimizer step, over all ranks and micro-batches
+	K      int // micro-batches per step on every rank (backward passes per step)
+	Size   int // ranks
+}
+
+// defaultGlobalBatch is the global batch when neither --batch nor
+// --global-batch is given: fixed, so that any number of ranks trains the
+// same model as one rank does.
+const defaultGlobalBatch = 64
+
+// planBatches derives the plan from the flags (0 = not given) and the
+// number of ranks:
+//
+//   - --batch B and --global-batch G: k = G/(ranks·B), which must be whole;
+//   - --batch B alone: G = B·ranks·k, with k = --accumulate or 1;
+//   - otherwise: G = --global-batch or 64, k = --accumulate or 1, and each
+//     rank's micro-batch is G/(ranks·k), split unevenly when that is not whole.
+func planBatches(batch, global, accumulate, size int) (BatchPlan, error) {
+	k := max(accumulate, 1)
+	switch {
+	case batch > 0 && global > 0:
+		kk, err := collective.PassesPerStep(global, size, batch)
+		if err != nil {
+			return BatchPlan{}, fmt.Errorf("--global-batch %d with --batch %d: %w", global, batch, err)
+		}
+		if accumulate > 0 && accumulate != kk {
+			return BatchPlan{}, fmt.Errorf("--accumulate %d contradicts --global-batch %d = %d ranks × --batch %d × %d micro-batches: give two of the three",
+				accumulate, global, size, batch, kk)
+		}
+		return BatchPlan{Global: global, K: kk, Size: size}, nil
+	case batch > 0:
+		return BatchPlan{Global: batch * size * k, K: k, Size: size}, nil
+	}
+	if global == 0 {
+		global = defaultGlobalBatch
+	}
+	if global < k*size {
+		return BatchPlan{}, fmt.Errorf("global batch %d is smaller than %d ranks × %d micro-batches: every micro-batch needs at least one sample; raise --global-batch or lower --accumulate",
+			global, size, k)
+	}
+	return BatchPlan{Global: global, K: k, Size: size}, nil
+}
+
+// Slot returns the range [lo, hi) of a step's Global samples that is
+// micro-batch micro of rank.
+func (p BatchPlan) Slot(micro, rank int) (lo, hi int) {
+	s, n := micro*p.Size+rank, p.K*p.Size
+	return p.Global * s / n, p.Global * (s + 1) / n
+}
+
+// Even reports whether every micro-batch has the same size.
+func (p BatchPlan) Even() bool { return p.Global%(p.K*p.Size) == 0 }
+
+// MaxLocal is the largest micro-batch.
+func (p BatchPlan) MaxLocal() int { return (p.Global + p.K*p.Size - 1) / (p.K * p.Size) }
+
+// Weight is the factor for the mean gradient of a micro-batch of n samples.
+// The Reducer averages the K·Size micro-batch gradients with equal weights;
+// scaling each by n·K·Size/Global turns that average into the mean over the
+// Global samples. It is exactly 1 when the plan is even.
+func (p BatchPlan) Weight(n int) float32 {
+	return float32(float64(n*p.K*p.Size) / float64(p.Global))
+}
+
+// Describe lists the micro-batch sizes of each rank, e.g. "21, 21, 22".
+func (p BatchPlan) Describe() string {
+	var parts []string
+	for r := range p.Size {
+		var sizes []string
+		for j := range p.K {
+			lo, hi := p.Slot(j, r)
+			sizes = append(sizes, strconv.Itoa(hi-lo))
+		}
+		parts = append(parts, strings.Join(sizes, "+"))
+	}
+	return strings.Join(parts, ", ")
+}
+
 // Sharder splits every global batch of an epoch between the ranks. All
 // ranks draw the same permutation of the training set from (seed, epoch);
 // optimizer step s uses samples perm[s·G : (s+1)·G] of the global batch G,
-// and within it micro-batch j of rank r is the slice of local batch size b
-// at offset (j·size + r)·b. The union over ranks and micro-batches is the
-// global batch whatever the world size, so a 1-rank run with the same G
-// sees exactly the same samples per step. Samples left over after the last
-// whole global batch are skipped for that epoch (a new permutation next
-// epoch gives them their turn).
+// and within it micro-batch j of rank r is the plan's slot j·size + r. The
+// union over ranks and micro-batches is the global batch whatever the world
+// size, so a 1-rank run with the same G sees exactly the same samples per
+// step. The N mod G samples left over after the last whole global batch
+// are skipped for that epoch (the next epoch's permutation gives them their
+// turn): with the embedded 8,000 digits and G = 64 there are none.
 type Sharder struct {
-	N, Global, Local, Rank, Size int
-	Seed                         uint64
-	perm                         []int
+	N    int
+	Plan BatchPlan
+	Rank int
+	Seed uint64
+	perm []int
 }
 
 // Steps is the number of optimizer steps per epoch.
-func (s *Sharder) Steps() int { return s.N / s.Global }
+func (s *Sharder) Steps() int { return s.N / s.Plan.Global }
 
 // Epoch draws the permutation of epoch e.
 func (s *Sharder) Epoch(e int) {
@@ -103,6 +196,7 @@ func (s *Sharder) Epoch(e int) {
 
 // Batch returns the sample indices of this rank's micro-batch j of step.
 func (s *Sharder) Batch(step, micro int) []int {
-	off := step*s.Global + (micro*s.Size+s.Rank)*s.Local
-	return s.perm[off : off+s.Local]
+	lo, hi := s.Plan.Slot(micro, s.Rank)
+	off := step * s.Plan.Global
+	return s.perm[off+lo : off+hi]
 }

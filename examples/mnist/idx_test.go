@@ -79,18 +79,19 @@ func TestEmbeddedData(t *testing.T) {
 }
 
 // Whatever the world size, the ranks' micro-batches of a step together are
-// the same global batch, each sample once, and the epoch order depends only
-// on seed and epoch.
+// the same global batch, each sample once, also when the ranks do not
+// divide it (64 over 3 or 5 ranks), and the epoch order depends only on
+// seed and epoch.
 func TestSharder(t *testing.T) {
 	const n, global = 1000, 64
-	ref := &Sharder{N: n, Global: global, Local: global, Rank: 0, Size: 1, Seed: 7}
+	ref := &Sharder{N: n, Plan: BatchPlan{Global: global, K: 1, Size: 1}, Rank: 0, Seed: 7}
 	ref.Epoch(3)
-	for _, size := range []int{1, 2, 4} {
-		for _, k := range []int{1, 2} {
-			local := global / size / k
+	for _, size := range []int{1, 2, 3, 4, 5} {
+		for _, k := range []int{1, 2, 3} {
+			plan := BatchPlan{Global: global, K: k, Size: size}
 			var steps [][]int
 			for rank := range size {
-				s := &Sharder{N: n, Global: global, Local: local, Rank: rank, Size: size, Seed: 7}
+				s := &Sharder{N: n, Plan: plan, Rank: rank, Seed: 7}
 				s.Epoch(3)
 				if s.Steps() != n/global {
 					t.Fatalf("steps %d", s.Steps())
@@ -100,7 +101,20 @@ func TestSharder(t *testing.T) {
 						steps = append(steps, nil)
 					}
 					for micro := range k {
-						steps[step] = append(steps[step], s.Batch(step, micro)...)
+						b := s.Batch(step, micro)
+						if len(b) < global/(size*k) || len(b) > plan.MaxLocal() {
+							t.Fatalf("size %d k %d: micro-batch of %d samples, want %d or %d", size, k, len(b), global/(size*k), plan.MaxLocal())
+						}
+						if plan.Even() {
+							// The layout of equal micro-batches: slot
+							// (micro·size + rank) of the step.
+							local := global / (size * k)
+							off := step*global + (micro*size+rank)*local
+							if want := ref.perm[off : off+local]; !slices.Equal(b, want) {
+								t.Fatalf("size %d k %d rank %d step %d micro %d: %v, want %v", size, k, rank, step, micro, b, want)
+							}
+						}
+						steps[step] = append(steps[step], b...)
 					}
 				}
 			}
@@ -114,7 +128,7 @@ func TestSharder(t *testing.T) {
 			}
 		}
 	}
-	other := &Sharder{N: n, Global: global, Local: global, Size: 1, Seed: 7}
+	other := &Sharder{N: n, Plan: BatchPlan{Global: global, K: 1, Size: 1}, Seed: 7}
 	other.Epoch(4)
 	if slices.Equal(other.Batch(0, 0), ref.Batch(0, 0)) {
 		t.Error("epochs 3 and 4 start with the same batch")

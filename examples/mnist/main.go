@@ -10,15 +10,19 @@
 // MLP with its forward and backward pass on gorgonia tensors), cnn.go (the
 // optional convolutional network), optim.go
 // (SGD and Adam), train.go (the distributed loop: broadcast, Reducer,
-// consistency check), output.go (progress bar, summaries, plot, metrics).
+// consistency check), checkpoint.go (save and resume), output.go and
+// progress.go (summaries, progress bar or lines, plot, metrics).
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -29,9 +33,9 @@ import (
 type Config struct {
 	Data            string
 	Epochs          int
-	Batch           int // per rank, per micro-batch
-	GlobalBatch     int
-	Accumulate      int
+	Batch           int // per rank, per micro-batch; 0: derived from the global batch
+	GlobalBatch     int // 0: 64, or Batch × ranks × Accumulate when Batch is given
+	Accumulate      int // 0: 1, or derived from Batch and GlobalBatch
 	Hidden          []int
 	Model           string
 	Optimizer       string
@@ -54,9 +58,9 @@ func parseFlags(args []string) (*Config, error) {
 	fs := flag.NewFlagSet("mnist", flag.ContinueOnError)
 	fs.StringVar(&c.Data, "data", "", "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (full MNIST, Fashion-MNIST); default: the embedded 8,000/2,000 digits")
 	fs.IntVar(&c.Epochs, "epochs", 10, "passes over the training set")
-	fs.IntVar(&c.Batch, "batch", 64, "samples per rank per micro-batch (the local batch)")
-	fs.IntVar(&c.GlobalBatch, "global-batch", 0, "samples per optimizer step over all ranks (default: batch × ranks × accumulate); fixes the accumulation steps")
-	fs.IntVar(&c.Accumulate, "accumulate", 0, "micro-batches per optimizer step (backward passes per step); default 1, or derived from --global-batch")
+	fs.IntVar(&c.Batch, "batch", 0, "samples per rank per micro-batch (the local batch); default: the global batch shared out between the ranks")
+	fs.IntVar(&c.GlobalBatch, "global-batch", 0, "samples per optimizer step over all ranks (default 64 whatever the number of ranks, or batch × ranks × accumulate when --batch is given)")
+	fs.IntVar(&c.Accumulate, "accumulate", 0, "micro-batches per optimizer step (backward passes per step); default 1, or derived from --batch and --global-batch")
 	fs.StringVar(&c.Model, "model", "mlp", "mlp, or cnn (a 5×5 convolution with 8 channels, 2×2 max-pooling, then the --hidden layers)")
 	hidden := fs.String("hidden", "128", "hidden layer sizes, comma-separated, e.g. 256,128")
 	fs.StringVar(&c.Optimizer, "optimizer", "sgd", "sgd (with momentum) or adam")
@@ -69,7 +73,7 @@ func parseFlags(args []string) (*Config, error) {
 	fs.BoolVar(&c.Verbose, "verbose", false, "let every rank print, not just rank 0")
 	fs.StringVar(&c.Plot, "plot", "", "write loss and accuracy curves to this PNG file (rank 0)")
 	fs.StringVar(&c.Metrics, "metrics", "", "append one JSON object per epoch to this file (rank 0)")
-	fs.StringVar(&c.Progress, "progress", "auto", "progress bar: auto (when a terminal is there), on, off")
+	fs.StringVar(&c.Progress, "progress", "auto", "progress on stderr: auto (a live bar when there is a terminal, else nothing), on (the bar, or a plain line every tenth of an epoch without a terminal), off")
 	fs.StringVar(&c.CheckpointDir, "checkpoint-dir", "", "save checkpoints here and resume from the newest one at start (also after gorun --max-restarts)")
 	fs.IntVar(&c.CheckpointEvery, "checkpoint-every", 100, "optimizer steps between checkpoints (with --checkpoint-dir)")
 	fs.IntVar(&c.FailAtStep, "fail-at-step", 0, "testing aid: the last rank fails after this optimizer step on the first launch (GORUN_RESTART_COUNT unset or 0)")
@@ -77,6 +81,8 @@ func parseFlags(args []string) (*Config, error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
@@ -96,8 +102,10 @@ func parseFlags(args []string) (*Config, error) {
 	switch {
 	case c.Epochs <= 0:
 		return nil, fmt.Errorf("--epochs %d must be positive", c.Epochs)
-	case c.Batch <= 0:
+	case given["batch"] && c.Batch <= 0:
 		return nil, fmt.Errorf("--batch %d must be positive", c.Batch)
+	case given["global-batch"] && c.GlobalBatch <= 0:
+		return nil, fmt.Errorf("--global-batch %d must be positive", c.GlobalBatch)
 	case c.Accumulate < 0:
 		return nil, fmt.Errorf("--accumulate %d must not be negative", c.Accumulate)
 	}
@@ -120,10 +128,18 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// Every rank writes its own profile and timeline: check both before any
+	// work. (Rank 0's --plot and --metrics are checked in Train.)
+	for _, f := range []struct{ flag, path string }{{"--cpuprofile", cfg.CPUProfile}, {"--timeline", cfg.Timeline}} {
+		if err := checkOutputFile(f.flag, f.path); err != nil {
+			fmt.Fprintln(os.Stderr, "mnist:", err)
+			os.Exit(2)
+		}
+	}
 	if cfg.CPUProfile != "" {
 		stopProfile, err := startCPUProfile(cfg.CPUProfile)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "mnist: --cpuprofile:", err)
+			fmt.Fprintf(os.Stderr, "mnist: --cpuprofile %s: %v\n", cfg.CPUProfile, err)
 			os.Exit(2)
 		}
 		defer stopProfile()
@@ -147,4 +163,58 @@ func startCPUProfile(path string) (stop func(), err error) {
 		return nil, err
 	}
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// checkRankPaths checks, before any training, the paths this rank will
+// write: the plot (rank 0) and the checkpoint directory (every rank; it is
+// created if missing, as checkpoint.New would). The metrics file is
+// created right away by output.openMetrics.
+func checkRankPaths(cfg *Config, rank int) error {
+	if rank == 0 {
+		if err := checkOutputFile("--plot", cfg.Plot); err != nil {
+			return err
+		}
+	}
+	dir := cfg.CheckpointDir
+	if dir == "" {
+		return nil
+	}
+	if st, err := os.Stat(dir); err == nil && !st.IsDir() {
+		return fmt.Errorf("--checkpoint-dir %s is a file, not a directory", dir)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("--checkpoint-dir %s cannot be created: %w", dir, err)
+	}
+	if err := syscall.Access(dir, writable); err != nil {
+		return fmt.Errorf("--checkpoint-dir %s is not writable: %w", dir, err)
+	}
+	return nil
+}
+
+// writable is access(2)'s W_OK.
+const writable = 2
+
+// checkOutputFile fails, naming the flag, when path could not be created
+// later: its directory is missing or not writable, or path is a directory.
+func checkOutputFile(flagName, path string) error {
+	if path == "" {
+		return nil
+	}
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return fmt.Errorf("%s %s is a directory; give a file name", flagName, path)
+	}
+	dir := filepath.Dir(path)
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("%s %s: directory %s does not exist; create it or choose another path", flagName, path, dir)
+	case err != nil:
+		return fmt.Errorf("%s %s: %w", flagName, path, err)
+	case !st.IsDir():
+		return fmt.Errorf("%s %s: %s is not a directory", flagName, path, dir)
+	}
+	if err := syscall.Access(dir, writable); err != nil {
+		return fmt.Errorf("%s %s: cannot write in %s: %w", flagName, path, dir, err)
+	}
+	return nil
 }

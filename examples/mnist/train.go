@@ -15,6 +15,7 @@ import (
 
 	"gorgonia.org/tensor"
 
+	"github.com/gorun/gorun/checkpoint"
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/compress"
 )
@@ -60,6 +61,19 @@ func Train(ctx context.Context, cfg *Config) error {
 		runtime.GOMAXPROCS(max(1, runtime.NumCPU()/comm.LocalSize()))
 	}
 	out := newOutput(cfg, rank, size)
+	defer out.stopProgress() // also on errors: they print on a clean line
+	// Output paths are checked before any work, so that a typo in --plot
+	// fails now rather than after the whole training.
+	if err := checkRankPaths(cfg, rank); err != nil {
+		return err
+	}
+	if err := out.openMetrics(); err != nil {
+		return err
+	}
+	plan, err := planBatches(cfg.Batch, cfg.GlobalBatch, cfg.Accumulate, size)
+	if err != nil {
+		return err
+	}
 
 	// 2. Data: every rank loads the (small) files, but trains only on its
 	// shard of every global batch.
@@ -86,15 +100,10 @@ func Train(ctx context.Context, cfg *Config) error {
 	names, params, grads := model.Params()
 
 	// 4. The Reducer averages gradients over ranks and micro-batches.
-	global := cfg.GlobalBatch
-	if global == 0 {
-		global = cfg.Batch * size * max(cfg.Accumulate, 1)
-	}
-	ropts := collective.ReducerOptions{
-		BackwardPassesPerStep: cfg.Accumulate,
-		GlobalBatch:           global,
-		LocalBatch:            cfg.Batch,
-		FusionThreshold:       cfg.FusionThreshold,
+	ropts := collective.ReducerOptions{BackwardPassesPerStep: plan.K, FusionThreshold: cfg.FusionThreshold}
+	if plan.Even() {
+		// The Reducer checks the arithmetic too: k = global / (ranks × local).
+		ropts.GlobalBatch, ropts.LocalBatch = plan.Global, plan.Global/(plan.K*plan.Size)
 	}
 	if cfg.Compression != "none" {
 		if _, err := compress.ByName(cfg.Compression); err != nil {
@@ -120,13 +129,12 @@ func Train(ctx context.Context, cfg *Config) error {
 		return err
 	}
 
-	k := red.BackwardPassesPerStep()
-	sh := &Sharder{N: train.Len(), Global: global, Local: cfg.Batch, Rank: rank, Size: size, Seed: cfg.Seed}
+	sh := &Sharder{N: train.Len(), Plan: plan, Rank: rank, Seed: cfg.Seed}
 	steps := sh.Steps()
 	if steps == 0 {
-		return fmt.Errorf("global batch %d is larger than the %d training samples", global, train.Len())
+		return fmt.Errorf("global batch %d is larger than the %d training samples", plan.Global, train.Len())
 	}
-	out.header(train, test, model, global, k, cfg)
+	out.header(train, test, model, plan, cfg)
 
 	// 5. Resume from the newest checkpoint, if any: parameters, optimizer
 	// state, the epoch history and this rank's running sums. The data
@@ -134,17 +142,28 @@ func Train(ctx context.Context, cfg *Config) error {
 	// where it stopped.
 	var history []EpochResult
 	local := []float64{0, 0, 0} // this epoch's sums over this rank's samples: loss, correct, count
-	ck, err := newCheckpointer(ctx, comm, cfg, names, params, opt, &history, &local)
+	ck, err := newCheckpointer(comm, cfg, out, plan.Global, names, params, opt, &history, &local)
 	if err != nil {
 		return err
 	}
-	gstep, err := ck.restore(ctx, out)
+	gstep, err := ck.restore(ctx, comm)
 	if err != nil {
 		return err
+	}
+	if total := cfg.Epochs * steps; gstep >= total {
+		out.finishedRun(cfg.CheckpointDir, gstep, total, history)
+		if err := out.writeMetrics(history...); err != nil {
+			return err
+		}
+		return out.final(ctx, comm, history, time.Since(start), paramHash(params), false)
 	}
 	if gstep > 0 {
+		out.printf("mnist: resumed from %s at step %d of %d\n", checkpoint.StepDir(cfg.CheckpointDir, int64(gstep)), gstep, cfg.Epochs*steps)
 		// Compression's error-feedback residuals are not in the checkpoint.
 		red.ResetResiduals()
+		if err := out.writeMetrics(history...); err != nil {
+			return err
+		}
 	}
 
 	gradReady := func(names ...string) error {
@@ -155,27 +174,26 @@ func Train(ctx context.Context, cfg *Config) error {
 		}
 		return nil
 	}
-	x := tensor.New(tensor.WithShape(cfg.Batch, train.Pixels), tensor.Of(tensor.Float32))
-	labels := make([]uint8, cfg.Batch)
+	xbuf := make([]float32, plan.MaxLocal()*train.Pixels)
+	labels := make([]uint8, plan.MaxLocal())
+	out.startProgress(cfg.Epochs, steps, plan.Global, gstep)
 	for epoch := gstep/steps + 1; epoch <= cfg.Epochs; epoch++ {
 		epochStart, stats0 := time.Now(), comm.Stats()
 		sh.Epoch(epoch)
 		first := gstep % steps // > 0 only when resuming mid-epoch
-		bar := out.bar(epoch, steps, global, first)
 		for step := first; step < steps; step++ {
-			for micro := range k {
-				gather(train, sh.Batch(step, micro), x, labels)
-				logits := model.Forward(x)
-				loss, correct, dlogits := SoftmaxCrossEntropy(logits, labels)
-				local[0] += loss * float64(cfg.Batch)
-				local[1] += float64(correct)
-				local[2] += float64(cfg.Batch)
+			for micro := range plan.K {
+				idx := sh.Batch(step, micro)
 				// Each layer's gradients go to the Reducer as soon as they
 				// are final: on the k-th micro-batch their allreduce starts
 				// while the layers below are still in backward.
-				if err := model.Backward(dlogits, gradReady); err != nil {
+				loss, correct, err := trainMicroBatch(model, train, idx, plan, xbuf, labels, gradReady)
+				if err != nil {
 					return err
 				}
+				local[0] += loss * float64(len(idx))
+				local[1] += float64(correct)
+				local[2] += float64(len(idx))
 			}
 			// Wait for the allreduces: grads now hold the average over
 			// the global batch, the same on every rank.
@@ -184,7 +202,7 @@ func Train(ctx context.Context, cfg *Config) error {
 			}
 			opt.Step(params, grads)
 			gstep++
-			bar.add(global)
+			out.prog.stepDone(gstep)
 			if step+1 < steps { // the epoch's last step is saved after its summary
 				if err := ck.maybeSave(ctx, gstep); err != nil {
 					return err
@@ -194,7 +212,6 @@ func Train(ctx context.Context, cfg *Config) error {
 				return err
 			}
 		}
-		bar.finish()
 		sums := slices.Clone(local)
 		if err := comm.Allreduce(ctx, sums, collective.Sum); err != nil {
 			return err
@@ -213,7 +230,7 @@ func Train(ctx context.Context, cfg *Config) error {
 			Epoch: epoch, Loss: sums[0] / sums[2], TrainAcc: sums[1] / sums[2],
 			TestLoss: testLoss, TestAcc: testAcc,
 			Seconds: el.Seconds(), CommSeconds: (st.CommTime - stats0.CommTime).Seconds(),
-			SamplesPerS: float64((steps-first)*global) / el.Seconds(), Steps: steps, Ranks: size, GlobalBatch: global,
+			SamplesPerS: float64((steps-first)*plan.Global) / el.Seconds(), Steps: steps, Ranks: size, GlobalBatch: plan.Global,
 			Compression:  cfg.Compression,
 			WireBytes:    st.PayloadBytesSent + st.HeaderBytesSent - stats0.PayloadBytesSent - stats0.HeaderBytesSent,
 			BytesReduced: st.Bytes - stats0.Bytes,
@@ -228,10 +245,32 @@ func Train(ctx context.Context, cfg *Config) error {
 			return err
 		}
 	}
-	if len(history) == 0 {
-		return fmt.Errorf("nothing to do: the checkpoint in %s is already at epoch %d of %d", cfg.CheckpointDir, gstep/steps, cfg.Epochs)
+	// The end of training is always saved, whatever --checkpoint-every.
+	if err := ck.saveFinal(ctx, gstep); err != nil {
+		return err
 	}
-	return out.final(ctx, comm, history, time.Since(start), paramHash(params))
+	out.stopProgress()
+	return out.final(ctx, comm, history, time.Since(start), paramHash(params), true)
+}
+
+// trainMicroBatch runs forward and backward on the samples idx and hands
+// each layer's gradients to the Reducer through gradReady. The gradient of
+// the mean loss is scaled by the plan's weight for a micro-batch of this
+// size (1 when the global batch splits evenly). It returns the mean loss
+// and the number of correct predictions.
+func trainMicroBatch(m Model, d *Dataset, idx []int, plan BatchPlan, xbuf []float32, labels []uint8,
+	gradReady func(names ...string) error) (loss float64, correct int, err error) {
+	n := len(idx)
+	x := tensor.New(tensor.WithShape(n, d.Pixels), tensor.WithBacking(xbuf[:n*d.Pixels]))
+	gather(d, idx, x, labels[:n])
+	loss, correct, dlogits := SoftmaxCrossEntropy(m.Forward(x), labels[:n])
+	if w := plan.Weight(n); w != 1 {
+		g := f32(dlogits)
+		for i := range g {
+			g[i] *= w
+		}
+	}
+	return loss, correct, m.Backward(dlogits, gradReady)
 }
 
 // gather copies the samples idx into the batch tensor x and labels.

@@ -30,11 +30,14 @@ type Result struct {
 	Correct   bool    `json:"correct"`
 	// With --compression: the codec, the payload bytes one rank sent per op,
 	// their ratio to the uncompressed ring's, and the relative RMS error of
-	// the result against the exact sum.
-	Compression string  `json:"compression,omitempty"`
-	WireBytes   uint64  `json:"wire_bytes,omitempty"`
-	WireRatio   float64 `json:"wire_ratio,omitempty"`
-	RelError    float64 `json:"rel_error,omitempty"`
+	// the result against the exact sum. A size below the compression
+	// threshold travels uncompressed: codec "none", ratio 1, and the note
+	// says why ("below threshold 64 KiB").
+	Compression     string  `json:"compression,omitempty"`
+	CompressionNote string  `json:"compression_note,omitempty"`
+	WireBytes       uint64  `json:"wire_bytes,omitempty"`
+	WireRatio       float64 `json:"wire_ratio,omitempty"`
+	RelError        float64 `json:"rel_error,omitempty"`
 }
 
 // Options are the measurement's parameters.
@@ -46,6 +49,38 @@ type Options struct {
 	// Compression names the codec of a compressed allreduce ("" = none);
 	// the Comm must have been created WithCompression of it.
 	Compression string
+	// CompressionThreshold is the Comm's (WithCompressionThreshold): smaller
+	// buffers travel uncompressed, and the report says so. 0 means
+	// collective.DefaultCompressionThreshold.
+	CompressionThreshold int
+}
+
+// CompressionThreshold is the threshold a Comm takes from the environment
+// (GORUN_COMPRESSION_THRESHOLD, else the default), for a worker to pass to
+// collective.WithCompressionThreshold and to Options alike.
+func CompressionThreshold(getenv func(string) string) (int, error) {
+	s := getenv(collective.EnvCompressionThreshold)
+	if s == "" {
+		return collective.DefaultCompressionThreshold, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%s=%q is not a byte count", collective.EnvCompressionThreshold, s)
+	}
+	return n, nil
+}
+
+// humanSize writes whole KiB, MiB and GiB as such: 65536 is "64 KiB".
+func humanSize(n int) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
 }
 
 // Tolerances: the largest relative RMS error a compressed result may have
@@ -110,7 +145,7 @@ func Run(ctx context.Context, comm *collective.Comm, o Options, asJSON bool, w i
 		}
 		fmt.Fprintf(w, "\n%12s %8s %12s %12s %12s %8s", "bytes", "iters", "time_us", "algbw_GB/s", "busbw_GB/s", "correct")
 		if o.Compression != "" {
-			fmt.Fprintf(w, " %12s %8s %10s", "wire_bytes", "ratio", "rel_error")
+			fmt.Fprintf(w, " %12s %8s %10s  %s", "wire_bytes", "ratio", "rel_error", "codec")
 		}
 		fmt.Fprintln(w)
 	}
@@ -128,7 +163,11 @@ func Run(ctx context.Context, comm *collective.Comm, o Options, asJSON bool, w i
 		} else {
 			fmt.Fprintf(w, "%12d %8d %12.1f %12.4f %12.4f %8v", r.Bytes, r.Iters, r.TimeUS, r.AlgBWGBps, r.BusBWGBps, r.Correct)
 			if o.Compression != "" {
-				fmt.Fprintf(w, " %12d %8.4f %10.2e", r.WireBytes, r.WireRatio, r.RelError)
+				codec := r.Compression
+				if r.CompressionNote != "" {
+					codec += " (" + r.CompressionNote + ")"
+				}
+				fmt.Fprintf(w, " %12d %8.4f %10.2e  %s", r.WireBytes, r.WireRatio, r.RelError, codec)
 			}
 			fmt.Fprintln(w)
 		}
@@ -156,6 +195,7 @@ func measure(ctx context.Context, comm *collective.Comm, o Options, size int64) 
 	times := make([]float64, iters)
 	correct := true
 	before, _ := comm.CompressionStats()
+	sent0 := comm.Stats().PayloadBytesSent
 	var worstErr float64
 	for i := -warmup; i < iters; i++ {
 		c.fill(i)
@@ -193,6 +233,7 @@ func measure(ctx context.Context, comm *collective.Comm, o Options, size int64) 
 		}
 	}
 	after, _ := comm.CompressionStats()
+	sent := comm.Stats().PayloadBytesSent - sent0 // barriers send headers only
 	// The op takes as long as its slowest rank: reduce the per-iteration
 	// times with Max, then take the median.
 	if err := comm.Allreduce(ctx, times, collective.Max, collective.Name("bench-times")); err != nil {
@@ -218,6 +259,19 @@ func measure(ctx context.Context, comm *collective.Comm, o Options, size int64) 
 		if calls := after.Calls - before.Calls; calls > 0 {
 			res.WireBytes = (after.WireBytes - before.WireBytes) / calls
 			res.WireRatio = float64(after.WireBytes-before.WireBytes) / float64(after.RawBytes-before.RawBytes)
+		} else {
+			// The Comm sent this size uncompressed: what went on the wire
+			// is the plain ring's payload.
+			res.Compression, res.WireRatio = "none", 1
+			res.WireBytes = sent / uint64(warmup+iters)
+			threshold := o.CompressionThreshold
+			if threshold == 0 {
+				threshold = collective.DefaultCompressionThreshold
+			}
+			res.CompressionNote = "not compressed by the Comm"
+			if c.bytes() < threshold {
+				res.CompressionNote = "below threshold " + humanSize(threshold)
+			}
 		}
 	}
 	return res, nil
