@@ -2,8 +2,10 @@
 // job, on this host or on many, gives each its identity and the job's secret
 // through the environment contract (see package collective), hosts the
 // rendezvous they meet at, prefixes and forwards their output line by line
-// ("[rank] " on one host, "[host:rank] " on more), and fails the job as a
-// whole: when one rank fails, every other rank is stopped (SIGTERM, then
+// ("[rank] " on one host, "[host:rank] " on more; identical lines of several
+// ranks once, "[0-3] "; on a terminal, a rank's status line drawn with '\r'
+// live below the output, see Console), and fails the job as a whole: when
+// one rank fails, every other rank is stopped (SIGTERM and SIGCONT, then
 // SIGKILL after a grace period) on every host, and the error names the rank,
 // its host, its exit status and its last lines of stderr.
 //
@@ -26,9 +28,9 @@
 // working directory: it and PROGRAM must exist at the same path on every
 // host), and starts PROGRAM with setsid in a process group of its own. It
 // then waits on stdin: a "stop" line, or end of file (gorun stopped, was
-// killed, or the connection broke), makes it send SIGTERM to the group and
-// SIGKILL after GRACE. It exits with the program's status, which ssh passes
-// back to gorun.
+// killed, or the connection broke), makes it send SIGTERM and SIGCONT to the
+// group and SIGKILL after GRACE. It exits with the program's status, which
+// ssh passes back to gorun.
 //
 // # Addresses
 //

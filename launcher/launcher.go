@@ -1,8 +1,6 @@
 package launcher
 
 import (
-	"bufio"
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/hex"
@@ -48,11 +46,22 @@ type Job struct {
 	OutputDir        string // if set, also write DIR/rank.N/{stdout,stderr}
 
 	Stdout, Stderr io.Writer // where prefixed rank output goes; nil = os.Stdout, os.Stderr
+	// Console, if set, is where output goes instead (one Console can be
+	// shared with BuildIfPackage, so its status line and messages are
+	// drawn the same way); nil = NewConsole(Stdout, Stderr).
+	Console *Console
 	// Line, if set, receives every complete output line instead of the
-	// default "[rank] line" writer.
-	Line    func(rank int, stderr bool, line []byte)
-	Verbose bool
-	Logf    func(format string, args ...any) // gorun's own messages; nil = to Stderr
+	// default "[rank] line" writer (which folds identical lines of several
+	// ranks, draws the ranks' statuses on a terminal, and leaves out what
+	// the ranks write to stderr while the job is stopped from outside); the
+	// ranks' statuses are then not shown.
+	Line func(rank int, stderr bool, line []byte)
+	// FoldWindow is how long a line waits for other ranks to print the
+	// same, to be printed once for all of them; 0 = DefaultFoldWindow,
+	// negative = never fold.
+	FoldWindow time.Duration
+	Verbose    bool
+	Logf       func(format string, args ...any) // gorun's own messages; nil = to the Console
 }
 
 // RankError says which rank failed a job and how.
@@ -62,11 +71,26 @@ type RankError struct {
 	PID        int      // of the rank, or of its ssh client for a remote rank
 	Status     string   // "exit status 3", "signal: killed", "did not register within 30s"
 	LastStderr []string // its last lines of stderr
+	// StderrShown says that LastStderr was printed just above (and has not
+	// scrolled away), so the message does not repeat it.
+	StderrShown bool
+	// Same are the other ranks that failed with the same status and the
+	// same last stderr lines (rank numbers in them aside): a usage error, or
+	// the same bug, is reported once.
+	Same []int
 	// Others are the other ranks seen failing at about the same time, e.g.
 	// "rank 1 (exit status 1)": when a rank fails cleanly its peers may exit
 	// first, so the rank named above is a guess the user can check here.
 	Others []string
 }
+
+// summaryLines is how many of a rank's last stderr lines the message
+// repeats when they are not just above.
+const summaryLines = 5
+
+// scrollLines: a rank's last stderr line counts as still on the screen when
+// at most this many lines were printed after it.
+const scrollLines = 10
 
 func (e *RankError) Error() string {
 	var b strings.Builder
@@ -75,14 +99,76 @@ func (e *RankError) Error() string {
 	} else {
 		fmt.Fprintf(&b, "rank %d on host %s failed: %s", e.Rank, e.Host, e.Status)
 	}
+	if e.StderrShown && len(e.LastStderr) > 0 {
+		b.WriteString(" (its stderr is above)")
+	}
+	if len(e.Same) > 0 {
+		fmt.Fprintf(&b, "; %s failed the same way (%s)", rankList(e.Same), e.Status)
+	}
 	if len(e.Others) > 0 {
 		fmt.Fprintf(&b, "; also failed: %s", strings.Join(e.Others, ", "))
 	}
-	if len(e.LastStderr) > 0 {
+	if !e.StderrShown && len(e.LastStderr) > 0 {
 		fmt.Fprintf(&b, "; its last stderr lines:")
-		for _, l := range e.LastStderr {
+		for _, l := range e.LastStderr[max(0, len(e.LastStderr)-summaryLines):] {
 			fmt.Fprintf(&b, "\n    %s", l)
 		}
+	}
+	return b.String()
+}
+
+// rankList is "rank 2" or "ranks 1, 2, 3".
+func rankList(ranks []int) string {
+	s := make([]string, len(ranks))
+	for i, r := range ranks {
+		s[i] = strconv.Itoa(r)
+	}
+	if len(s) == 1 {
+		return "rank " + s[0]
+	}
+	return "ranks " + strings.Join(s, ", ")
+}
+
+// StoppedError is what Run returns when the job was stopped from outside
+// (ctx ended: Ctrl-C, SIGTERM, or gorun's output was closed) rather than by
+// a rank failing: every rank was stopped, none is to blame.
+type StoppedError struct {
+	Cause   error // context.Cause of Run's ctx, or an *OutputClosedError
+	NP      int   // ranks in the job
+	Stopped int   // ranks that were still running and were stopped
+	Killed  int   // of them, how many needed SIGKILL after the grace period
+	// Hidden is how many lines the ranks wrote to stderr while being stopped
+	// (the abort errors the stop itself causes), left out of the output
+	// (--output-dir keeps them; --verbose shows them).
+	Hidden int
+}
+
+func (e *StoppedError) Error() string {
+	return fmt.Sprintf("stopped: %v; %s", e.Cause, e.Outcome())
+}
+
+func (e *StoppedError) Unwrap() error { return e.Cause }
+
+// Outcome says what became of the ranks: "all 4 ranks stopped", ...
+func (e *StoppedError) Outcome() string {
+	var b strings.Builder
+	switch {
+	case e.Stopped == e.NP && e.NP == 1:
+		b.WriteString("its rank stopped")
+	case e.Stopped == e.NP:
+		fmt.Fprintf(&b, "all %d ranks stopped", e.NP)
+	default:
+		fmt.Fprintf(&b, "%d of %d ranks were still running and stopped", e.Stopped, e.NP)
+	}
+	if e.Killed > 0 {
+		fmt.Fprintf(&b, " (%d killed after the grace period)", e.Killed)
+	}
+	if e.Hidden > 0 {
+		lines := "lines"
+		if e.Hidden == 1 {
+			lines = "line"
+		}
+		fmt.Fprintf(&b, " (--verbose shows the %d stderr %s they wrote while stopping)", e.Hidden, lines)
 	}
 	return b.String()
 }
@@ -90,7 +176,8 @@ func (e *RankError) Error() string {
 // Run launches the job and waits for it. It returns nil when every rank
 // exited 0, a *RankError when a rank failed (after stopping the others), a
 // *HostError when a remote host could not be reached (before starting
-// anything), or ctx's cause when ctx ended (after stopping every rank).
+// anything), or a *StoppedError when ctx ended or the output was closed
+// (after stopping every rank).
 func Run(ctx context.Context, job Job) error {
 	if job.NP < 1 {
 		return fmt.Errorf("-np must be at least 1, got %d", job.NP)
@@ -110,9 +197,22 @@ func Run(ctx context.Context, job Job) error {
 	if job.Stderr == nil {
 		job.Stderr = os.Stderr
 	}
-	if job.Logf == nil {
-		job.Logf = func(format string, args ...any) { fmt.Fprintf(job.Stderr, "gorun: "+format+"\n", args...) }
+	if job.Console == nil {
+		job.Console = NewConsole(job.Stdout, job.Stderr)
 	}
+	if job.Logf == nil {
+		job.Logf = job.Console.Logf
+	}
+	// gorun's output closing (gorun ... | head) stops the job like Ctrl-C.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-job.Console.Closed():
+			cancel(job.Console.closedErr())
+		case <-ctx.Done():
+		}
+	}()
 	if len(job.Hosts) == 0 {
 		job.Hosts = []Host{{Name: "localhost", Slots: job.NP}}
 	}
@@ -164,19 +264,15 @@ func Run(ctx context.Context, job Job) error {
 			job.Logf("rendezvous and local ranks use %s (%s); remote ranks listen on the address their host reaches it from", lay.listenIP, why)
 		}
 	}
-	if job.Line == nil {
-		job.Line = prefixer(job.Stdout, job.Stderr, lay.labels())
-	}
+	var files *outputFiles
 	if job.OutputDir != "" {
-		files, err := openOutputDir(job.OutputDir, job.NP)
-		if err != nil {
+		if files, err = openOutputDir(job.OutputDir, job.NP); err != nil {
 			return err
 		}
 		defer files.close()
-		job.Line = files.tee(job.Line)
 	}
 	for attempt := 0; ; attempt++ {
-		err = runOnce(ctx, job, lay, attempt)
+		err = runOnce(ctx, job, lay, files, attempt)
 		if err == nil || ctx.Err() != nil || attempt >= job.MaxRestarts {
 			return err
 		}
@@ -212,29 +308,15 @@ func (l *layout) labels() []string {
 	return out
 }
 
-// prefixer writes each line as "[label] line", whole lines at a time so that
-// ranks never interleave mid-line.
-func prefixer(stdout, stderr io.Writer, labels []string) func(int, bool, []byte) {
-	var mu sync.Mutex
-	return func(rank int, isErr bool, line []byte) {
-		w := stdout
-		if isErr {
-			w = stderr
+// rankHosts is each rank's host on a job of many hosts, else "" for all.
+func (l *layout) rankHosts() []string {
+	out := make([]string, len(l.pl.host))
+	if l.multiHost() {
+		for r := range out {
+			out[r] = l.hosts[l.pl.host[r]].Name
 		}
-		label := strconv.Itoa(rank)
-		if rank >= 0 && rank < len(labels) {
-			label = labels[rank]
-		}
-		buf := make([]byte, 0, len(line)+len(label)+4)
-		buf = append(buf, '[')
-		buf = append(buf, label...)
-		buf = append(buf, "] "...)
-		buf = append(buf, line...)
-		buf = append(buf, '\n')
-		mu.Lock()
-		w.Write(buf)
-		mu.Unlock()
 	}
+	return out
 }
 
 // outputFiles are the per-rank files of --output-dir.
@@ -263,22 +345,15 @@ func openOutputDir(dir string, np int) (*outputFiles, error) {
 	return o, nil
 }
 
-func (o *outputFiles) tee(next func(int, bool, []byte)) func(int, bool, []byte) {
-	return func(rank int, isErr bool, line []byte) {
-		next(rank, isErr, line)
-		if rank < 0 || rank >= len(o.files) {
-			return
-		}
-		i := 0
-		if isErr {
-			i = 1
-		}
-		buf := make([]byte, 0, len(line)+1)
-		buf = append(append(buf, line...), '\n')
-		o.mu.Lock()
-		o.files[rank][i].Write(buf)
-		o.mu.Unlock()
+func (o *outputFiles) write(rank int, isErr bool, line []byte) {
+	if rank < 0 || rank >= len(o.files) {
+		return
 	}
+	buf := make([]byte, 0, len(line)+1)
+	buf = append(append(buf, line...), '\n')
+	o.mu.Lock()
+	o.files[rank][b2i(isErr)].Write(buf)
+	o.mu.Unlock()
 }
 
 func (o *outputFiles) close() {
@@ -298,6 +373,7 @@ type rankProc struct {
 	cmd    *exec.Cmd
 	stdin  *os.File // remote ranks: the ssh session's stdin
 	tail   *tail
+	out    *rankSink
 	pipes  sync.WaitGroup
 	err    error // from Wait
 	done   chan struct{}
@@ -305,7 +381,7 @@ type rankProc struct {
 
 var missingRE = regexp.MustCompile(`missing ranks \[([0-9 ]*)\]`)
 
-func runOnce(ctx context.Context, job Job, lay *layout, attempt int) error {
+func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, attempt int) error {
 	key := p2p.NewJobKey()
 	rdvLog := job.Logf
 	if !job.Verbose {
@@ -342,6 +418,11 @@ func runOnce(ctx context.Context, job Job, lay *layout, attempt int) error {
 	}
 	userListenIP := slices.ContainsFunc(job.Env, func(e string) bool { return strings.HasPrefix(e, collective.EnvListenIP+"=") })
 
+	out := newRankSink(job, lay, files)
+	if out.showsStatuses() && !slices.ContainsFunc(job.Env, func(e string) bool { return strings.HasPrefix(e, EnvTTY+"=") }) {
+		common = append(common, EnvTTY+"=1")
+	}
+
 	procs := make([]*rankProc, 0, job.NP)
 	exited := make(chan *rankProc, job.NP)
 	for r := range job.NP {
@@ -351,7 +432,7 @@ func runOnce(ctx context.Context, job Job, lay *layout, attempt int) error {
 			collective.EnvLocalRank+"="+strconv.Itoa(lay.pl.localRank[r]),
 			collective.EnvLocalSize+"="+strconv.Itoa(lay.pl.localSize[h]),
 		)
-		p := &rankProc{rank: r, remote: lay.remote[h], tail: &tail{max: 20}, done: make(chan struct{})}
+		p := &rankProc{rank: r, remote: lay.remote[h], tail: &tail{max: 20}, out: out, done: make(chan struct{})}
 		if lay.multiHost() {
 			p.host = lay.hosts[h].Name
 		}
@@ -368,6 +449,7 @@ func runOnce(ctx context.Context, job Job, lay *layout, attempt int) error {
 			for _, p := range procs {
 				<-p.done
 			}
+			out.finish()
 			return fmt.Errorf("starting rank %d%s: %w", r, onHost(p.host), err)
 		}
 		procs = append(procs, p)
@@ -381,6 +463,7 @@ func runOnce(ctx context.Context, job Job, lay *layout, attempt int) error {
 	}()
 
 	var failure error
+	var stopped *StoppedError
 	running := job.NP
 	for running > 0 && failure == nil {
 		select {
@@ -394,18 +477,34 @@ func runOnce(ctx context.Context, job Job, lay *layout, attempt int) error {
 				failure = startTimeoutError(job, lay, err)
 			}
 		case <-ctx.Done():
-			failure = fmt.Errorf("stopped: %w", context.Cause(ctx))
+			// Stopped from outside: what the ranks print on their way out
+			// (abort errors the stop itself causes) is not news.
+			out.stopping.Store(true)
+			stopped = &StoppedError{Cause: context.Cause(ctx), NP: job.NP, Stopped: running}
+			failure = stopped
 		}
 	}
 	if failure != nil {
 		t0 := time.Now()
-		stopAll(procs, job.Grace)
+		killed := stopAll(procs, job.Grace)
+		if stopped != nil {
+			stopped.Killed = killed
+		}
 		if job.Verbose {
 			job.Logf("stopped the remaining ranks in %v", time.Since(t0).Round(time.Millisecond))
 		}
 	}
 	for _, p := range procs {
 		<-p.done
+	}
+	out.finish()
+	if stopped != nil {
+		stopped.Hidden = int(out.hidden.Load())
+	}
+	var re *RankError
+	if errors.As(failure, &re) && out.fold != nil {
+		last := out.fold.lastStderr(re.Rank)
+		re.StderrShown = last >= 0 && job.Console.lineCount()-last <= scrollLines
 	}
 	return failure
 }
@@ -445,14 +544,51 @@ wait:
 			break
 		}
 	}
+	// Ranks that failed the same way are reported once, by the lowest.
+	shown, same := culprit, []int(nil)
 	var others []string
 	for _, o := range failed {
-		if o != culprit {
+		switch {
+		case o == culprit:
+		case sameFailure(o, culprit):
+			same = append(same, o.rank)
+			if o.rank < shown.rank {
+				shown = o
+			}
+		default:
 			others = append(others, fmt.Sprintf("rank %d%s (%s)", o.rank, onHost(o.host), status(o)))
 		}
 	}
-	p := culprit
-	return &RankError{Rank: p.rank, Host: p.host, PID: p.cmd.Process.Pid, Status: status(p), LastStderr: p.tail.lines(), Others: others}
+	if len(same) > 0 {
+		same = append(same, culprit.rank)
+		same = slices.DeleteFunc(same, func(r int) bool { return r == shown.rank })
+		slices.Sort(same)
+	}
+	p := shown
+	return &RankError{Rank: p.rank, Host: p.host, PID: p.cmd.Process.Pid, Status: status(p), LastStderr: p.tail.lines(), Same: same, Others: others}
+}
+
+// sameFailure says whether two ranks failed with the same status and the
+// same last stderr lines, but for the rank numbers in them.
+func sameFailure(a, b *rankProc) bool {
+	if status(a) != status(b) {
+		return false
+	}
+	la, lb := a.tail.lines(), b.tail.lines()
+	la, lb = la[max(0, len(la)-summaryLines):], lb[max(0, len(lb)-summaryLines):]
+	return slices.Equal(withoutRank(la), withoutRank(lb))
+}
+
+var rankNumberRE = regexp.MustCompile(`(?i)\b(ranks?)([ =:#]+)\d+`)
+
+// withoutRank replaces the rank numbers in lines ("rank 3", "GORUN_RANK=3")
+// with "#".
+func withoutRank(lines []string) []string {
+	out := make([]string, len(lines))
+	for i, l := range lines {
+		out[i] = rankNumberRE.ReplaceAllString(l, "${1}${2}#")
+	}
+	return out
 }
 
 func killedBySignal(p *rankProc) bool {
@@ -576,10 +712,11 @@ func startCmd(job Job, p *rankProc, cmd *exec.Cmd, stdin *os.File, exited chan<-
 		return err
 	}
 	p.pipes.Add(2)
-	go p.forward(outR, false, job.Line)
-	go p.forward(errR, true, job.Line)
+	go p.forward(outR, false)
+	go p.forward(errR, true)
 	go func() {
 		p.err = cmd.Wait()
+		p.out.rankExited(p.rank)
 		if p.stdin != nil {
 			p.stdin.Close()
 		}
@@ -600,32 +737,28 @@ func startCmd(job Job, p *rankProc, cmd *exec.Cmd, stdin *os.File, exited chan<-
 	return nil
 }
 
-// forward reads whole lines and hands them on; a last line without a newline
-// is still delivered.
-func (p *rankProc) forward(r io.Reader, isErr bool, line func(int, bool, []byte)) {
+// forward hands on the stream's lines and status changes (see
+// forwardStream); a last line without a newline is still delivered.
+func (p *rankProc) forward(r io.Reader, isErr bool) {
 	defer p.pipes.Done()
-	br := bufio.NewReaderSize(r, 64<<10)
-	for {
-		l, err := br.ReadBytes('\n')
-		if len(l) > 0 {
-			l = bytes.TrimSuffix(l, []byte{'\n'})
-			if isErr {
-				p.tail.add(string(l))
-			}
-			line(p.rank, isErr, l)
+	forwardStream(r, func(l []byte) {
+		if isErr {
+			p.tail.add(string(l))
 		}
-		if err != nil {
-			return
-		}
-	}
+		p.out.line(p.rank, isErr, l)
+	}, func(s string) {
+		p.out.setStatus(p.rank, isErr, s)
+	})
+	p.out.streamEnded(p.rank, isErr)
 }
 
-// stopAll stops every running rank: SIGTERM to a local rank's process group,
-// "stop" to a remote rank's wrapper (which sends SIGTERM there, and SIGKILL
-// after grace); after grace, SIGKILL to local ranks; a remote rank whose ssh
-// has not ended a few seconds later has its ssh killed, which closes the
-// session and makes the wrapper kill the rank.
-func stopAll(procs []*rankProc, grace time.Duration) {
+// stopAll stops every running rank: SIGTERM and SIGCONT to a local rank's
+// process group, "stop" to a remote rank's wrapper (which does the same
+// there, and SIGKILL after grace); after grace, SIGKILL to local ranks; a
+// remote rank whose ssh has not ended a few seconds later has its ssh
+// killed, which closes the session and makes the wrapper kill the rank. It
+// returns how many ranks it had to kill.
+func stopAll(procs []*rankProc, grace time.Duration) (killed int) {
 	for _, p := range procs {
 		select {
 		case <-p.done:
@@ -637,29 +770,40 @@ func stopAll(procs []*rankProc, grace time.Duration) {
 			p.stdin.Close()
 		} else {
 			syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+			// A stopped process (SIGSTOP, Ctrl-Z) keeps SIGTERM pending
+			// until it runs again: wake it, so it ends now rather than at
+			// SIGKILL after grace.
+			syscall.Kill(-p.cmd.Process.Pid, syscall.SIGCONT)
 		}
 	}
 	if waitAll(procs, grace) {
-		return
+		return 0
 	}
+	sent := map[*rankProc]bool{}
 	for _, p := range procs {
-		if !p.remote {
-			kill(p)
+		if !p.remote && kill(p) {
+			sent[p] = true
 		}
 	}
-	if waitAll(procs, 5*time.Second) {
-		return
+	if !waitAll(procs, 5*time.Second) {
+		for _, p := range procs {
+			if kill(p) {
+				sent[p] = true
+			}
+		}
 	}
-	for _, p := range procs {
-		kill(p)
-	}
+	return len(sent)
 }
 
-func kill(p *rankProc) {
+// kill sends SIGKILL to p's process group unless p has ended; it says
+// whether it did.
+func kill(p *rankProc) bool {
 	select {
 	case <-p.done:
+		return false
 	default:
 		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		return true
 	}
 }
 

@@ -222,8 +222,9 @@ func chooseLauncherIP(infos map[string]sshInfo, order []string) (string, string,
 // reaches the rendezvous from (GORUN_LISTEN_IP), starts the program in a
 // session of its own, and then watches stdin: a "stop" line, or stdin's end
 // (gorun stopped, died, or the ssh connection broke), sends SIGTERM to the
-// program's process group and SIGKILL after the grace period. The wrapper
-// exits with the program's status.
+// program's process group, and SIGCONT (a stopped process keeps SIGTERM
+// pending until it runs again), and SIGKILL after the grace period. The
+// wrapper exits with the program's status.
 const wrapper = `g=$1; rip=$2; d=$3; shift 3
 while IFS= read -r l; do
   [ -z "$l" ] && break
@@ -238,7 +239,7 @@ cd "$d" || exit 127
 exec 3<&0 4>&2 2>/dev/null
 setsid "$@" </dev/null 2>&4 3<&- 4>&- &
 p=$!
-( read -r x <&3; kill -TERM -$p 2>/dev/null; i=0
+( read -r x <&3; kill -TERM -$p 2>/dev/null; kill -CONT -$p 2>/dev/null; i=0
   while [ $i -lt $g ] && kill -0 -$p 2>/dev/null; do sleep 0.1; i=$((i+1)); done
   kill -KILL -$p 2>/dev/null ) &
 w=$!

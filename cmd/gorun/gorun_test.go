@@ -21,18 +21,19 @@ import (
 	"github.com/gorun/gorun/p2p"
 )
 
-var gorunBin, testprogBin string
+var gorunBin, testprogBin, rankprogBin string
 
-// TestMain builds gorun and the test rank program once for every test here.
+// TestMain builds gorun and the test rank programs once for every test here.
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "gorun-test-")
 	if err != nil {
 		panic(err)
 	}
-	gorunBin, testprogBin = filepath.Join(dir, "gorun"), filepath.Join(dir, "testprog")
-	for bin, pkg := range map[string]string{gorunBin: ".", testprogBin: "../../internal/testprog"} {
+	gorunBin, testprogBin, rankprogBin = filepath.Join(dir, "gorun"), filepath.Join(dir, "testprog"), filepath.Join(dir, "rankprog")
+	for bin, pkg := range map[string]string{gorunBin: ".", testprogBin: "../../internal/testprog", rankprogBin: "./testdata/rankprog"} {
 		args := []string{"build", "-o", bin}
-		if raceEnabled {
+		// rankprog has nothing to race, and starts faster without.
+		if raceEnabled && bin != rankprogBin {
 			args = append(args, "-race")
 		}
 		if out, err := exec.Command("go", append(args, pkg)...).CombinedOutput(); err != nil {
@@ -85,10 +86,13 @@ func TestGorunFailsJobWhenRankFails(t *testing.T) {
 	if code == 0 {
 		t.Fatalf("gorun exited 0 although rank 1 failed\n%s\n%s", out, errOut)
 	}
-	for _, want := range []string{"[1] testprog: failing on purpose", "rank 1 (pid", "exit status 7", "last stderr lines"} {
+	for _, want := range []string{"[1] testprog: failing on purpose", "rank 1 (pid", "exit status 7", "(its stderr is above)"} {
 		if !strings.Contains(errOut, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, errOut)
 		}
+	}
+	if n := strings.Count(errOut, "failing on purpose"); n != 1 {
+		t.Errorf("the rank's stderr line is printed %d times, want once (not again in the summary):\n%s", n, errOut)
 	}
 	t.Logf("failed after %v; gorun said:\n%s", time.Since(start).Round(time.Millisecond), errOut)
 }
@@ -101,7 +105,12 @@ func TestGorunBadFlags(t *testing.T) {
 		{[]string{"-np", "0", "true"}, "-np must be at least 1"},
 		{[]string{"-np", "2", "-H", "a:b", "true"}, "write host:slots"},
 		{[]string{"-np", "4", "-H", "localhost:2", "true"}, "needs 4 slots"},
-		{[]string{"-np", "2"}, "requires at least 1 arg"},
+		{[]string{"-np", "2"}, "gorun: no program to run: write gorun -np N PROGRAM [ARGS...], e.g. gorun -np 4 ./examples/mnist; gorun --help lists gorun's flags"},
+		{nil, "gorun: no program to run: write gorun -np N PROGRAM [ARGS...]"},
+		{[]string{"-np", "4", "--epochs", "3", "./examples/mnist"}, "gorun: unknown flag --epochs: gorun's own flags come before PROGRAM, the program's after it: gorun -np 4 ./examples/mnist --epochs 3"},
+		{[]string{"-np", "2", "-x", "A=1", "--lr=0.1", "--", "./train", "-v"}, "gorun: unknown flag --lr: gorun's own flags come before PROGRAM, the program's after it: gorun -np 2 -x A=1 -- ./train --lr=0.1 -v"},
+		{[]string{"--epochs", "3"}, "gorun: unknown flag --epochs: gorun's own flags come before PROGRAM, the program's after it: gorun PROGRAM --epochs 3"},
+		{[]string{"-np", "4", "-e", "3", "./x"}, "gorun: unknown flag -e: gorun's own flags come before PROGRAM, the program's after it: gorun -np 4 ./x -e 3"},
 		{[]string{"bench", "--op", "alltoall"}, "use allreduce, broadcast"},
 		{[]string{"bench", "--sizes", "big"}, "not a positive byte count"},
 	} {
@@ -113,7 +122,9 @@ func TestGorunBadFlags(t *testing.T) {
 }
 
 func TestGorunBuildsGoPackage(t *testing.T) {
-	out, errOut, code := run(t, []string{"TESTPROG_MODE=ok", "TESTPROG_SOURCE=built"}, gorunBin, "-np", "2", "../../internal/testprog")
+	// The binary goes to the build cache: the test's own, not the user's.
+	w := newBuildWorld(t)
+	out, errOut, code := run(t, append(w.env, "TESTPROG_MODE=ok", "TESTPROG_SOURCE=built"), gorunBin, "-np", "2", "../../internal/testprog")
 	if code != 0 || !strings.Contains(out, "[1] rank 1 of 2 ok (source built)") {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}

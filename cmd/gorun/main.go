@@ -14,11 +14,23 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		if s, ok := (<-sigs).(syscall.Signal); ok {
+			cancel(stopSignal{s})
+		}
+	}()
+	// gorun ... | head: a write to the closed pipe must fail with EPIPE, so
+	// that gorun stops the ranks and cleans up, rather than kill gorun.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	root := newRootCmd()
 	root.SetArgs(horovodArgs(os.Args[1:]))
 	if err := root.ExecuteContext(ctx); err != nil {
@@ -27,9 +39,36 @@ func main() {
 			os.Exit(int(exit))
 		}
 		fmt.Fprintf(os.Stderr, "gorun: %v\n", err)
+		var stop stopSignal
+		if errors.As(err, &stop) {
+			os.Exit(stop.exitCode())
+		}
 		os.Exit(1)
 	}
 }
+
+// stopSignal is why a job stopped when gorun got SIGINT (Ctrl-C) or
+// SIGTERM: not a rank's fault.
+type stopSignal struct{ sig syscall.Signal }
+
+func (s stopSignal) Error() string {
+	if s.sig == syscall.SIGINT {
+		return "interrupt"
+	}
+	return fmt.Sprintf("%v (%s)", s.sig, unix.SignalName(s.sig))
+}
+
+// reason says why gorun stopped: "stopped by the user (interrupt)" for
+// Ctrl-C, "stopped: terminated (SIGTERM)" for a signal from elsewhere.
+func (s stopSignal) reason() string {
+	if s.sig == syscall.SIGINT {
+		return "stopped by the user (interrupt)"
+	}
+	return "stopped: " + s.Error()
+}
+
+// exitCode is what a shell expects of a program a signal stopped.
+func (s stopSignal) exitCode() int { return 128 + int(s.sig) }
 
 // exitError carries an exit status out of a command that already printed
 // its message.

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -49,8 +51,16 @@ GORUN_RESTART_COUNT, GORUN_LISTEN_IP), hosts the rendezvous where they find
 each other, prefixes every output line with its rank ([rank], or [host:rank]
 when the job spans hosts), and fails the job as a whole: when a rank fails,
 the others are stopped (SIGTERM, then SIGKILL after --grace) on every host,
-and gorun exits non-zero naming the rank, its host, its exit status and its
-last stderr lines. Ctrl-C stops every rank the same way.
+and gorun exits non-zero naming the rank, its host and its exit status
+(ranks that failed the same way are named once). Ctrl-C stops every rank
+the same way, and gorun exits 130 (143 after SIGTERM, 141 when its output
+pipe closes, as in gorun ... | head).
+
+Identical lines that several ranks print at about the same time (a usage
+message, --help) are printed once, prefixed with the ranks: [0-3]. When
+gorun's stderr is a terminal, ranks get GORUN_TTY=1, and a status a rank
+draws with '\r' (a progress bar) is shown live on the last line of the
+screen, below the output lines.
 
 Hosts (-H or --hostfile) are filled in order: the first host takes as many
 ranks as it has slots, then the next. Without -np, the job has one rank per
@@ -76,9 +86,11 @@ TLS.
 names: np, hosts, hostfile, env: [A=1, B], start-timeout: 60s, ...); flags
 on the command line win.
 
-If PROGRAM is a Go package directory (./examples/mnist), gorun builds it once
-and runs the binary on every rank (on this host; for remote hosts, build it
-to a shared path yourself).`,
+If PROGRAM is a Go package directory (./examples/mnist, or .), gorun builds
+it once, in its own directory (so a package with its own go.mod builds too),
+into a cache reused from run to run (~/.cache/gorun/build), and runs the
+binary on every rank (on this host; for remote hosts, build it to a shared
+path yourself).`,
 		Example: `  gorun -np 4 ./examples/mnist
   gorun -np 2 --timeout 30s ./train --epochs 3
   gorun -np 4 -x OMP_NUM_THREADS=1 -x PATH -- ./train -v
@@ -89,7 +101,12 @@ to a shared path yourself).`,
   gorun -np 8 -H node1:4,node2:4 --output-dir logs --max-restarts 2 ./train
   gorun --config job.yaml ./train
   gorun bench -np 4 --sizes 4,1M,64M`,
-		Args:          cobra.MinimumNArgs(1),
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return errors.New("no program to run: write gorun -np N PROGRAM [ARGS...], e.g. gorun -np 4 ./examples/mnist; gorun --help lists gorun's flags")
+			}
+			return nil
+		},
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -102,6 +119,12 @@ to a shared path yourself).`,
 		},
 	}
 	cmd.Flags().SetInterspersed(false) // flags after PROGRAM belong to PROGRAM
+	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		if c != cmd {
+			return err
+		}
+		return unknownFlagHint(err, os.Args[1:])
+	})
 	fl := cmd.Flags()
 	fl.IntVar(&f.np, "np", 1, "number of ranks, also -np N as in horovodrun and mpirun; with -H/--hostfile and no -np, one per slot")
 	fl.StringVarP(&f.hosts, "hosts", "H", "", "hosts and their slots: host1:2,host2:2 (a host without :N has 1 slot)")
@@ -270,21 +293,26 @@ func runJob(ctx context.Context, f runFlags, npSet bool, args []string) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.MkdirTemp("", "gorun-build-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(tmp)
-	program, err := launcher.BuildIfPackage(ctx, args[0], tmp)
-	if err != nil {
-		return err
-	}
-	if program != args[0] {
+	if launcher.IsDir(args[0]) {
 		for _, h := range hosts {
 			if !launcher.IsLocalHost(h.Name) {
-				return fmt.Errorf("%s is a Go package: gorun builds it in a temporary directory that remote hosts do not see; build it to a path shared by every host and pass the binary", args[0])
+				return fmt.Errorf("%s is a Go package: gorun would build it into this host's cache (%s), which host %s does not see; build it to a path every host shares (go build -o /shared/bin/NAME %s) and pass the binary", args[0], launcher.BuildCacheDir(), h.Name, args[0])
 			}
 		}
+	}
+	foldWindow, err := foldWindowFromEnv()
+	if err != nil {
+		return err
+	}
+	con := launcher.NewConsole(os.Stdout, os.Stderr)
+	program, err := launcher.BuildIfPackage(ctx, args[0], con)
+	if err != nil {
+		var stop stopSignal
+		if errors.As(err, &stop) {
+			con.Logf("%s while building %s", stop.reason(), args[0])
+			return exitError(stop.exitCode())
+		}
+		return err
 	}
 	if f.timeline != "" {
 		if f.timeline, err = filepath.Abs(f.timeline); err != nil {
@@ -303,18 +331,131 @@ func runJob(ctx context.Context, f runFlags, npSet bool, args []string) error {
 			ConnectTimeout: min(f.startTimeout, 30*time.Second),
 			Options:        strings.Fields(os.Getenv("GORUN_SSH_OPTS")),
 		},
+		Console: con, FoldWindow: foldWindow,
 	})
 	var rankErr *launcher.RankError
 	var hostErr *launcher.HostError
+	var stopped *launcher.StoppedError
+	var stop stopSignal
 	switch {
+	case errors.As(err, &stopped):
+		con.Logf("%s; %s", stopReason(stopped.Cause), stopped.Outcome())
+		return exitError(stopExitCode(stopped.Cause))
+	case errors.As(err, &stop): // while checking the hosts
+		con.Logf("%s before any rank started", stop.reason())
+		return exitError(stop.exitCode())
 	case errors.As(err, &rankErr):
-		fmt.Fprintf(os.Stderr, "gorun: job failed: %v\n", err)
+		con.Logf("job failed: %v", err)
 		return exitError(1)
 	case errors.As(err, &hostErr):
-		fmt.Fprintf(os.Stderr, "gorun: %v\n", err)
+		con.Logf("%v", err)
 		return exitError(1)
 	}
 	return err
+}
+
+// foldWindowFromEnv reads GORUN_FOLD_WINDOW: how long a line waits for the
+// same line from other ranks (default 100ms; 0 turns folding off).
+func foldWindowFromEnv() (time.Duration, error) {
+	v := os.Getenv("GORUN_FOLD_WINDOW")
+	if v == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("GORUN_FOLD_WINDOW=%s: want a duration such as 100ms or 1s, or 0 to print every rank's lines unfolded", v)
+	}
+	if d == 0 {
+		return -1, nil
+	}
+	return d, nil
+}
+
+// stopReason says why the job was stopped from outside.
+func stopReason(cause error) string {
+	var sig stopSignal
+	if errors.As(cause, &sig) {
+		return sig.reason()
+	}
+	return "stopped: " + cause.Error()
+}
+
+// stopExitCode is 128+N after signal N, as a shell reports a program a
+// signal ended: 130 after Ctrl-C, 143 after SIGTERM, 141 when the output
+// pipe closed (SIGPIPE).
+func stopExitCode(cause error) int {
+	var sig stopSignal
+	var closed *launcher.OutputClosedError
+	switch {
+	case errors.As(cause, &sig):
+		return sig.exitCode()
+	case errors.As(cause, &closed):
+		return 128 + int(syscall.SIGPIPE)
+	}
+	return 1
+}
+
+// unknownFlagHint turns cobra's "unknown flag: --epochs" into a hint that
+// the program's flags go after PROGRAM, with the command line fixed: args
+// are gorun's arguments as the user gave them.
+func unknownFlagHint(err error, args []string) error {
+	msg := err.Error()
+	var flag string
+	switch {
+	case strings.HasPrefix(msg, "unknown flag: "):
+		flag = strings.TrimPrefix(msg, "unknown flag: ")
+	case strings.HasPrefix(msg, "unknown shorthand flag: ") && strings.Contains(msg, " in "):
+		flag = msg[strings.LastIndex(msg, " in ")+len(" in "):]
+	default:
+		return fmt.Errorf("%v (gorun --help lists gorun's flags)", err)
+	}
+	i := slices.IndexFunc(args, func(a string) bool { return a == flag || strings.HasPrefix(a, flag+"=") })
+	if i < 0 {
+		return fmt.Errorf("unknown flag %s: gorun's own flags come before PROGRAM, the program's after it: gorun -np N PROGRAM %s (gorun --help lists gorun's flags)", flag, flag)
+	}
+	moved, rest := []string{args[i]}, args[i+1:]
+	// "--epochs 3 ./train": 3 is the flag's value when something follows it,
+	// or when it is all that follows and names no program.
+	if !strings.Contains(args[i], "=") && len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+		if _, err := os.Stat(rest[0]); len(rest) >= 2 || err != nil && !strings.Contains(rest[0], "/") {
+			moved, rest = append(moved, rest[0]), rest[1:]
+		}
+	}
+	// PROGRAM is the first argument that is neither a flag of gorun's nor
+	// its value.
+	j := 0
+	for j < len(rest) && strings.HasPrefix(rest[j], "-") {
+		if rest[j] == "--" {
+			j++
+			break
+		}
+		if takesValue(rest[j]) {
+			j++
+		}
+		j++
+	}
+	fixed := slices.Clone(args[:i])
+	if j < len(rest) {
+		fixed = append(append(append(fixed, rest[:j+1]...), moved...), rest[j+1:]...)
+	} else {
+		fixed = append(append(append(fixed, rest...), "PROGRAM"), moved...)
+	}
+	return fmt.Errorf("unknown flag %s: gorun's own flags come before PROGRAM, the program's after it: gorun %s (gorun --help lists gorun's flags)", flag, shellJoin(fixed))
+}
+
+// shellJoin writes args as a shell command line.
+func shellJoin(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if a != "" && !strings.ContainsFunc(a, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:=@%+,", r))
+		}) {
+			out[i] = a
+		} else {
+			out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+	}
+	return strings.Join(out, " ")
 }
 
 // mergeTimeline joins the ranks' trace files (PATH.rankN, written as the job
