@@ -56,4 +56,52 @@
 // disconnected rank, or a lost rendezvous) its data links are closed, so a
 // collective blocked in SendNext/RecvPrev (or SendTo/RecvFrom) returns at
 // once with Node.Err().
+//
+// # Elastic membership
+//
+// Opt-in (RendezvousConfig.Elastic, Config.Elastic; without them nothing
+// above changes). The job's membership moves through numbered epochs (0 at
+// start); every member keeps its libp2p peer ID and gets a rank per epoch.
+// The control stream's heartbeat bound is then HeartbeatTimeout (3 s;
+// pings every quarter of it, from a goroutine that shares nothing with the
+// data transfers), and Timeout stays the bound of setup steps.
+//
+//   - Loss. When the rendezvous loses a member's control stream
+//     (disconnected: a killed process; silent for HeartbeatTimeout: a
+//     frozen or cut-off host) it starts epoch e+1 and sends every remaining
+//     member "reconfig". The member's current epoch fails at once: Err is a
+//     *MembershipChangeError naming the lost members (rank, host, address,
+//     cause) and the links are closed, so blocked transfers return it. A
+//     rank whose link breaks first reports it to the rendezvous and waits
+//     for its verdict: if the peer is gone its control stream is gone too
+//     (a loss); if both are alive, the ring is re-formed with the same
+//     members, and if that link fails again the member that could not be
+//     reached is dropped (it gets a "dropped" message and stops). Abort
+//     still aborts the whole job.
+//   - Re-forming. Node.Reconfigure waits for the new table (survivors in
+//     their old order, then joiners), installs it in the gater (lost peer
+//     IDs are refused from then on), acks, waits for go and connects the
+//     new links, whose handshake proofs include the epoch, so nothing of
+//     an old ring reaches the new one. If the membership changes again
+//     meanwhile (a member lost while the epoch forms), the rendezvous moves
+//     on to the next epoch and every Reconfigure follows. Below MinSize the
+//     rendezvous sends "waiting for N more members, S s left" statuses and
+//     aborts the job after WaitTimeout ("job below --min-np ...").
+//   - Grow. A joiner (Join with Rank -1) registers with the same proof and
+//     waits; members see PendingJoiners through the pings. When every
+//     member has called Node.Grow for the same epoch, the rendezvous admits
+//     the joiners waiting then (up to MaxSize) in the next epoch, or tells
+//     the members nobody waits. Any reconfiguration admits waiting joiners.
+//   - Partition. Only the rendezvous' side goes on: a member whose control
+//     stream fails (the rendezvous unreachable past HeartbeatTimeout) stops
+//     for good with a *CutOffError and never re-forms on its own; a member
+//     that can not complete a reconfiguration step ends its control stream,
+//     so the others go on without it.
+//   - Leaving. Close keeps its meaning (leave.go); a member that closes
+//     while an epoch forms counts as lost for that epoch.
+//
+// RendezvousConfig.OnChange is told every established epoch after 0
+// (lost and joined members, size, how long the change took). The package
+// knows members, epochs, tables and links only: restoring and
+// re-broadcasting the training state after a change is the caller's.
 package p2p

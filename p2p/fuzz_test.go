@@ -32,8 +32,8 @@ func seedMessages(t testing.TB) [][]byte {
 		{T: tAck}, {T: tGo}, {T: tPing, Missing: []int{2, 3}}, {T: tAbort, Rank: 2, Text: "boom"},
 		{T: tLeave, Rank: 1}, {T: tBye},
 		{T: tDChal, Nonce: fuzzNonce},
-		{T: tDHello, Rank: 0, Link: 0, Nonce: fuzzNonce, Proof: dataProof(fuzzKey, fuzzNonce, 0, 0)},
-		{T: tDOK, Proof: dataOKProof(fuzzKey, fuzzNonce, 1, 0)},
+		{T: tDHello, Rank: 0, Link: 0, Nonce: fuzzNonce, Proof: dataProof(fuzzKey, fuzzNonce, 0, 0, 0)},
+		{T: tDOK, Proof: dataOKProof(fuzzKey, fuzzNonce, 1, 0, 0)},
 	}
 	var out [][]byte
 	for _, m := range ms {
@@ -124,7 +124,7 @@ func FuzzDecodeDataHello(f *testing.F) {
 		if err != nil || m.T != tDHello {
 			return
 		}
-		_ = bytes.Equal(m.Proof, dataProof(fuzzKey, fuzzNonce, m.Rank, m.Link))
+		_ = bytes.Equal(m.Proof, dataProof(fuzzKey, fuzzNonce, m.Rank, m.Link, 0))
 		if err := checkDataHello(m, me, size); err != nil {
 			return
 		}

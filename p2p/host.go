@@ -130,13 +130,14 @@ func newHost(sk crypto.PrivKey, listen ma.Multiaddr, g connmgr.ConnectionGater) 
 // gater admits only the rendezvous and, once the table is known, the job's
 // ranks. Refusing at InterceptSecured means the peer ID was proven by TLS.
 type gater struct {
+	rz      peer.ID
 	mu      sync.RWMutex
 	allowed map[peer.ID]bool
 	logf    func(string, ...any)
 }
 
 func newGater(rz peer.ID, logf func(string, ...any)) *gater {
-	return &gater{allowed: map[peer.ID]bool{rz: true}, logf: logf}
+	return &gater{rz: rz, allowed: map[peer.ID]bool{rz: true}, logf: logf}
 }
 
 func (g *gater) allow(ids ...peer.ID) {

@@ -147,17 +147,17 @@ func (n *Node) leftBehind(call uint64) {
 		return
 	}
 	n.reportedBehind = true
-	cause := &PeerLeftError{Rank: d.rank, LastCall: d.lastCall, Self: n.cfg.Rank, Call: call}
+	cause := &PeerLeftError{Rank: d.rank, LastCall: d.lastCall, Self: n.rank(), Call: call}
 	n.leaveMu.Unlock()
 	if n.Err() == nil && n.ctl != nil {
-		if err := n.sendCtl(&msg{T: tLate, Rank: n.cfg.Rank, Seq: call}); err != nil {
+		if err := n.sendCtl(&msg{T: tLate, Rank: max(n.rank(), 0), Seq: call}); err != nil {
 			n.logf("could not report to the rendezvous that rank %d left before call #%d: %v", d.rank, call, err)
 		} else {
 			t := time.NewTimer(n.handshakeTimeout())
 			select {
 			case <-n.lateOK:
 			case <-n.ctlDead:
-			case <-n.done:
+			case <-n.Done():
 			case <-t.C:
 				n.logf("the rendezvous did not confirm within %v that rank %d was told this rank was behind", n.handshakeTimeout(), d.rank)
 			}
@@ -180,7 +180,7 @@ func (n *Node) announceLeaving() (uint64, bool) {
 	default:
 	}
 	last := n.progress.Load()
-	if err := n.sendCtl(&msg{T: tLeaving, Rank: n.cfg.Rank, Seq: last}); err != nil {
+	if err := n.sendCtl(&msg{T: tLeaving, Rank: max(n.rank(), 0), Seq: last}); err != nil {
 		n.logf("could not tell the rendezvous this rank leaves after call #%d: %v", last, err)
 		return last, false
 	}
@@ -198,7 +198,7 @@ func (n *Node) earlyCloseErr(lastCall uint64) error {
 	for r, c := range n.behind {
 		b[r] = c
 	}
-	return &EarlyCloseError{Rank: n.cfg.Rank, LastCall: lastCall, Behind: b}
+	return &EarlyCloseError{Rank: n.rank(), LastCall: lastCall, Behind: b}
 }
 
 // peerBehind records the rendezvous' report that rank was in call `call`

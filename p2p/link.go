@@ -287,6 +287,9 @@ func (n *Node) handleRingStream(s network.Stream) {
 // our fresh nonce and be the rank expected on that link (and, over libp2p
 // or TLS, have that rank's peer ID). We prove the key back over its nonce.
 func (n *Node) acceptHandshake(l *link, from string) error {
+	// The epoch this link would belong to: if the node moves on before the
+	// handshake ends, the link is dropped (below).
+	ep := n.cur.Load()
 	l.rw.SetDeadline(time.Now().Add(n.handshakeTimeout()))
 	nonce := make([]byte, nonceLen)
 	rand.Read(nonce)
@@ -300,16 +303,24 @@ func (n *Node) acceptHandshake(l *link, from string) error {
 	if m.T != tDHello {
 		return fmt.Errorf("expected data hello, got %q", m.T)
 	}
-	if !hmac.Equal(m.Proof, dataProof(n.cfg.JobKey, nonce, m.Rank, m.Link)) {
+	if !hmac.Equal(m.Proof, dataProof(n.cfg.JobKey, nonce, m.Rank, m.Link, ep.epoch)) {
+		if m.Epoch != ep.epoch && hmac.Equal(m.Proof, dataProof(n.cfg.JobKey, nonce, m.Rank, m.Link, m.Epoch)) {
+			return fmt.Errorf("link from membership epoch %d, this rank is in epoch %d", m.Epoch, ep.epoch)
+		}
 		return errors.New("bad job key")
 	}
 	n.mu.Lock()
 	table := n.table
+	current := n.cur.Load() == ep
 	n.mu.Unlock()
+	if !current {
+		return fmt.Errorf("membership epoch %d ended during the handshake", ep.epoch)
+	}
 	if table == nil {
 		return errors.New("no job table yet")
 	}
-	if err := checkDataHello(m, n.cfg.Rank, n.cfg.Size); err != nil {
+	me, size := ep.rank, ep.size
+	if err := checkDataHello(m, me, size); err != nil {
 		return err
 	}
 	remote := l.peerID
@@ -320,26 +331,35 @@ func (n *Node) acceptHandshake(l *link, from string) error {
 		return fmt.Errorf("peer %s claims rank %d", remote, m.Rank)
 	}
 	recv := m.Link == m.Rank // the dialer sends, we receive
-	key := linkKey(m.Rank, n.cfg.Rank, n.cfg.Size)
-	dir := fmt.Sprintf("link %d -> %d", m.Rank, n.cfg.Rank)
+	key := linkKey(m.Rank, me, size)
+	dir := fmt.Sprintf("link %d -> %d", m.Rank, me)
 	if !recv {
-		key = linkKey(n.cfg.Rank, m.Rank, n.cfg.Size)
-		dir = fmt.Sprintf("link %d -> %d", n.cfg.Rank, m.Rank)
+		key = linkKey(me, m.Rank, size)
+		dir = fmt.Sprintf("link %d -> %d", me, m.Rank)
 	}
 	n.mu.Lock()
-	if !n.expect[key] || n.have[key] {
+	if n.cur.Load() != ep || !n.expect[key] || n.have[key] {
 		n.mu.Unlock()
 		return fmt.Errorf("unexpected or duplicate %s dialed by rank %d", dir, m.Rank)
 	}
 	n.have[key] = true
 	n.mu.Unlock()
-	if err := writeMsg(l.rw, &msg{T: tDOK, Proof: dataOKProof(n.cfg.JobKey, m.Nonce, n.cfg.Rank, m.Link)}); err != nil {
+	if err := writeMsg(l.rw, &msg{T: tDOK, Proof: dataOKProof(n.cfg.JobKey, m.Nonce, me, m.Link, ep.epoch)}); err != nil {
 		return err
 	}
 	l.rw.SetDeadline(time.Time{})
 	l.id, l.peer = m.Link, m.Rank
 	l.addr = n.peerAddr(m.Rank, l.kind, from)
-	n.accepted <- l // capacity covers every expected link
+	n.mu.Lock()
+	if n.cur.Load() != ep || ep.err != nil {
+		n.mu.Unlock()
+		return fmt.Errorf("membership epoch %d ended during the handshake", ep.epoch)
+	}
+	// Recorded at once, so that the end of the epoch closes it even if
+	// connectLinks is no longer there to take it.
+	n.links = append(n.links, l)
+	n.accepted <- l // capacity covers every expected link of the epoch
+	n.mu.Unlock()
 	return nil
 }
 
@@ -412,10 +432,14 @@ func (n *Node) chooseKind(p tableItem) string {
 	return LinkLibp2pTLS
 }
 
-// dialLink opens the link between this rank and rank to on which rank id
-// (this rank or to) sends, and authenticates both ends.
-func (n *Node) dialLink(ctx context.Context, id, to int) (*link, error) {
+// dialLink opens the link of epoch ep between this rank and rank to on
+// which rank id (this rank or to) sends, and authenticates both ends.
+func (n *Node) dialLink(ctx context.Context, ep *epochRun, id, to int) (*link, error) {
 	n.mu.Lock()
+	if n.cur.Load() != ep || to >= len(n.table) {
+		n.mu.Unlock()
+		return nil, fmt.Errorf("membership epoch %d ended before its link with rank %d was dialed", ep.epoch, to)
+	}
 	p := n.table[to]
 	n.mu.Unlock()
 	kind := n.chooseKind(p)
@@ -479,15 +503,15 @@ func (n *Node) dialLink(ctx context.Context, id, to int) (*link, error) {
 		}
 		nonce := make([]byte, nonceLen)
 		rand.Read(nonce)
-		if err := writeMsg(l.rw, &msg{T: tDHello, Rank: n.cfg.Rank, Link: id, Nonce: nonce,
-			Proof: dataProof(n.cfg.JobKey, ch.Nonce, n.cfg.Rank, id)}); err != nil {
+		if err := writeMsg(l.rw, &msg{T: tDHello, Rank: ep.rank, Link: id, Nonce: nonce, Epoch: ep.epoch,
+			Proof: dataProof(n.cfg.JobKey, ch.Nonce, ep.rank, id, ep.epoch)}); err != nil {
 			return err
 		}
 		ok, err := readMsg(l.rw)
 		if err != nil {
 			return err
 		}
-		if ok.T != tDOK || !hmac.Equal(ok.Proof, dataOKProof(n.cfg.JobKey, nonce, to, id)) {
+		if ok.T != tDOK || !hmac.Equal(ok.Proof, dataOKProof(n.cfg.JobKey, nonce, to, id, ep.epoch)) {
 			return errors.New("peer failed to prove the job key")
 		}
 		return nil
@@ -511,15 +535,26 @@ func (n *Node) dialLink(ctx context.Context, id, to int) (*link, error) {
 // for the higher ranks to dial the others. Setup is bounded by ctx and
 // Timeout; a timeout names the ranks whose links are missing.
 func (n *Node) connectLinks(ctx context.Context) error {
-	size, me := n.cfg.Size, n.cfg.Rank
+	_, err := n.connectEpochLinks(ctx, n.cur.Load())
+	return err
+}
+
+// connectEpochLinks connects the links of epoch ep. On failure it also
+// returns the peers whose links failed or are missing.
+func (n *Node) connectEpochLinks(ctx context.Context, ep *epochRun) (blame []int, _ error) {
+	size, me := ep.size, ep.rank
 	if size == 1 {
-		return nil
+		return nil, nil
 	}
+	n.mu.Lock()
+	accepted := n.accepted
+	n.mu.Unlock()
 	sctx, cancel := n.stepCtx(ctx, fmt.Sprintf("connecting data links (rank %d of %d, to and from every peer)", me, size))
 	defer cancel()
 	type res struct {
-		l   *link
-		err error
+		l    *link
+		peer int
+		err  error
 	}
 	dials := make(chan res, 2*size)
 	ndial, nwait := 0, 0
@@ -534,17 +569,19 @@ func (n *Node) connectLinks(ctx context.Context) error {
 		for _, id := range []int{me, p} { // me -> p, then p -> me
 			ndial++
 			go func() {
-				l, err := n.dialLink(sctx, id, p)
-				dials <- res{l, err}
+				l, err := n.dialLink(sctx, ep, id, p)
+				dials <- res{l, p, err}
 			}()
 		}
 	}
 	to, from := make([]*link, size), make([]*link, size)
 	var firstErr error
-	put := func(l *link) {
+	put := func(l *link, dialed bool) {
 		n.mu.Lock()
-		n.links = append(n.links, l)
-		aborted := n.err != nil
+		aborted := ep.err != nil || n.cur.Load() != ep
+		if dialed && !aborted {
+			n.links = append(n.links, l)
+		}
 		n.mu.Unlock()
 		if aborted {
 			l.close()
@@ -555,7 +592,7 @@ func (n *Node) connectLinks(ctx context.Context) error {
 			from[l.peer] = l
 		}
 	}
-	stepDone, nodeDone := sctx.Done(), n.done
+	stepDone, nodeDone := sctx.Done(), ep.done
 	for ndial > 0 || nwait > 0 {
 		select {
 		case r := <-dials:
@@ -563,42 +600,53 @@ func (n *Node) connectLinks(ctx context.Context) error {
 			if r.err != nil {
 				if firstErr == nil {
 					firstErr = r.err
+					blame = append(blame, r.peer)
 					cancel()
 				}
 				continue
 			}
-			put(r.l)
-		case l := <-n.accepted:
+			put(r.l, true)
+		case l := <-accepted:
 			nwait--
-			put(l)
+			put(l, false)
 		case <-stepDone:
 			stepDone = nil
 			if firstErr == nil {
 				firstErr = missingLinksErr(sctx, me, to, from)
+				blame = missingPeers(me, to, from)
 			}
 			nwait = 0 // stop waiting for accepts; dials end via ctx
 		case <-nodeDone:
 			nodeDone = nil
 			if firstErr == nil {
-				firstErr = n.Err()
+				firstErr = n.epochErr(ep)
 				cancel()
 			}
 			nwait = 0
 		}
 	}
 	if firstErr != nil {
-		return firstErr
+		return blame, firstErr
 	}
 	local := 0
+	n.mu.Lock()
 	for _, p := range n.peers {
 		if p.HostID == n.hostID {
 			local++
 		}
 	}
-	n.tr = &transport{n: n, me: me, size: size, to: to, from: from}
-	n.tr.pollBudget, n.tr.pollYield = pollConfig(local)
+	tr := &transport{n: n, ep: ep, me: me, size: size, to: to, from: from}
+	tr.pollBudget, tr.pollYield = pollConfig(local)
+	if n.cur.Load() != ep || ep.err != nil {
+		err := ep.err
+		n.mu.Unlock()
+		if err == nil {
+			err = fmt.Errorf("membership epoch %d ended while its links were set up", ep.epoch)
+		}
+		return nil, err
+	}
+	n.tr = tr
 	kinds := map[string]int{}
-	n.mu.Lock()
 	for p, l := range to {
 		if l == nil {
 			continue
@@ -612,7 +660,18 @@ func (n *Node) connectLinks(ctx context.Context) error {
 	next, prev := (me+1)%size, (me-1+size)%size
 	n.logf("data links up to and from %d peers %v; ring: to rank %d via %s (%s), from rank %d via %s (%s)",
 		size-1, kinds, next, to[next].kind, to[next].addr, prev, from[prev].kind, from[prev].addr)
-	return nil
+	return nil, nil
+}
+
+// missingPeers lists the peers with a link missing.
+func missingPeers(me int, to, from []*link) []int {
+	var ranks []int
+	for p := range to {
+		if p != me && (to[p] == nil || from[p] == nil) {
+			ranks = append(ranks, p)
+		}
+	}
+	return ranks
 }
 
 // missingLinksErr names the peers whose links did not come up in time.
@@ -645,7 +704,8 @@ func linkKey(from, to, size int) int { return from*size + to }
 // expectLinks lists the links this rank accepts: both links of every pair
 // with a lower rank. Called with n.mu held.
 func (n *Node) expectLinks() {
-	size, me := n.cfg.Size, n.cfg.Rank
+	ep := n.cur.Load()
+	size, me := ep.size, ep.rank
 	for p := range size {
 		if p != me && dialerOf(me, p) == p {
 			n.expect[linkKey(p, me, size)] = true
@@ -663,6 +723,7 @@ const linkGrace = time.Second
 // to rank+1 and from rank-1.
 type transport struct {
 	n          *Node
+	ep         *epochRun // the epoch whose links these are
 	me, size   int
 	to, from   []*link // indexed by peer rank; nil at me
 	pollBudget time.Duration
@@ -701,8 +762,8 @@ func (t *transport) pre(ctx context.Context) error {
 		return context.Cause(ctx)
 	}
 	select {
-	case <-t.n.done:
-		return t.n.Err()
+	case <-t.ep.done:
+		return t.n.epochErr(t.ep)
 	default:
 		return nil
 	}
@@ -727,11 +788,19 @@ func (t *transport) fail(ctx context.Context, err error, op string, l *link) err
 	// A link usually breaks because a peer aborted or died; the control
 	// path brings the real cause a moment later. Wait for it briefly so the
 	// caller sees "rank 1 aborted: ..." rather than a bare EOF.
-	tm := time.NewTimer(linkGrace)
+	grace := linkGrace
+	if t.n.cfg.Elastic {
+		// The rendezvous decides what a broken link means (a lost member,
+		// or a link to set up again) and always answers with a new epoch;
+		// it needs at most a heartbeat bound to see a member is gone.
+		t.n.reportLinkFailure(t.ep, l.peer, fmt.Errorf("%s rank %d (%s): %w", op, l.peer, l.addr, err))
+		grace = t.n.cfg.HeartbeatTimeout + t.n.cfg.Timeout
+	}
+	tm := time.NewTimer(grace)
 	defer tm.Stop()
 	select {
-	case <-t.n.done:
-		return t.n.Err()
+	case <-t.ep.done:
+		return t.n.epochErr(t.ep)
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	case <-tm.C:
@@ -875,17 +944,18 @@ func (t *transport) RecvFrom(ctx context.Context, rank int, buf []byte) error {
 // drain of the incoming links, which is what lets the peers make room.
 func (n *Node) drainLinks() {
 	select {
-	case <-n.done:
+	case <-n.Done():
 		return
 	default:
 	}
+	me := n.rank()
 	n.mu.Lock()
 	links := slices.Clone(n.links)
 	n.mu.Unlock()
 	deadline := time.Now().Add(n.cfg.Timeout)
 	var wg sync.WaitGroup
 	for _, l := range links {
-		if l.id != n.cfg.Rank {
+		if l.id != me {
 			continue
 		}
 		switch {
@@ -906,7 +976,7 @@ func (n *Node) drainLinks() {
 		}
 	}
 	for _, l := range links {
-		if l.id == n.cfg.Rank {
+		if l.id == me {
 			continue
 		}
 		wg.Add(1)

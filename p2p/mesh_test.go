@@ -222,7 +222,7 @@ func TestMeshHandshakeRefusals(t *testing.T) {
 			return err
 		}
 		nonce := make([]byte, nonceLen)
-		writeMsg(c, &msg{T: tDHello, Rank: rank, Link: link, Nonce: nonce, Proof: dataProof(j.key, ch.Nonce, rank, link)})
+		writeMsg(c, &msg{T: tDHello, Rank: rank, Link: link, Nonce: nonce, Proof: dataProof(j.key, ch.Nonce, rank, link, 0)})
 		m, err := readMsg(c)
 		if err != nil {
 			return err

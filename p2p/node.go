@@ -60,13 +60,25 @@ type Config struct {
 	// that advertises no TCP data port is reached over a libp2p stream.
 	DataPlane string
 	// Timeout bounds every setup step and dead-peer detection on the
-	// control path; 0 = 60s.
+	// control path (in elastic mode, HeartbeatTimeout is the dead-peer
+	// bound); 0 = 60s.
 	Timeout time.Duration
 	Logf    func(format string, args ...any) // optional
 	// HostID overrides the detected host identity (hostname, network
 	// namespace, boot id). Ranks with equal HostIDs use unix sockets in
 	// "auto" mode. Mostly for tests.
 	HostID string
+	// Elastic joins an elastic job (the rendezvous has an ElasticConfig):
+	// losing a member starts a new membership epoch instead of aborting
+	// (see elastic.go). With Rank -1 the process is a joiner: it asks to
+	// join a running job, and Join returns once it is a member of an epoch
+	// (Size is then ignored).
+	Elastic bool
+	// HeartbeatTimeout, in elastic mode, is how long the rendezvous may be
+	// silent before this rank counts itself cut off (pings go out every
+	// quarter of it); 0 = 3s. It must match the rendezvous'. Without
+	// Elastic, Timeout is the heartbeat bound, as it always was.
+	HeartbeatTimeout time.Duration
 }
 
 // Peer describes one rank of the job.
@@ -116,11 +128,19 @@ type Node struct {
 
 	tr *transport
 
-	done    chan struct{}
-	err     error
+	// cur is the membership epoch this node is in (a fixed-size job has
+	// only epoch 0): its rank, size and fate. Replaced under mu; read
+	// without a lock where only its immutable fields are needed.
+	cur atomic.Pointer[epochRun]
+	// fatal, under mu, is set once this node can never take part again
+	// (abort, Close, cut off from the rendezvous): no new epoch starts.
+	fatal error
+	el    elasticNode // elastic mode only (elastic.go)
+
 	closing atomic.Bool
-	stopped bool        // under mu: no new handler goroutines
-	frozen  atomic.Bool // tests: simulate a stopped process
+	stopped bool          // under mu: no new handler goroutines
+	frozen  atomic.Bool   // tests: simulate a stopped process
+	thaw    chan struct{} // under mu; closed by unfreeze
 
 	progress   atomic.Uint64 // last collective entered (SetProgress); stored under leaveMu
 	progSent   uint64        // last value reported, owned by progressLoop
@@ -139,14 +159,38 @@ type Node struct {
 }
 
 func (n *Node) logf(format string, args ...any) {
-	n.cfg.Logf("rank %d: "+format, append([]any{n.cfg.Rank}, args...)...)
+	rank := n.cfg.Rank
+	if ep := n.cur.Load(); ep != nil {
+		rank = ep.rank
+	}
+	if rank < 0 {
+		n.cfg.Logf("joiner: "+format, args...)
+		return
+	}
+	n.cfg.Logf("rank %d: "+format, append([]any{rank}, args...)...)
+}
+
+// rank and size are this node's in its current epoch (cfg's in a
+// fixed-size job).
+func (n *Node) rank() int { return n.cur.Load().rank }
+func (n *Node) size() int { return n.cur.Load().size }
+
+// hbTimeout is how long a silent control stream is tolerated.
+func (n *Node) hbTimeout() time.Duration {
+	if n.cfg.Elastic {
+		return n.cfg.HeartbeatTimeout
+	}
+	return n.cfg.Timeout
 }
 
 // Join starts this rank's host, registers with the rendezvous, waits for the
 // whole job and connects the data links to and from every other rank. The
 // returned Node no longer depends on ctx.
 func Join(ctx context.Context, cfg Config) (*Node, error) {
-	if cfg.Size < 1 || cfg.Rank < 0 || cfg.Rank >= cfg.Size {
+	joiner := cfg.Elastic && cfg.Rank == -1
+	if joiner {
+		cfg.Size = 0
+	} else if cfg.Size < 1 || cfg.Rank < 0 || cfg.Rank >= cfg.Size {
 		return nil, fmt.Errorf("p2p: rank %d out of range for size %d", cfg.Rank, cfg.Size)
 	}
 	if len(cfg.JobKey) < minKeyLen {
@@ -160,6 +204,9 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("p2p: unknown data plane %q", cfg.DataPlane)
 	}
 	cfg.Timeout = defaultTimeout(cfg.Timeout)
+	if cfg.Elastic {
+		cfg.HeartbeatTimeout = defaultHeartbeat(cfg.HeartbeatTimeout)
+	}
 	if cfg.Logf == nil {
 		cfg.Logf = nopLogf
 	}
@@ -196,9 +243,16 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 		have:       map[int]bool{},
 		handshakes: map[io.Closer]struct{}{},
 		accepted:   make(chan *link, 2*cfg.Size),
-		done:       make(chan struct{}),
 		stop:       make(chan struct{}),
 	}
+	first := &epochRun{rank: cfg.Rank, size: cfg.Size, done: make(chan struct{})}
+	if cfg.Elastic {
+		// Epoch 0 starts with the first table; until then the node is in
+		// no epoch.
+		first.epoch = -1
+		n.el.init()
+	}
+	n.cur.Store(first)
 	n.g = newGater(rzID, n.logf)
 	sk, _, err := crypto.GenerateEd25519Key(rand.Reader)
 	if err != nil {
@@ -225,6 +279,9 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 	if err := n.setup(ctx, rzAddrs); err != nil {
 		n.abortLocal(err)
 		n.shutdown()
+		if cfg.Elastic {
+			return nil, n.wrapErr(err)
+		}
 		return nil, fmt.Errorf("p2p: rank %d: %w", cfg.Rank, err)
 	}
 	return n, nil
@@ -292,6 +349,11 @@ func (n *Node) setup(ctx context.Context, rzAddrs []ma.Multiaddr) error {
 	if err := n.register(ctx, rzAddrs); err != nil {
 		return err
 	}
+	if n.cfg.Elastic {
+		// The first epoch forms like any later one.
+		_, err := n.reconfigure(ctx, false)
+		return err
+	}
 	// Phase 1: the table.
 	if err := n.waitFor(ctx, "waiting for the job table (ranks not registered yet)", n.tableReady); err != nil {
 		return err
@@ -302,7 +364,7 @@ func (n *Node) setup(ctx context.Context, rzAddrs []ma.Multiaddr) error {
 	if err := n.installTable(table); err != nil {
 		return err
 	}
-	if err := n.sendCtl(&msg{T: tAck, Rank: n.cfg.Rank}); err != nil {
+	if err := n.sendCtl(&msg{T: tAck, Rank: n.rank()}); err != nil {
 		return fmt.Errorf("ack to rendezvous: %w", err)
 	}
 	// Phase 2: every rank's gater is ready.
@@ -317,11 +379,12 @@ func (n *Node) setup(ctx context.Context, rzAddrs []ma.Multiaddr) error {
 func (n *Node) waitFor(ctx context.Context, what string, ready <-chan struct{}) error {
 	sctx, cancel := n.stepCtx(ctx, what)
 	defer cancel()
+	ep := n.cur.Load()
 	select {
 	case <-ready:
 		return nil
-	case <-n.done:
-		return n.Err()
+	case <-ep.done:
+		return n.epochErr(ep)
 	case <-sctx.Done():
 		if m := n.getMissing(); len(m) > 0 {
 			return fmt.Errorf("%s: missing ranks %v: %w", what, m, context.Cause(sctx))
@@ -392,10 +455,11 @@ func (n *Node) register(ctx context.Context, rzAddrs []ma.Multiaddr) error {
 	for _, a := range n.h.Addrs() {
 		addrs = append(addrs, a.String())
 	}
-	hello := &msg{T: tHello, Rank: n.cfg.Rank, Nonce: myNonce,
-		Proof:  registerProof(n.cfg.JobKey, ch.Nonce, n.h.ID().String(), n.cfg.Rank),
-		Addrs:  addrs,
-		HostID: n.hostID, Unix: n.unixName, TCPPort: n.tcpPort, TLSPort: n.tlsPort}
+	hello := &msg{T: tHello, Rank: max(n.cfg.Rank, 0), Joiner: n.cfg.Rank < 0, Nonce: myNonce,
+		Elastic: elasticHello(n.cfg),
+		Proof:   registerProof(n.cfg.JobKey, ch.Nonce, n.h.ID().String(), n.cfg.Rank),
+		Addrs:   addrs,
+		HostID:  n.hostID, Unix: n.unixName, TCPPort: n.tcpPort, TLSPort: n.tlsPort}
 	if err := writeMsg(s, hello); err != nil {
 		return fail(err)
 	}
@@ -433,10 +497,13 @@ func (n *Node) sendCtl(m *msg) error {
 	return writeMsg(n.ctl, m)
 }
 
-// heartbeat pings the rendezvous every Timeout/4, so a frozen rank is seen
-// within Timeout.
+// heartbeat pings the rendezvous every quarter of the heartbeat bound
+// (Timeout, or HeartbeatTimeout in elastic mode), so a frozen rank is seen
+// within that bound. It runs on a goroutine of its own and shares only the
+// control stream's write lock, which guards small messages: nothing on
+// this path waits for a data transfer.
 func (n *Node) heartbeat() {
-	n.tick(n.cfg.Timeout/4, func() *msg { return &msg{T: tPing, Rank: n.cfg.Rank} })
+	n.tick(n.hbTimeout()/4, func() *msg { return &msg{T: tPing, Rank: max(n.rank(), 0)} })
 }
 
 // tick sends next() on the control path every interval, skipping nil, until
@@ -474,7 +541,7 @@ func (n *Node) progressLoop() {
 			return nil
 		}
 		n.progSent = s // a failed send ends the loop, so this is never stale
-		return &msg{T: tProgress, Rank: n.cfg.Rank, Seq: s}
+		return &msg{T: tProgress, Rank: max(n.rank(), 0), Seq: s}
 	})
 }
 
@@ -488,16 +555,16 @@ func (n *Node) QueryProgress(ctx context.Context) ([]uint64, error) {
 	case <-n.progAnswer:
 	default:
 	}
-	if err := n.sendCtl(&msg{T: tProgress, Rank: n.cfg.Rank, Seq: n.progress.Load()}); err != nil {
+	if err := n.sendCtl(&msg{T: tProgress, Rank: max(n.rank(), 0), Seq: n.progress.Load()}); err != nil {
 		return nil, fmt.Errorf("p2p: progress query: %w", err)
 	}
-	if err := n.sendCtl(&msg{T: tProgQuery, Rank: n.cfg.Rank}); err != nil {
+	if err := n.sendCtl(&msg{T: tProgQuery, Rank: max(n.rank(), 0)}); err != nil {
 		return nil, fmt.Errorf("p2p: progress query: %w", err)
 	}
 	select {
 	case p := <-n.progAnswer:
-		if len(p) != n.cfg.Size {
-			return nil, fmt.Errorf("p2p: progress query: the rendezvous answered for %d ranks, want %d (an older rendezvous?)", len(p), n.cfg.Size)
+		if len(p) != n.size() {
+			return nil, fmt.Errorf("p2p: progress query: the rendezvous answered for %d ranks, want %d (an older rendezvous?)", len(p), n.size())
 		}
 		return p, nil
 	case <-ctx.Done():
@@ -515,13 +582,27 @@ func (n *Node) ctlReader() {
 	defer close(n.ctlDead)
 	gotTable := false
 	for {
-		n.ctl.SetReadDeadline(time.Now().Add(n.cfg.Timeout))
+		n.ctl.SetReadDeadline(time.Now().Add(n.hbTimeout()))
 		m, err := readMsg(n.ctl)
+		if err == nil && !n.frozen.Load() {
+			// When the rendezvous was last heard (by a running process).
+			n.el.lastRecv.Store(time.Now().UnixNano())
+		}
+		if !n.waitThaw() {
+			return
+		}
 		if err != nil {
 			if !n.closing.Load() {
-				n.abortLocal(fmt.Errorf("lost rendezvous at %s: %v", n.cfg.Rendezvous, err))
+				if n.cfg.Elastic {
+					n.abortLocal(n.cutOffErr(err))
+				} else {
+					n.abortLocal(fmt.Errorf("lost rendezvous at %s: %v", n.cfg.Rendezvous, err))
+				}
 			}
 			return
+		}
+		if n.cfg.Elastic && n.elasticCtl(m) {
+			continue
 		}
 		switch m.T {
 		case tPing:
@@ -577,10 +658,24 @@ func (n *Node) installTable(t []tableItem) error {
 	if err != nil {
 		return err
 	}
+	n.g.allow(n.addPeers(peers)...)
+	n.mu.Lock()
+	n.table = t
+	n.peers = peers
+	n.missing = nil
+	n.expectLinks() // the links of which we are the higher rank
+	n.mu.Unlock()
+	return nil
+}
+
+// addPeers records the peers' addresses in the peerstore and returns their
+// IDs.
+func (n *Node) addPeers(peers []Peer) []peer.ID {
+	me := n.h.ID()
 	ids := make([]peer.ID, len(peers))
 	for i, p := range peers {
 		ids[i] = p.ID
-		if i == n.cfg.Rank {
+		if p.ID == me {
 			continue
 		}
 		var mas []ma.Multiaddr
@@ -591,14 +686,7 @@ func (n *Node) installTable(t []tableItem) error {
 		}
 		n.h.Peerstore().AddAddrs(p.ID, mas, peerstore.PermanentAddrTTL)
 	}
-	n.g.allow(ids...)
-	n.mu.Lock()
-	n.table = t
-	n.peers = peers
-	n.missing = nil
-	n.expectLinks() // the links of which we are the higher rank
-	n.mu.Unlock()
-	return nil
+	return ids
 }
 
 // parseTable checks a table received from the rendezvous against what this
@@ -630,8 +718,11 @@ func parseTable(t []tableItem, size, rank int, self peer.ID) ([]Peer, error) {
 }
 
 // Transport returns the data links as a ring.Transport (nil when Size is
-// 1). The value also implements ring.Mesh; see Mesh.
+// 1). The value also implements ring.Mesh; see Mesh. In elastic mode it is
+// the current epoch's: after Reconfigure, call it again.
 func (n *Node) Transport() ring.Transport {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	if n.tr == nil {
 		return nil
 	}
@@ -640,15 +731,17 @@ func (n *Node) Transport() ring.Transport {
 
 // Mesh returns the data links to and from every rank (nil when Size is 1).
 // Its SendNext/RecvPrev streams are the SendTo/RecvFrom streams of the ring
-// neighbours.
+// neighbours. In elastic mode it is the current epoch's.
 func (n *Node) Mesh() ring.Mesh {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	if n.tr == nil {
 		return nil
 	}
 	return n.tr
 }
 
-// Peers returns the job table.
+// Peers returns the job table (of the current epoch, in elastic mode).
 func (n *Node) Peers() []Peer {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -659,11 +752,12 @@ func (n *Node) Peers() []Peer {
 	return out
 }
 
-// Rank returns this node's rank.
-func (n *Node) Rank() int { return n.cfg.Rank }
+// Rank returns this node's rank (in the current epoch, in elastic mode).
+func (n *Node) Rank() int { return n.rank() }
 
-// Size returns the number of ranks in the job.
-func (n *Node) Size() int { return n.cfg.Size }
+// Size returns the number of ranks in the job (in the current epoch, in
+// elastic mode).
+func (n *Node) Size() int { return n.size() }
 
 // HostID returns this rank's host identity.
 func (n *Node) HostID() string { return n.hostID }
@@ -675,14 +769,21 @@ func (n *Node) PeerID() peer.ID { return n.h.ID() }
 func (n *Node) Addrs() []ma.Multiaddr { return n.h.Addrs() }
 
 // Done is closed when the job is aborted (here, by another rank, or because
-// the control path is lost) and after Close.
-func (n *Node) Done() <-chan struct{} { return n.done }
+// the control path is lost) and after Close. In elastic mode it is the
+// current epoch's: it is also closed when the membership changes (Err is
+// then a *MembershipChangeError), and after Reconfigure Done returns the
+// new epoch's channel.
+func (n *Node) Done() <-chan struct{} { return n.cur.Load().done }
 
-// Err returns why Done was closed, or nil while the job runs.
-func (n *Node) Err() error {
+// Err returns why Done was closed, or nil while the job (the current epoch,
+// in elastic mode) runs.
+func (n *Node) Err() error { return n.epochErr(n.cur.Load()) }
+
+// epochErr returns why epoch ep ended, or nil.
+func (n *Node) epochErr(ep *epochRun) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.err
+	return ep.err
 }
 
 // Abort tells every rank that the job is aborted and fails all blocked
@@ -692,7 +793,7 @@ func (n *Node) Abort(cause error) {
 	if cause != nil {
 		text = cause.Error()
 	}
-	if !n.abortLocal(fmt.Errorf("rank %d aborted: %s", n.cfg.Rank, text)) {
+	if !n.abortLocal(fmt.Errorf("rank %d aborted: %s", n.rank(), text)) {
 		return
 	}
 	n.logf("aborting: %s", text)
@@ -700,7 +801,7 @@ func (n *Node) Abort(cause error) {
 		select {
 		case <-n.ctlDead:
 		default:
-			if err := n.sendCtl(&msg{T: tAbort, Rank: n.cfg.Rank, Text: text}); err != nil {
+			if err := n.sendCtl(&msg{T: tAbort, Rank: max(n.rank(), 0), Text: text}); err != nil {
 				n.logf("could not send abort to rendezvous: %v", err)
 			}
 		}
@@ -708,17 +809,25 @@ func (n *Node) Abort(cause error) {
 }
 
 // abortLocal records err as the cause (first one wins), closes Done and the
-// data links. It reports whether this call was the first.
+// data links, and ends this node's part in the job for good (no later
+// epoch). It reports whether this call was the first.
 func (n *Node) abortLocal(err error) bool {
 	n.mu.Lock()
-	if n.err != nil {
+	if n.fatal != nil {
 		n.mu.Unlock()
 		return false
 	}
-	n.err = err
-	close(n.done)
-	links := slices.Clone(n.links)
+	n.fatal = err
+	ep := n.cur.Load()
+	if ep.err != nil {
+		// The epoch had already ended (a membership change): a
+		// reconfiguration in progress ends with this cause instead.
+		ep = &epochRun{epoch: ep.epoch, rank: ep.rank, size: ep.size, done: make(chan struct{})}
+		n.cur.Store(ep)
+	}
+	links := n.endEpochLocked(ep, err)
 	n.mu.Unlock()
+	n.el.wake()
 	if !errors.Is(err, ErrClosed) {
 		n.logf("job aborted: %v", err)
 	}
@@ -726,6 +835,17 @@ func (n *Node) abortLocal(err error) bool {
 		l.close()
 	}
 	return true
+}
+
+// endEpochLocked records why ep ended and closes its Done; it returns the
+// links to close (outside mu). Called with mu held, ep.err nil.
+func (n *Node) endEpochLocked(ep *epochRun, err error) []*link {
+	ep.err = err
+	close(ep.done)
+	if n.cur.Load() != ep {
+		return nil
+	}
+	return slices.Clone(n.links)
 }
 
 // Close leaves the job in an orderly way: the rendezvous records the leave
@@ -746,7 +866,7 @@ func (n *Node) Close() error {
 			case <-n.ctlDead:
 			default:
 				start := time.Now()
-				if e := n.sendCtl(&msg{T: tLeave, Rank: n.cfg.Rank}); e == nil {
+				if e := n.sendCtl(&msg{T: tLeave, Rank: max(n.rank(), 0)}); e == nil {
 					// One Timeout bounds the whole leave (send + confirmation).
 					t := time.NewTimer(max(n.cfg.Timeout-time.Since(start), 0))
 					select {
@@ -830,10 +950,42 @@ func (n *Node) crash() {
 	n.h.Close()
 }
 
-// freeze stops the heartbeat (tests: simulates a SIGSTOPped process as seen
-// by the rendezvous).
-func (n *Node) freeze()   { n.frozen.Store(true) }
-func (n *Node) unfreeze() { n.frozen.Store(false) }
+// freeze stops the heartbeat and holds what the control reader receives
+// until unfreeze (tests: simulates a SIGSTOPped process as seen by the
+// rendezvous; after SIGCONT it finds what happened meanwhile).
+func (n *Node) freeze() {
+	n.mu.Lock()
+	n.thaw = make(chan struct{})
+	n.mu.Unlock()
+	n.frozen.Store(true)
+}
+
+func (n *Node) unfreeze() {
+	n.mu.Lock()
+	if n.thaw != nil {
+		close(n.thaw)
+		n.thaw = nil
+	}
+	n.mu.Unlock()
+	n.frozen.Store(false)
+}
+
+// waitThaw holds the control reader while the node is frozen (tests). It
+// reports false if the node stops meanwhile.
+func (n *Node) waitThaw() bool {
+	n.mu.Lock()
+	thaw := n.thaw
+	n.mu.Unlock()
+	if thaw == nil {
+		return true
+	}
+	select {
+	case <-thaw:
+		return true
+	case <-n.stop:
+		return false
+	}
+}
 
 func ipOfAddrs(addrs []string) string {
 	for _, a := range addrs {

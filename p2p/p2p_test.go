@@ -350,7 +350,7 @@ func TestForeignPeerRefused(t *testing.T) {
 	if err == nil {
 		c.SetDeadline(time.Now().Add(10 * time.Second))
 		if ch, err := readMsg(c); err == nil {
-			writeMsg(c, &msg{T: tDHello, Rank: 0, Link: 0, Nonce: nonce, Proof: dataProof(wrongKey, ch.Nonce, 0, 0)})
+			writeMsg(c, &msg{T: tDHello, Rank: 0, Link: 0, Nonce: nonce, Proof: dataProof(wrongKey, ch.Nonce, 0, 0, 0)})
 			if m, err := readMsg(c); err == nil {
 				t.Fatalf("unix acceptor answered a bad proof with %q", m.T)
 			}

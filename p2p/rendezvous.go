@@ -26,7 +26,7 @@ type RendezvousConfig struct {
 	ListenAddr string        // "host:port"; port 0 picks a free port
 	Size       int           // number of ranks in the job
 	JobKey     []byte        // shared secret, >= 16 bytes
-	Timeout    time.Duration // heartbeat/dead-peer bound and Close wait; 0 = 60s
+	Timeout    time.Duration // heartbeat/dead-peer bound (elastic: Elastic.HeartbeatTimeout) and Close wait; 0 = 60s
 	Logf       func(format string, args ...any)
 	// OnLeave, if set, is called when a rank in good health announces that
 	// it leaves the job (Node.Close, hence Comm.Close), with the sequence
@@ -37,6 +37,15 @@ type RendezvousConfig struct {
 	// calls fail naming it. It runs on the rendezvous' goroutines, possibly
 	// concurrently for different ranks, and must not block.
 	OnLeave func(rank int, lastCall uint64)
+	// Elastic, if set, makes the job elastic (see elastic.go): a lost
+	// member starts a new membership epoch instead of aborting the job,
+	// and joiners (Config.Rank -1) can be admitted. Size is the number of
+	// ranks that start the job. nil: a fixed-size job, as always.
+	Elastic *ElasticConfig
+	// OnChange, if set, is called once per established epoch after 0 (every
+	// member acknowledged the new table), for the launcher's log. It runs
+	// on a rendezvous goroutine and must not block.
+	OnChange func(Change)
 }
 
 // Rendezvous is the membership and control service of one job.
@@ -59,15 +68,18 @@ type Rendezvous struct {
 	closeCh   chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
-	// relayMu orders broadcasts (departures, aborts): a rank that fails
-	// because of a departure can not have its consequences reach another
-	// rank before the departure itself.
+	// relayMu orders broadcasts (departures, aborts, epochs): a rank that
+	// fails because of a departure can not have its consequences reach
+	// another rank before the departure itself.
 	relayMu sync.Mutex
+	hb      time.Duration // heartbeat bound: Timeout, or Elastic.HeartbeatTimeout
+	el      rzElastic     // elastic mode, under mu
 }
 
 // rzConn is the server side of one rank's control stream.
 type rzConn struct {
-	rank  int
+	id    int // key in regs: the rank it registered with, or a serial number for a joiner
+	rank  int // its rank (in the current epoch, in elastic mode: under Rendezvous.mu)
 	s     network.Stream
 	addr  string // remote multiaddr, for messages
 	item  tableItem
@@ -78,6 +90,12 @@ type rzConn struct {
 	// leaving: the rank announced it leaves after call lastCall.
 	leaving  bool
 	lastCall uint64
+	// Elastic mode, under Rendezvous.mu.
+	joiner     bool // registered as a joiner
+	member     bool // in the current epoch's table (or a survivor waiting for one)
+	ackEpoch   int  // the last epoch whose table it acked
+	stableRank int  // its rank in the last established epoch, -1 if none
+	growReq    bool // asked to grow the current epoch
 }
 
 func (c *rzConn) send(m *msg, timeout time.Duration) error {
@@ -111,6 +129,25 @@ func StartRendezvous(ctx context.Context, cfg RendezvousConfig) (*Rendezvous, er
 	cfg.Timeout = defaultTimeout(cfg.Timeout)
 	if cfg.Logf == nil {
 		cfg.Logf = nopLogf
+	}
+	hb := cfg.Timeout
+	if e := cfg.Elastic; e != nil {
+		ec := *e
+		if ec.MinSize <= 0 {
+			ec.MinSize = 1
+		}
+		if ec.MaxSize <= 0 {
+			ec.MaxSize = max(cfg.Size, ec.MinSize)
+		}
+		if ec.MinSize > cfg.Size || cfg.Size > ec.MaxSize {
+			return nil, fmt.Errorf("p2p: elastic rendezvous: need min size %d <= size %d <= max size %d", ec.MinSize, cfg.Size, ec.MaxSize)
+		}
+		if ec.WaitTimeout <= 0 {
+			ec.WaitTimeout = defaultWaitTimeout
+		}
+		ec.HeartbeatTimeout = defaultHeartbeat(ec.HeartbeatTimeout)
+		hb = ec.HeartbeatTimeout
+		cfg.Elastic = &ec
 	}
 	sk, id, err := rendezvousIdentity(cfg.JobKey)
 	if err != nil {
@@ -149,7 +186,9 @@ func StartRendezvous(ctx context.Context, cfg RendezvousConfig) (*Rendezvous, er
 		allReg:  make(chan struct{}),
 		allGone: make(chan struct{}), abortSent: make(chan struct{}),
 		closeCh: make(chan struct{}),
+		hb:      hb,
 	}
+	r.el.nextID = cfg.Size
 	// Find the bound port.
 	for _, a := range h.Network().ListenAddresses() {
 		if p, err := a.ValueForProtocol(0x06); err == nil { // tcp
@@ -258,8 +297,8 @@ func (r *Rendezvous) handle(s network.Stream) {
 	defer r.wg.Done()
 	remote := s.Conn().RemotePeer()
 	raddr := s.Conn().RemoteMultiaddr().String()
-	to := r.cfg.Timeout
-	_ = s.SetDeadline(time.Now().Add(to))
+	to := r.hb
+	_ = s.SetDeadline(time.Now().Add(r.cfg.Timeout))
 
 	nonce := make([]byte, nonceLen)
 	rand.Read(nonce)
@@ -276,21 +315,29 @@ func (r *Rendezvous) handle(s network.Stream) {
 		s.Reset()
 		return
 	}
-	if !hmac.Equal(m.Proof, registerProof(r.cfg.JobKey, nonce, remote.String(), m.Rank)) {
+	rank := m.Rank
+	if m.Joiner {
+		rank = -1
+	}
+	if !hmac.Equal(m.Proof, registerProof(r.cfg.JobKey, nonce, remote.String(), rank)) {
 		r.cfg.Logf("rendezvous: refused peer %s (%s): bad job key", remote, raddr)
 		s.Reset()
 		return
 	}
-	c := &rzConn{rank: m.Rank, s: s, addr: raddr, item: tableItem{
+	c := &rzConn{id: rank, rank: rank, s: s, addr: raddr, joiner: m.Joiner, stableRank: -1, ackEpoch: -1, item: tableItem{
 		Rank: m.Rank, ID: remote.String(), Addrs: m.Addrs, HostID: m.HostID, Unix: m.Unix, TCPPort: m.TCPPort, TLSPort: m.TLSPort,
 	}}
 	// Hold c's write lock from the moment c becomes visible in regs until
 	// the welcome is written: otherwise another rank's registration could
 	// send c the table (or a ping) before its welcome.
 	c.wmu.Lock()
-	if err := r.register(c); err != nil {
+	if err := r.register(c, m.Elastic); err != nil {
 		c.wmu.Unlock()
-		r.cfg.Logf("rendezvous: refused rank %d from %s: %v", m.Rank, raddr, err)
+		who := fmt.Sprintf("rank %d", m.Rank)
+		if m.Joiner {
+			who = "joiner " + remote.String()
+		}
+		r.cfg.Logf("rendezvous: refused %s from %s: %v", who, raddr, err)
 		c.send(&msg{T: tError, Text: err.Error()}, to)
 		s.CloseWrite()
 		// Let the error reach the client before the reset (bounded).
@@ -306,8 +353,13 @@ func (r *Rendezvous) handle(s network.Stream) {
 		r.lost(c, err)
 		return
 	}
-	r.cfg.Logf("rendezvous: rank %d registered from %s", c.rank, raddr)
-	r.afterRegister()
+	if c.joiner {
+		r.cfg.Logf("rendezvous: joiner %s registered from %s", remote, raddr)
+		r.joinerRegistered()
+	} else {
+		r.cfg.Logf("rendezvous: rank %d registered from %s", c.rank, raddr)
+		r.afterRegister()
+	}
 
 	// Heartbeat: a write every to/4 keeps the peer's read deadline fresh.
 	stop, hbDone := make(chan struct{}), make(chan struct{})
@@ -325,8 +377,11 @@ func (r *Rendezvous) handle(s network.Stream) {
 				p := &msg{T: tPing}
 				if !r.tableSent {
 					p.Missing = r.missingLocked()
-				} else if !r.goSent {
+				} else if !r.goSent && r.cfg.Elastic == nil {
 					p.Missing = r.unackedLocked()
+				}
+				if r.cfg.Elastic != nil {
+					p.Epoch, p.Pending = r.el.epoch, r.admissibleLocked()
 				}
 				r.mu.Unlock()
 				if c.send(p, to) != nil {
@@ -353,7 +408,11 @@ func (r *Rendezvous) handle(s network.Stream) {
 			r.mu.Unlock()
 		case tProgQuery:
 			r.mu.Lock()
-			p := make([]uint64, r.cfg.Size)
+			size := r.cfg.Size
+			if r.cfg.Elastic != nil && r.el.tableSent {
+				size = len(r.el.members)
+			}
+			p := make([]uint64, size)
 			for rank, seq := range r.progress {
 				if rank >= 0 && rank < len(p) {
 					p[rank] = seq
@@ -365,9 +424,17 @@ func (r *Rendezvous) handle(s network.Stream) {
 				return
 			}
 		case tAck:
-			r.ack(c)
+			if r.cfg.Elastic != nil {
+				r.elasticAck(c, m.Epoch)
+			} else {
+				r.ack(c)
+			}
+		case tLinkFail:
+			r.linkFailed(c, m)
+		case tGrow:
+			r.growRequest(c, m.Epoch)
 		case tAbort:
-			r.abort(fmt.Sprintf("rank %d aborted: %s", c.rank, m.Text))
+			r.abort(fmt.Sprintf("rank %d aborted: %s", r.rankOf(c), m.Text))
 		case tLeaving:
 			r.leaving(c, m.Seq)
 		case tLate:
@@ -379,8 +446,9 @@ func (r *Rendezvous) handle(s network.Stream) {
 		case tLeave:
 			r.mu.Lock()
 			c.left = true
+			rank := c.rank
 			r.mu.Unlock()
-			r.cfg.Logf("rendezvous: rank %d left", c.rank)
+			r.cfg.Logf("rendezvous: rank %d left", rank)
 			c.send(&msg{T: tBye}, to)
 			s.CloseWrite()
 			// Wait for the client to close its side (bounded), then finish.
@@ -393,14 +461,34 @@ func (r *Rendezvous) handle(s network.Stream) {
 			r.lost(c, nil)
 			return
 		default:
-			r.cfg.Logf("rendezvous: rank %d sent unexpected %q", c.rank, m.T)
+			r.cfg.Logf("rendezvous: rank %d sent unexpected %q", r.rankOf(c), m.T)
 		}
 	}
 }
 
-func (r *Rendezvous) register(c *rzConn) error {
+// rankOf returns c's rank (which changes with the epochs of an elastic
+// job).
+func (r *Rendezvous) rankOf(c *rzConn) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return c.rank
+}
+
+func (r *Rendezvous) register(c *rzConn, elastic int64) error {
+	switch e := r.cfg.Elastic; {
+	case e == nil && elastic != 0:
+		return errors.New("this job is not elastic: join it without Config.Elastic (and not as a joiner)")
+	case e != nil && elastic == 0:
+		return errors.New("this job is elastic: join it with Config.Elastic")
+	case e != nil && elastic != max(e.HeartbeatTimeout.Milliseconds(), 1):
+		return fmt.Errorf("heartbeat bound %v differs from the job's %v (Config.HeartbeatTimeout)",
+			time.Duration(elastic)*time.Millisecond, e.HeartbeatTimeout)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c.joiner {
+		return r.registerJoinerLocked(c)
+	}
 	switch {
 	case r.aborted:
 		return errors.New("job already aborted")
@@ -409,6 +497,9 @@ func (r *Rendezvous) register(c *rzConn) error {
 	case r.regs[c.rank] != nil:
 		return fmt.Errorf("rank %d already registered from %s", c.rank, r.regs[c.rank].addr)
 	case r.tableSent:
+		if r.cfg.Elastic != nil {
+			return errors.New("registration closed: the job runs; join it as a joiner (rank -1)")
+		}
 		return errors.New("registration closed")
 	}
 	r.regs[c.rank] = c
@@ -418,6 +509,11 @@ func (r *Rendezvous) register(c *rzConn) error {
 // afterRegister tells everybody who is still missing and, once complete,
 // sends the table (phase 1 of the start).
 func (r *Rendezvous) afterRegister() {
+	if r.cfg.Elastic != nil {
+		// The table of epoch 0 goes out before any later epoch's.
+		r.relayMu.Lock()
+		defer r.relayMu.Unlock()
+	}
 	r.mu.Lock()
 	missing := r.missingLocked()
 	conns := r.connsLocked()
@@ -428,6 +524,12 @@ func (r *Rendezvous) afterRegister() {
 		for i := 0; i < r.cfg.Size; i++ {
 			table = append(table, r.regs[i].item)
 		}
+		if r.cfg.Elastic != nil {
+			r.startElasticLocked()
+		}
+	}
+	if r.cfg.Elastic != nil {
+		conns = slices.DeleteFunc(conns, func(c *rzConn) bool { return c.joiner })
 	}
 	r.mu.Unlock()
 	m := &msg{T: tPing, Missing: missing}
@@ -518,10 +620,11 @@ func (r *Rendezvous) leaving(c *rzConn, lastCall uint64) {
 	}
 	c.leaving, c.lastCall = true, lastCall
 	aborted := r.aborted || r.closed
+	rank := c.rank
 	r.mu.Unlock()
-	r.cfg.Logf("rendezvous: rank %d leaves after call #%d", c.rank, lastCall)
+	r.cfg.Logf("rendezvous: rank %d leaves after call #%d", rank, lastCall)
 	if r.cfg.OnLeave != nil {
-		r.cfg.OnLeave(c.rank, lastCall)
+		r.cfg.OnLeave(rank, lastCall)
 	}
 	if aborted {
 		return // every rank has been told why already
@@ -536,7 +639,7 @@ func (r *Rendezvous) leaving(c *rzConn, lastCall uint64) {
 		}
 	}
 	r.mu.Unlock()
-	r.broadcast(to, &msg{T: tLeaving, Rank: c.rank, Seq: lastCall})
+	r.broadcast(to, &msg{T: tLeaving, Rank: rank, Seq: lastCall})
 }
 
 // late passes on c's report that its rank is in call `call`, after ranks
@@ -546,15 +649,18 @@ func (r *Rendezvous) leaving(c *rzConn, lastCall uint64) {
 func (r *Rendezvous) late(c *rzConn, call uint64) {
 	r.mu.Lock()
 	var to []*rzConn
+	var ranks []int
 	for _, o := range r.connsLocked() {
 		if o.leaving && !o.left && o.lastCall < call {
 			to = append(to, o)
+			ranks = append(ranks, o.rank)
 		}
 	}
+	rank := c.rank
 	r.mu.Unlock()
-	for _, o := range to {
-		r.cfg.Logf("rendezvous: rank %d was in call #%d when rank %d left after call #%d", c.rank, call, o.rank, o.lastCall)
-		o.send(&msg{T: tLate, Rank: c.rank, Seq: call}, r.cfg.Timeout)
+	for i, o := range to {
+		r.cfg.Logf("rendezvous: rank %d was in call #%d when rank %d left after call #%d", rank, call, ranks[i], o.lastCall)
+		o.send(&msg{T: tLate, Rank: rank, Seq: call}, r.cfg.Timeout)
 	}
 }
 
@@ -572,10 +678,10 @@ func (r *Rendezvous) lost(c *rzConn, err error) {
 	started := r.tableSent
 	left := c.left
 	closed := r.closed
-	if !started {
-		// Before the table nobody depends on this rank yet: forget it so it
-		// can register again.
-		delete(r.regs, c.rank)
+	if !started || c.joiner && !c.member {
+		// Before the table nobody depends on this rank yet (nor ever on a
+		// joiner not admitted yet): forget it so it can register again.
+		delete(r.regs, c.id)
 	}
 	allGone := started && len(r.connsLocked()) == 0
 	if allGone {
@@ -589,9 +695,17 @@ func (r *Rendezvous) lost(c *rzConn, err error) {
 	if closed {
 		return
 	}
+	if c.joiner && !started {
+		r.elasticLost(c, err, left)
+		return
+	}
 	if !started {
 		r.cfg.Logf("rendezvous: rank %d (%s) dropped before the job started: %v", c.rank, c.addr, err)
 		r.afterRegister()
+		return
+	}
+	if r.cfg.Elastic != nil {
+		r.elasticLost(c, err, left)
 		return
 	}
 	if !left {

@@ -89,7 +89,7 @@ func TestTCPTLSRefusals(t *testing.T) {
 		t.Fatalf("challenge: %v %v", ch, err)
 	}
 	nonce := make([]byte, nonceLen)
-	writeMsg(sc, &msg{T: tDHello, Rank: 0, Link: 0, Nonce: nonce, Proof: dataProof(j.key, ch.Nonce, 0, 0)})
+	writeMsg(sc, &msg{T: tDHello, Rank: 0, Link: 0, Nonce: nonce, Proof: dataProof(j.key, ch.Nonce, 0, 0, 0)})
 	if m, err := readMsg(sc); err == nil {
 		t.Errorf("acceptor answered an impostor with %q", m.T)
 	}

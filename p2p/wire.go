@@ -42,6 +42,14 @@ const (
 	tLeaving   = "leaving"   // client -> server: I leave after call Seq; server -> client: rank Rank leaves after call Seq
 	tLate      = "late"      // client -> server: I am in call Seq, after a rank left; server -> that leaver: rank Rank was
 	tLateOK    = "lateok"    // server -> client: your late report reached the leavers
+
+	// Elastic mode only (see elastic.go).
+	tReconfig = "reconfig" // server -> member: epoch Epoch begins, Lost are gone; fail the current epoch
+	tWaiting  = "waiting"  // server -> member: below the minimum size, waiting for joiners (Text)
+	tLinkFail = "linkfail" // member -> server: my link with rank Rank broke in epoch Epoch (Text)
+	tGrow     = "grow"     // member -> server: admit the pending joiners after epoch Epoch
+	tGrowNone = "grownone" // server -> member: every member asked to grow epoch Epoch, nobody to admit
+	tDropped  = "dropped"  // server -> member: you are no longer a member (Text); stop
 )
 
 // msg is the single wire message type; unused fields are omitted.
@@ -62,6 +70,23 @@ type msg struct {
 	Seq     uint64      `json:"seq,omitempty"`
 	// Progress is every rank's last reported Seq, indexed by rank.
 	Progress []uint64 `json:"progress,omitempty"`
+
+	// Elastic mode only: all zero, hence absent, in a fixed-size job.
+	Epoch   int        `json:"epoch,omitempty"`   // membership epoch
+	Joiner  bool       `json:"joiner,omitempty"`  // hello: a process that asks to join a running job
+	Elastic int64      `json:"elastic,omitempty"` // hello: the member is elastic, with this heartbeat bound (ms)
+	Pending int        `json:"pending,omitempty"` // ping: joiners waiting to be admitted
+	Lost    []lostItem `json:"lost,omitempty"`    // reconfig, table: members that are gone
+	Joined  []int      `json:"joined,omitempty"`  // table: ranks (in the new epoch) of the members that joined
+}
+
+// lostItem is a member that left the job without a clean Close.
+type lostItem struct {
+	Rank  int    `json:"rank"` // its rank in the last epoch it was part of
+	ID    string `json:"id"`
+	Host  string `json:"host"`
+	Addr  string `json:"addr"`
+	Cause string `json:"cause"`
 }
 
 // tableItem is one rank's entry of the job table.
@@ -135,6 +160,9 @@ func (m *msg) check() error {
 			return fmt.Errorf("bad %s: nonce of %d bytes", m.T, len(m.Nonce))
 		}
 	case tHello, tDHello:
+		if m.Epoch < 0 || m.Pending < 0 || m.Elastic < 0 {
+			return fmt.Errorf("bad %s: negative epoch or heartbeat", m.T)
+		}
 		if len(m.Nonce) != nonceLen || len(m.Proof) != sha256.Size {
 			return fmt.Errorf("bad %s: nonce/proof size", m.T)
 		}
@@ -156,7 +184,8 @@ func (m *msg) check() error {
 		if m.Rank < 0 {
 			return fmt.Errorf("bad %s: negative rank", m.T)
 		}
-	case tAbort, tError, tAck, tGo, tPing, tLeave, tBye, tLeaving, tLate, tLateOK:
+	case tAbort, tError, tAck, tGo, tPing, tLeave, tBye, tLeaving, tLate, tLateOK,
+		tReconfig, tWaiting, tLinkFail, tGrow, tGrowNone, tDropped:
 		if m.Rank < 0 {
 			return fmt.Errorf("bad %s: negative rank", m.T)
 		}
@@ -216,10 +245,23 @@ func welcomeProof(key, nonce []byte, serverID string) []byte {
 	return mac(key, "gorun rendezvous", nonce, []byte(serverID))
 }
 
-func dataProof(key, nonce []byte, rank, link int) []byte {
-	return mac(key, "gorun data", nonce, u64(rank), u64(link))
+// dataProof and dataOKProof authenticate the two ends of a data link of
+// membership epoch `epoch`, so that a dial (or a replayed handshake) from
+// another epoch is refused and bytes of an old ring never reach the new one.
+// Epoch 0 adds no part: a fixed-size job, which is always in epoch 0, keeps
+// the proofs it always had, and since parts are length-prefixed an epoch-0
+// proof still differs from every later epoch's.
+func dataProof(key, nonce []byte, rank, link, epoch int) []byte {
+	return mac(key, "gorun data", epochParts(epoch, nonce, u64(rank), u64(link))...)
 }
 
-func dataOKProof(key, nonce []byte, rank, link int) []byte {
-	return mac(key, "gorun data ok", nonce, u64(rank), u64(link))
+func dataOKProof(key, nonce []byte, rank, link, epoch int) []byte {
+	return mac(key, "gorun data ok", epochParts(epoch, nonce, u64(rank), u64(link))...)
+}
+
+func epochParts(epoch int, parts ...[]byte) [][]byte {
+	if epoch == 0 {
+		return parts
+	}
+	return append(parts, u64(epoch))
 }
