@@ -78,6 +78,11 @@ type RankError struct {
 	// same last stderr lines (rank numbers in them aside): a usage error, or
 	// the same bug, is reported once.
 	Same []int
+	// LeftEarly are the ranks that closed their communicator while the job
+	// was still running, e.g. "rank 1 closed its communicator after call
+	// #3": the ranks still in later calls failed
+	// because of them, so they are named before the rank that failed.
+	LeftEarly []string
 	// Others are the other ranks seen failing at about the same time, e.g.
 	// "rank 1 (exit status 1)": when a rank fails cleanly its peers may exit
 	// first, so the rank named above is a guess the user can check here.
@@ -94,6 +99,10 @@ const scrollLines = 10
 
 func (e *RankError) Error() string {
 	var b strings.Builder
+	if len(e.LeftEarly) > 0 {
+		fmt.Fprintf(&b, "%s while other ranks were still making collective calls (every rank must make the same calls before Close); then ",
+			strings.Join(e.LeftEarly, ", "))
+	}
 	if e.Host == "" {
 		fmt.Fprintf(&b, "rank %d (pid %d) failed: %s", e.Rank, e.PID, e.Status)
 	} else {
@@ -383,6 +392,7 @@ var missingRE = regexp.MustCompile(`missing ranks \[([0-9 ]*)\]`)
 
 func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, attempt int) error {
 	key := p2p.NewJobKey()
+	departures := &departureLog{lastCall: map[int]uint64{}}
 	rdvLog := job.Logf
 	if !job.Verbose {
 		// A refused stranger is worth saying even when quiet.
@@ -394,6 +404,7 @@ func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, atte
 	}
 	rdv, err := p2p.StartRendezvous(ctx, p2p.RendezvousConfig{
 		ListenAddr: net.JoinHostPort(lay.listenIP, "0"), Size: job.NP, JobKey: key, Timeout: cmp.Or(job.Timeout, collective.DefaultTimeout), Logf: rdvLog,
+		OnLeave: departures.record,
 	})
 	if err != nil {
 		return fmt.Errorf("starting the rendezvous: %w", err)
@@ -502,11 +513,44 @@ func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, atte
 		stopped.Hidden = int(out.hidden.Load())
 	}
 	var re *RankError
-	if errors.As(failure, &re) && out.fold != nil {
-		last := out.fold.lastStderr(re.Rank)
-		re.StderrShown = last >= 0 && job.Console.lineCount()-last <= scrollLines
+	if errors.As(failure, &re) {
+		if out.fold != nil {
+			last := out.fold.lastStderr(re.Rank)
+			re.StderrShown = last >= 0 && job.Console.lineCount()-last <= scrollLines
+		}
+		re.LeftEarly = departures.leftEarly(procs)
 	}
 	return failure
+}
+
+// departureLog records, from the rendezvous, the ranks that closed their
+// communicator and the last collective call each had made.
+type departureLog struct {
+	mu       sync.Mutex
+	lastCall map[int]uint64
+}
+
+func (d *departureLog) record(rank int, lastCall uint64) {
+	d.mu.Lock()
+	d.lastCall[rank] = lastCall
+	d.mu.Unlock()
+}
+
+// leftEarly names the ranks of a failed job that closed their
+// communicator while it ran: the others were still calling collectives
+// they could never finish. (Such a rank may still be in Close, waiting for
+// its links to drain, when gorun stops the job, so its exit status says
+// nothing.)
+func (d *departureLog) leftEarly(procs []*rankProc) []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []string
+	for _, p := range procs {
+		if call, left := d.lastCall[p.rank]; left {
+			out = append(out, fmt.Sprintf("rank %d%s closed its communicator after call #%d", p.rank, onHost(p.host), call))
+		}
+	}
+	return out
 }
 
 // causeWindow is how long, after a rank fails, gorun waits for other ranks'

@@ -624,6 +624,12 @@ func (n *Node) ctlReader() {
 				close(n.goCh)
 			}
 		case tAbort:
+			if m.Left {
+				// The job ends because a rank left early: the call this
+				// rank is in, or would enter next, can never complete.
+				n.abortLocal(&PeerLeftError{Rank: m.Rank, LastCall: m.Seq, Self: n.rank(), Call: max(n.progress.Load(), m.Seq+1)})
+				break
+			}
 			n.abortLocal(errors.New(m.Text))
 		case tProgress:
 			select {

@@ -90,6 +90,9 @@ type rzConn struct {
 	// leaving: the rank announced it leaves after call lastCall.
 	leaving  bool
 	lastCall uint64
+	// behind: the rank reported being in a later call than a rank that
+	// left, so its own end is a consequence of that departure.
+	behind bool
 	// Elastic mode, under Rendezvous.mu.
 	joiner     bool // registered as a joiner
 	member     bool // in the current epoch's table (or a survivor waiting for one)
@@ -577,7 +580,11 @@ func (r *Rendezvous) ack(c *rzConn) {
 }
 
 // abort relays the first abort of the job to every connected rank.
-func (r *Rendezvous) abort(text string) {
+func (r *Rendezvous) abort(text string) { r.abortWith(&msg{T: tAbort, Text: text}) }
+
+// abortWith relays the first abort of the job, m, to every connected rank.
+func (r *Rendezvous) abortWith(m *msg) {
+	text := m.Text
 	r.mu.Lock()
 	if r.aborted || r.closed {
 		r.mu.Unlock()
@@ -590,7 +597,7 @@ func (r *Rendezvous) abort(text string) {
 	r.mu.Lock()
 	conns := r.connsLocked()
 	r.mu.Unlock()
-	r.broadcast(conns, &msg{T: tAbort, Text: text})
+	r.broadcast(conns, m)
 	r.relayMu.Unlock()
 	close(r.abortSent)
 }
@@ -657,6 +664,7 @@ func (r *Rendezvous) late(c *rzConn, call uint64) {
 		}
 	}
 	rank := c.rank
+	c.behind = true
 	r.mu.Unlock()
 	for i, o := range to {
 		r.cfg.Logf("rendezvous: rank %d was in call #%d when rank %d left after call #%d", rank, call, ranks[i], o.lastCall)
@@ -715,6 +723,31 @@ func (r *Rendezvous) lost(c *rzConn, err error) {
 			r.abort(fmt.Sprintf("rank %d (%s) stopped responding: no heartbeat within %v", c.rank, c.addr, r.cfg.Timeout))
 			return
 		}
+		if d := r.departureBefore(c); d != nil {
+			// It failed because a rank left early: say that, so a rank
+			// that had not reached the later call yet blames the
+			// departure, not this rank's exit.
+			r.abortWith(&msg{T: tAbort, Left: true, Rank: d.rank, Seq: d.lastCall,
+				Text: fmt.Sprintf("rank %d closed its communicator after call #%d; rank %d (%s) was in a later call and exited", d.rank, d.lastCall, c.rank, c.addr)})
+			return
+		}
 		r.abort(fmt.Sprintf("rank %d (%s) disconnected", c.rank, c.addr))
 	}
+}
+
+// departureBefore returns the departure (earliest last call) that put c
+// behind, if c reported being behind one.
+func (r *Rendezvous) departureBefore(c *rzConn) *departure {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !c.behind {
+		return nil
+	}
+	var d *departure
+	for _, o := range r.regs {
+		if o.leaving && (d == nil || o.lastCall < d.lastCall) {
+			d = &departure{rank: o.rank, lastCall: o.lastCall}
+		}
+	}
+	return d
 }

@@ -68,6 +68,8 @@ type msg struct {
 	Missing []int       `json:"missing,omitempty"`
 	Table   []tableItem `json:"table,omitempty"`
 	Seq     uint64      `json:"seq,omitempty"`
+	// Left marks an abort caused by rank Rank leaving after call Seq.
+	Left bool `json:"left,omitempty"`
 	// Progress is every rank's last reported Seq, indexed by rank.
 	Progress []uint64 `json:"progress,omitempty"`
 
