@@ -83,6 +83,11 @@ type RankError struct {
 	// #3": the ranks still in later calls failed
 	// because of them, so they are named before the rank that failed.
 	LeftEarly []string
+	// JobCause is the first cause of the job's abort as the rendezvous
+	// heard it ("rank 2 (...) stopped responding: no heartbeat within 4s",
+	// "rank 1 aborted: ..."), when there was one: the rank named above may
+	// only be the first to exit because of it.
+	JobCause string
 	// Others are the other ranks seen failing at about the same time, e.g.
 	// "rank 1 (exit status 1)": when a rank fails cleanly its peers may exit
 	// first, so the rank named above is a guess the user can check here.
@@ -113,6 +118,9 @@ func (e *RankError) Error() string {
 	}
 	if len(e.Same) > 0 {
 		fmt.Fprintf(&b, "; %s failed the same way (%s)", rankList(e.Same), e.Status)
+	}
+	if e.JobCause != "" && len(e.LeftEarly) == 0 { // a departure is said already
+		fmt.Fprintf(&b, "; the job was aborted because %s", e.JobCause)
 	}
 	if len(e.Others) > 0 {
 		fmt.Fprintf(&b, "; also failed: %s", strings.Join(e.Others, ", "))
@@ -404,7 +412,7 @@ func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, atte
 	}
 	rdv, err := p2p.StartRendezvous(ctx, p2p.RendezvousConfig{
 		ListenAddr: net.JoinHostPort(lay.listenIP, "0"), Size: job.NP, JobKey: key, Timeout: cmp.Or(job.Timeout, collective.DefaultTimeout), Logf: rdvLog,
-		OnLeave: departures.record,
+		OnLeave: departures.record, OnAbort: departures.aborted,
 	})
 	if err != nil {
 		return fmt.Errorf("starting the rendezvous: %w", err)
@@ -519,6 +527,7 @@ func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, atte
 			re.StderrShown = last >= 0 && job.Console.lineCount()-last <= scrollLines
 		}
 		re.LeftEarly = departures.leftEarly(procs)
+		re.JobCause = departures.abortCause()
 	}
 	return failure
 }
@@ -528,6 +537,21 @@ func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, atte
 type departureLog struct {
 	mu       sync.Mutex
 	lastCall map[int]uint64
+	abort    string // the first abort's cause
+}
+
+func (d *departureLog) aborted(cause string) {
+	d.mu.Lock()
+	if d.abort == "" {
+		d.abort = cause
+	}
+	d.mu.Unlock()
+}
+
+func (d *departureLog) abortCause() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.abort
 }
 
 func (d *departureLog) record(rank int, lastCall uint64) {

@@ -37,6 +37,12 @@ type RendezvousConfig struct {
 	// calls fail naming it. It runs on the rendezvous' goroutines, possibly
 	// concurrently for different ranks, and must not block.
 	OnLeave func(rank int, lastCall uint64)
+	// OnAbort, if set, is called once with the cause of the job's first
+	// abort (e.g. "rank 2 (/ip4/...) stopped responding: no heartbeat
+	// within 4s"), before the ranks are told: the launcher names that
+	// cause, since the ranks that exit first are often only its victims.
+	// It must not block.
+	OnAbort func(cause string)
 	// Elastic, if set, makes the job elastic (see elastic.go): a lost
 	// member starts a new membership epoch instead of aborting the job,
 	// and joiners (Config.Rank -1) can be admitted. Size is the number of
@@ -593,6 +599,9 @@ func (r *Rendezvous) abortWith(m *msg) {
 	r.aborted = true
 	r.mu.Unlock()
 	r.cfg.Logf("rendezvous: job aborted: %s", text)
+	if r.cfg.OnAbort != nil {
+		r.cfg.OnAbort(text)
+	}
 	r.relayMu.Lock()
 	r.mu.Lock()
 	conns := r.connsLocked()

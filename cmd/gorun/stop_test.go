@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -149,6 +150,11 @@ func TestGorunStopsAFrozenRankWithoutWaitingForGrace(t *testing.T) {
 	}
 	if took > grace/2 {
 		t.Errorf("gorun took %v with --grace %v: it waited to SIGKILL the frozen rank\nstderr:\n%s", took.Round(time.Millisecond), grace, errOut)
+	}
+	// The ranks that exit first are the frozen rank's victims; the summary
+	// says what the rendezvous saw first.
+	if !regexp.MustCompile(`gorun: job failed: .*the job was aborted because rank 2 \(\S+\) stopped responding: no heartbeat within 4s`).MatchString(errOut) {
+		t.Errorf("gorun's summary does not name the frozen rank 2 as the cause:\n%s", errOut)
 	}
 	t.Logf("job with a frozen rank ended after %v (--timeout 4s, --grace %v); gorun said:\n%s", took.Round(time.Millisecond), grace, errOut)
 }
