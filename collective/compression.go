@@ -80,6 +80,11 @@ type CompressionStats struct {
 	RelRMSE   float64 // relative RMS error of this rank's encoded shares, last call
 }
 
+// CompressionThreshold is the smallest buffer, in bytes, that this Comm
+// compresses (WithCompressionThreshold, GORUN_COMPRESSION_THRESHOLD, or
+// DefaultCompressionThreshold).
+func (c *Comm) CompressionThreshold() int { return c.compression.cfg.threshold }
+
 // Ratio is WireBytes/RawBytes.
 func (s CompressionStats) Ratio() float64 {
 	if s.RawBytes == 0 {

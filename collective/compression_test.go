@@ -109,3 +109,32 @@ func TestCompressionMismatch(t *testing.T) {
 		t.Errorf("errors do not name the compressed call: %v", errs)
 	}
 }
+
+// The threshold comes from WithCompressionThreshold, else
+// GORUN_COMPRESSION_THRESHOLD, else the default; a bad value names the
+// variable. (gorun bench reports the Comm's threshold: it must be this one.)
+func TestCompressionThresholdFromEnvironment(t *testing.T) {
+	for env, want := range map[string]int{"": DefaultCompressionThreshold, "1024": 1024, "0": 0} {
+		s, err := newCompressionState(compressionConfig{}, only(EnvCompressionThreshold, env))
+		if err != nil || s.cfg.threshold != want {
+			t.Errorf("GORUN_COMPRESSION_THRESHOLD=%q: %v, %v; want %d", env, s, err, want)
+		}
+	}
+	if _, err := newCompressionState(compressionConfig{}, only(EnvCompressionThreshold, "64K")); err == nil || !strings.Contains(err.Error(), EnvCompressionThreshold) {
+		t.Errorf("64K: error %v, want one naming %s", err, EnvCompressionThreshold)
+	}
+	s, err := newCompressionState(compressionConfig{threshold: 5, set: true}, only(EnvCompressionThreshold, "1024"))
+	if err != nil || s.cfg.threshold != 5 {
+		t.Errorf("WithCompressionThreshold(5) with the variable set: %v, %v; want 5", s, err)
+	}
+}
+
+// only is an environment that holds name=value and nothing else.
+func only(name, value string) func(string) string {
+	return func(k string) string {
+		if k == name {
+			return value
+		}
+		return ""
+	}
+}

@@ -76,33 +76,15 @@ func startElastic(t *testing.T, o elasticOpts) *elasticJob {
 	t.Helper()
 	o.defaults()
 	j := &elasticJob{job: &job{key: NewJobKey(), log: &logRec{}}, o: o, changes: &changes{}}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	rz, err := StartRendezvous(ctx, RendezvousConfig{ListenAddr: "127.0.0.1:0", Size: o.size, JobKey: j.key,
-		Timeout: o.timeout, Logf: j.log.logf, OnChange: j.changes.add,
-		Elastic: &ElasticConfig{MinSize: o.min, MaxSize: o.max, WaitTimeout: o.wait, HeartbeatTimeout: o.hb}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	j.rz = rz
-	j.nodes = make([]*Node, o.size)
-	errs := make([]error, o.size)
-	var wg sync.WaitGroup
-	for r := range o.size {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			j.nodes[r], errs[r] = Join(ctx, j.config(r))
-		}()
-	}
-	wg.Wait()
+	err := j.launch(t, RendezvousConfig{Size: o.size, Timeout: o.timeout, OnChange: j.changes.add,
+		Elastic: &ElasticConfig{MinSize: o.min, MaxSize: o.max, WaitTimeout: o.wait, HeartbeatTimeout: o.hb}}, j.config)
 	t.Cleanup(func() {
 		j.mu.Lock()
 		j.job.nodes = append(j.job.nodes, j.extra...)
 		j.mu.Unlock()
 		j.close(t)
 	})
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
 	for r, n := range j.nodes {

@@ -123,33 +123,43 @@ func startJob(t testing.TB, o jobOpts) *job {
 		o.log = &logRec{}
 	}
 	j := &job{key: NewJobKey(), log: o.log}
+	err := j.launch(t, RendezvousConfig{Size: o.size, Timeout: o.timeout, OnLeave: o.onLeave},
+		func(r int) Config { return baseConfig(j, o, r) })
+	t.Cleanup(func() { j.close(t) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+// launch starts the rendezvous rc (on loopback, with j's key and log) and
+// rc.Size ranks, rank r joining with cfg(r), in this process. It returns
+// the ranks' Join errors; the caller registers j's cleanup first.
+func (j *job) launch(t testing.TB, rc RendezvousConfig, cfg func(rank int) Config) error {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rz, err := StartRendezvous(ctx, RendezvousConfig{ListenAddr: "127.0.0.1:0", Size: o.size,
-		JobKey: j.key, Timeout: o.timeout, Logf: j.log.logf, OnLeave: o.onLeave})
+	rc.ListenAddr, rc.JobKey, rc.Logf = "127.0.0.1:0", j.key, j.log.logf
+	rz, err := StartRendezvous(ctx, rc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	j.rz = rz
-	j.nodes = make([]*Node, o.size)
-	errs := make([]error, o.size)
+	j.nodes = make([]*Node, rc.Size)
+	errs := make([]error, rc.Size)
 	var wg sync.WaitGroup
-	for r := range o.size {
+	for r := range rc.Size {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			j.nodes[r], errs[r] = Join(ctx, baseConfig(j, o, r))
+			j.nodes[r], errs[r] = Join(ctx, cfg(r))
 		}()
 	}
 	if err := rz.WaitRegistered(ctx); err != nil {
 		t.Error(err)
 	}
 	wg.Wait()
-	t.Cleanup(func() { j.close(t) })
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	return j
+	return errors.Join(errs...)
 }
 
 func pattern(rank, round, n int) []byte {

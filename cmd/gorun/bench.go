@@ -126,12 +126,7 @@ func newBenchWorkerCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				// The report names the threshold below which sizes go
-				// uncompressed: give the Comm the same one.
-				if o.CompressionThreshold, err = bench.CompressionThreshold(os.Getenv); err != nil {
-					return err
-				}
-				opts = append(opts, collective.WithCompression(codec), collective.WithCompressionThreshold(o.CompressionThreshold))
+				opts = append(opts, collective.WithCompression(codec))
 			}
 			comm, err := collective.Init(ctx, opts...)
 			if err != nil {

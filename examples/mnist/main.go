@@ -27,6 +27,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Config holds the command line.
@@ -185,14 +187,11 @@ func checkRankPaths(cfg *Config, rank int) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("--checkpoint-dir %s cannot be created: %w", dir, err)
 	}
-	if err := syscall.Access(dir, writable); err != nil {
+	if err := unix.Access(dir, unix.W_OK); err != nil {
 		return fmt.Errorf("--checkpoint-dir %s is not writable: %w", dir, err)
 	}
 	return nil
 }
-
-// writable is access(2)'s W_OK.
-const writable = 2
 
 // checkOutputFile fails, naming the flag, when path could not be created
 // later: its directory is missing or not writable, or path is a directory.
@@ -213,7 +212,7 @@ func checkOutputFile(flagName, path string) error {
 	case !st.IsDir():
 		return fmt.Errorf("%s %s: %s is not a directory", flagName, path, dir)
 	}
-	if err := syscall.Access(dir, writable); err != nil {
+	if err := unix.Access(dir, unix.W_OK); err != nil {
 		return fmt.Errorf("%s %s: cannot write in %s: %w", flagName, path, dir, err)
 	}
 	return nil

@@ -73,13 +73,15 @@ type progress struct {
 	first  int // the run's step when this process started training
 	cols   int // the terminal's width, 0 if unknown (under gorun)
 
-	start    time.Time
-	step     int // optimizer steps done in the run, restored ones included
-	last     time.Time
-	bar      *progressbar.ProgressBar
-	drawn    bool // a status line is on the screen
-	finished bool
+	start time.Time
+	step  int // optimizer steps done in the run, restored ones included
+	last  time.Time
+	bar   *progressbar.ProgressBar
+	drawn bool // a status line is on the screen
 }
+
+// done says the run's last step was counted: the bar was cleared for good.
+func (p *progress) done() bool { return p.step >= p.epochs*p.steps }
 
 // newProgress returns nil for noProgress; a nil *progress does nothing.
 func newProgress(style progressStyle, w io.Writer, cols int, now func() time.Time, epochs, steps, global, first int) *progress {
@@ -163,9 +165,8 @@ func (p *progress) draw() {
 	}
 	io.WriteString(p.w, "\r"+text+eraseToEOL)
 	p.drawn = true
-	if p.step >= p.epochs*p.steps {
+	if p.done() {
 		p.clear()
-		p.finished = true
 	}
 }
 
@@ -189,7 +190,7 @@ func (p *progress) clear() {
 
 // redraw shows the status line again after clear.
 func (p *progress) redraw() {
-	if p == nil || p.bar == nil || p.finished {
+	if p == nil || p.bar == nil || p.done() {
 		return
 	}
 	p.draw()

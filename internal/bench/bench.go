@@ -49,25 +49,6 @@ type Options struct {
 	// Compression names the codec of a compressed allreduce ("" = none);
 	// the Comm must have been created WithCompression of it.
 	Compression string
-	// CompressionThreshold is the Comm's (WithCompressionThreshold): smaller
-	// buffers travel uncompressed, and the report says so. 0 means
-	// collective.DefaultCompressionThreshold.
-	CompressionThreshold int
-}
-
-// CompressionThreshold is the threshold a Comm takes from the environment
-// (GORUN_COMPRESSION_THRESHOLD, else the default), for a worker to pass to
-// collective.WithCompressionThreshold and to Options alike.
-func CompressionThreshold(getenv func(string) string) (int, error) {
-	s := getenv(collective.EnvCompressionThreshold)
-	if s == "" {
-		return collective.DefaultCompressionThreshold, nil
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("%s=%q is not a byte count", collective.EnvCompressionThreshold, s)
-	}
-	return n, nil
 }
 
 // humanSize writes whole KiB, MiB and GiB as such: 65536 is "64 KiB".
@@ -264,10 +245,7 @@ func measure(ctx context.Context, comm *collective.Comm, o Options, size int64) 
 			// is the plain ring's payload.
 			res.Compression, res.WireRatio = "none", 1
 			res.WireBytes = sent / uint64(warmup+iters)
-			threshold := o.CompressionThreshold
-			if threshold == 0 {
-				threshold = collective.DefaultCompressionThreshold
-			}
+			threshold := comm.CompressionThreshold()
 			res.CompressionNote = "not compressed by the Comm"
 			if c.bytes() < threshold {
 				res.CompressionNote = "below threshold " + humanSize(threshold)

@@ -123,15 +123,3 @@ func TestRunCompressionBelowThreshold(t *testing.T) {
 		}
 	}
 }
-
-func TestCompressionThresholdFromEnvironment(t *testing.T) {
-	for env, want := range map[string]int{"": collective.DefaultCompressionThreshold, "1024": 1024, "0": 0} {
-		got, err := CompressionThreshold(func(string) string { return env })
-		if err != nil || got != want {
-			t.Errorf("GORUN_COMPRESSION_THRESHOLD=%q: %d, %v; want %d", env, got, err, want)
-		}
-	}
-	if _, err := CompressionThreshold(func(string) string { return "64K" }); err == nil || !strings.Contains(err.Error(), collective.EnvCompressionThreshold) {
-		t.Errorf("64K: error %v, want one naming %s", err, collective.EnvCompressionThreshold)
-	}
-}
