@@ -336,7 +336,6 @@ type rankSink struct {
 	deliver func(rank int, isErr bool, line []byte)
 	fold    *folder // nil when Job.Line takes the lines
 	con     *Console
-	labels  []string
 	verbose bool
 	// exited marks ranks that have exited: a status they left queued is not
 	// drawn.
@@ -349,14 +348,14 @@ type rankSink struct {
 }
 
 func newRankSink(job Job, lay *layout, files *outputFiles) *rankSink {
-	s := &rankSink{files: files, deliver: job.Line, con: job.Console, labels: lay.labels(), verbose: job.Verbose,
+	s := &rankSink{files: files, deliver: job.Line, con: job.Console, verbose: job.Verbose,
 		exited: make([]atomic.Bool, job.NP)}
 	if s.deliver == nil {
 		window := job.FoldWindow
 		if window == 0 {
 			window = DefaultFoldWindow
 		}
-		s.fold = newFolder(job.Console, s.labels, lay.rankHosts(), window)
+		s.fold = newFolder(job.Console, lay.labels(), lay.rankHosts(), window)
 		s.deliver = s.fold.line
 		if job.Console.Terminal() {
 			s.fold.status = s.drawStatus
@@ -393,11 +392,7 @@ func (s *rankSink) drawStatus(rank int, isErr bool, text string) {
 		s.con.setStatus(key, "")
 		return
 	}
-	label := strconv.Itoa(rank)
-	if rank >= 0 && rank < len(s.labels) {
-		label = s.labels[rank]
-	}
-	s.con.setStatus(key, "["+label+"] "+text)
+	s.con.setStatus(key, "["+s.fold.label([]int{rank})+"] "+text) // only the folder draws statuses
 }
 
 func (s *rankSink) streamEnded(rank int, isErr bool) {
@@ -409,6 +404,12 @@ func (s *rankSink) streamEnded(rank int, isErr bool) {
 // rankExited clears the statuses of a rank that has exited (something it
 // started may still hold its pipes).
 func (s *rankSink) rankExited(rank int) {
+	if s.fold != nil {
+		// The folder draws statuses under its lock (drawStatus): hold it,
+		// so a status being drawn can not land after this clear.
+		s.fold.mu.Lock()
+		defer s.fold.mu.Unlock()
+	}
 	if rank >= 0 && rank < len(s.exited) {
 		s.exited[rank].Store(true)
 	}

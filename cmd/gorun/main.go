@@ -13,7 +13,11 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,7 +28,13 @@ func main() {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	go func() {
-		if s, ok := (<-sigs).(syscall.Signal); ok {
+		s := <-sigs
+		// The first signal stops the job in order; a second one, if the
+		// stop itself hangs (say, on a terminal that does not take output),
+		// ends gorun at once: its local ranks die with it (Pdeathsig) and
+		// remote ones when their ssh sessions close.
+		signal.Stop(sigs)
+		if s, ok := s.(syscall.Signal); ok {
 			cancel(stopSignal{s})
 		}
 	}()
@@ -93,15 +103,44 @@ func horovodArgs(args []string) []string {
 	return out
 }
 
-// takesValue says whether flag a consumes the next argument.
+// takesValue says whether flag a consumes the next argument: whether it
+// names a non-boolean flag of gorun or of one of its commands.
 func takesValue(a string) bool {
 	if !strings.HasPrefix(a, "-") || strings.Contains(a, "=") {
 		return false
 	}
-	switch strings.TrimLeft(a, "-") {
-	case "np", "H", "hosts", "hostfile", "ssh-port", "ssh-identity-file", "network-interface", "output-dir", "config",
-		"timeout", "start-timeout", "x", "env", "max-restarts", "sizes", "iters", "op", "grace", "warmup":
-		return true
+	return valueFlags()[strings.TrimLeft(a, "-")]
+}
+
+// valueFlags are the names (long and short) of every flag of gorun and its
+// commands that takes a value, read from the commands themselves so that a
+// new flag can not be forgotten here.
+func valueFlags() map[string]bool {
+	valueFlagsOnce.Do(func() { valueFlagNames = collectValueFlags() })
+	return valueFlagNames
+}
+
+var (
+	valueFlagsOnce sync.Once
+	valueFlagNames map[string]bool
+)
+
+func collectValueFlags() map[string]bool {
+	names := map[string]bool{}
+	var walk func(*cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			if f.Value.Type() != "bool" {
+				names[f.Name] = true
+				if f.Shorthand != "" {
+					names[f.Shorthand] = true
+				}
+			}
+		})
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
 	}
-	return false
+	walk(newRootCmd())
+	return names
 }
