@@ -95,21 +95,17 @@ func (c *Console) writeLine(toErr bool, line []byte) {
 	c.lines++
 	switch {
 	case c.shown == "" || !toErr && !c.stdoutTerm:
-		w := c.stdout
-		if toErr {
-			w = c.stderr
-		}
-		c.write(w, append(line[:len(line):len(line)], '\n'))
+		c.write(b2i(toErr), append(line[:len(line):len(line)], '\n'))
 	case toErr:
 		// One write, so the terminal never shows the line without the
 		// status erased first.
 		b := make([]byte, 0, len(eraseLine)+len(line)+1+len(c.shown))
 		b = append(append(append(append(b, eraseLine...), line...), '\n'), c.shown...)
-		c.write(c.stderr, b)
+		c.write(stderrStream, b)
 	default:
-		c.write(c.stderr, []byte(eraseLine))
-		c.write(c.stdout, append(line[:len(line):len(line)], '\n'))
-		c.write(c.stderr, []byte(c.shown))
+		c.write(stderrStream, []byte(eraseLine))
+		c.write(stdoutStream, append(line[:len(line):len(line)], '\n'))
+		c.write(stderrStream, []byte(c.shown))
 	}
 }
 
@@ -173,15 +169,23 @@ func (c *Console) redraw() {
 	}
 	b = append(b, want...)
 	c.shown = want
-	c.write(c.stderr, b)
+	c.write(stderrStream, b)
 }
 
-// write writes b to w; once w has failed because its reader is gone, it is
-// not written again, and Closed becomes ready.
-func (c *Console) write(w io.Writer, b []byte) {
-	i := 0
-	if w == c.stderr {
-		i = 1
+// The console's two streams, as write takes them (stdout and stderr may be
+// the same writer, so the stream is named, not guessed from the writer).
+const (
+	stdoutStream = 0
+	stderrStream = 1
+)
+
+// write writes b to stream i (stdoutStream or stderrStream); once it has
+// failed because its reader is gone, it is not written again, and Closed
+// becomes ready.
+func (c *Console) write(i int, b []byte) {
+	w := c.stdout
+	if i == stderrStream {
+		w = c.stderr
 	}
 	if c.dead[i] {
 		return
@@ -225,27 +229,17 @@ func (e *OutputClosedError) Unwrap() error { return e.Err }
 type lineWriter struct {
 	con   *Console
 	toErr bool
-	buf   []byte
+	sp    lineSplitter
 }
 
 func (w *lineWriter) Write(p []byte) (int, error) {
-	w.buf = append(w.buf, p...)
-	for {
-		i := bytes.IndexByte(w.buf, '\n')
-		if i < 0 {
-			return len(p), nil
-		}
-		w.con.writeLine(w.toErr, visible(w.buf[:i]))
-		w.buf = w.buf[i+1:]
-	}
+	w.sp.feed(p, w.emit)
+	return len(p), nil
 }
 
-func (w *lineWriter) Flush() {
-	if len(w.buf) > 0 {
-		w.con.writeLine(w.toErr, visible(w.buf))
-		w.buf = nil
-	}
-}
+func (w *lineWriter) Flush() { w.sp.finish(w.emit) }
+
+func (w *lineWriter) emit(line []byte) { w.con.writeLine(w.toErr, line) }
 
 // visible is what a terminal shows of a line that may hold carriage
 // returns: the text after the last '\r' (a trailing '\r', as in "\r\n" or a

@@ -64,7 +64,7 @@ func (s *lineSplitter) status() string {
 // is still a line; one with a '\r' was a status, which ends with the stream.
 func (s *lineSplitter) finish(line func([]byte)) {
 	if len(s.pending) > 0 && bytes.IndexByte(s.pending, '\r') < 0 {
-		line(s.pending)
+		line(visible(s.pending))
 	}
 	s.pending = nil
 }
