@@ -72,21 +72,9 @@ func newBuildWorld(t *testing.T) *buildWorld {
 // gorun runs gorun in dir with the world's environment.
 func (w *buildWorld) gorun(t *testing.T, dir string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	cmd := exec.Command(gorunBin, args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), w.env...)
-	var o, e strings.Builder
-	cmd.Stdout, cmd.Stderr = &o, &e
-	done := make(chan struct{})
-	go func() { cmd.Run(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(3 * time.Minute):
-		cmd.Process.Kill()
-		<-done
-		t.Fatalf("gorun %v did not finish\nstdout:\n%s\nstderr:\n%s", args, &o, &e)
-	}
-	return o.String(), e.String(), cmd.ProcessState.ExitCode()
+	g := startGorun(t, dir, w.env, args...)
+	code = g.wait(t, 3*time.Minute)
+	return g.out.String(), g.err.String(), code
 }
 
 // noneLeftIn fails the test if gorun left anything in the world's TMPDIR.

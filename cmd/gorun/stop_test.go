@@ -9,7 +9,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,27 +16,19 @@ import (
 
 // watchedBuffer collects a process's output and says when it grows.
 type watchedBuffer struct {
-	mu    sync.Mutex
-	b     bytes.Buffer
+	syncBuf
 	wrote chan struct{}
 }
 
 func newWatchedBuffer() *watchedBuffer { return &watchedBuffer{wrote: make(chan struct{}, 1)} }
 
 func (w *watchedBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	n, err := w.syncBuf.Write(p)
 	select {
 	case w.wrote <- struct{}{}:
 	default:
 	}
-	return w.b.Write(p)
-}
-
-func (w *watchedBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
+	return n, err
 }
 
 // waitFor waits until w holds n copies of want; it fails after limit or
@@ -127,8 +118,7 @@ func ranksAlive(t *testing.T, self int) []string {
 		if err != nil || !bytes.Contains(env, want) {
 			continue
 		}
-		stat, _ := os.ReadFile(d + "/stat")
-		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+		if !processRunning(pid) {
 			continue
 		}
 		cmdline, _ := os.ReadFile(d + "/cmdline")
