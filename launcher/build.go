@@ -33,11 +33,10 @@ import (
 // line before and after, and on a terminal a live elapsed time; go build's
 // own output passes through.
 func BuildIfPackage(ctx context.Context, program string, con *Console) (string, error) {
-	if !IsDir(program) {
+	if !isDir(program) {
 		return program, nil
 	}
-	gofiles, _ := filepath.Glob(filepath.Join(program, "*.go"))
-	if len(gofiles) == 0 {
+	if !IsPackage(program) {
 		return "", fmt.Errorf("%s is a directory without Go files: give an executable or a Go package directory", program)
 	}
 	gobin, err := exec.LookPath("go")
@@ -113,9 +112,15 @@ func BuildIfPackage(ctx context.Context, program string, con *Console) (string, 
 	return out, nil
 }
 
-// IsDir says whether program is a directory: BuildIfPackage builds it (or
-// refuses it, when it has no Go files).
-func IsDir(program string) bool {
+// IsPackage says whether program is a Go package directory (a directory
+// holding .go files), which BuildIfPackage builds. BuildIfPackage refuses
+// other directories.
+func IsPackage(program string) bool {
+	gofiles, _ := filepath.Glob(filepath.Join(program, "*.go"))
+	return isDir(program) && len(gofiles) > 0
+}
+
+func isDir(program string) bool {
 	st, err := os.Stat(program)
 	return err == nil && st.IsDir()
 }

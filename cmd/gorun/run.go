@@ -293,7 +293,7 @@ func runJob(ctx context.Context, f runFlags, npSet bool, args []string) error {
 	if err != nil {
 		return err
 	}
-	if launcher.IsDir(args[0]) {
+	if launcher.IsPackage(args[0]) {
 		for _, h := range hosts {
 			if !launcher.IsLocalHost(h.Name) {
 				return fmt.Errorf("%s is a Go package: gorun would build it into this host's cache (%s), which host %s does not see; build it to a path every host shares (go build -o /shared/bin/NAME %s) and pass the binary", args[0], launcher.BuildCacheDir(), h.Name, args[0])
