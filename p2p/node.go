@@ -607,8 +607,12 @@ func (n *Node) ctlReader() {
 		switch m.T {
 		case tPing:
 			n.mu.Lock()
+			changed := !slices.Equal(n.missing, m.Missing)
 			n.missing = m.Missing
 			n.mu.Unlock()
+			if changed && len(m.Missing) > 0 {
+				n.logf("waiting for ranks %v to register", m.Missing)
+			}
 		case tTable:
 			if !gotTable {
 				gotTable = true
