@@ -52,6 +52,7 @@ type Handle struct {
 
 	comm   *Comm
 	queued time.Time // when the call was numbered
+	view   *commView // the membership epoch it was numbered in
 }
 
 // Done is closed when the collective has finished, successfully or not.
@@ -130,9 +131,16 @@ func (c *Comm) prepare(ctx context.Context, call ring.Call, opts []CallOption, r
 	if c.closed {
 		return failed(ErrClosed), false
 	}
-	if err := c.Err(); err != nil {
-		return failed(c.unusable(err)), false
+	if c.life.Err() != nil {
+		return failed(c.unusable(context.Cause(c.life))), false
 	}
+	v := c.cur()
+	if err := v.endErr(); err != nil {
+		// The membership changed: nothing can be numbered in this epoch
+		// any more. RunElastic reconfigures on this error.
+		return failed(fmt.Errorf("gorun: rank %d: %s: %w", v.rank, call.Kind.Name(), err)), false
+	}
+	h.view = v
 	c.seq++
 	h.call.Seq = c.seq
 	h.run = func(ctx context.Context) error { return run(ctx, h.call) }
@@ -147,7 +155,7 @@ func (c *Comm) prepare(ctx context.Context, call ring.Call, opts []CallOption, r
 	case c.queue <- h:
 		c.pending++
 	case <-ctx.Done():
-		err := fmt.Errorf("gorun: rank %d: %s #%d could not be queued: %w", c.rank, call.Kind, h.call.Seq, context.Cause(ctx))
+		err := fmt.Errorf("gorun: rank %d: %s #%d could not be queued: %w", v.rank, call.Kind, h.call.Seq, context.Cause(ctx))
 		c.fail(err)
 		return failed(err), false
 	}
@@ -158,7 +166,7 @@ func (c *Comm) unusable(cause error) error {
 	if errors.Is(cause, ErrClosed) {
 		return ErrClosed
 	}
-	return fmt.Errorf("gorun: rank %d: communicator unusable after an earlier failure: %w", c.rank, cause)
+	return fmt.Errorf("gorun: rank %d: communicator unusable after an earlier failure: %w", c.Rank(), cause)
 }
 
 // fail aborts the job: this rank is no longer in step with the others, so
@@ -180,26 +188,41 @@ func (c *Comm) worker() {
 		close(h.done)
 		c.mu.Lock()
 		c.pending--
+		if c.pending == 0 {
+			select { // for quiesce
+			case c.drained <- struct{}{}:
+			default:
+			}
+		}
 		c.mu.Unlock()
 	}
 }
 
 func (c *Comm) execute(h *Handle) error {
-	if err := c.Err(); err != nil {
-		return c.unusable(err)
+	if c.life.Err() != nil {
+		return c.unusable(context.Cause(c.life))
+	}
+	v := h.view
+	if err := c.staleErr(h); err != nil {
+		return err
 	}
 	if err := context.Cause(h.ctx); err != nil {
-		err = fmt.Errorf("gorun: rank %d: %s #%d cancelled by the caller before it ran: %w", c.rank, h.call.Kind, h.call.Seq, err)
+		err = fmt.Errorf("gorun: rank %d: %s #%d cancelled by the caller before it ran: %w", v.rank, h.call.Kind, h.call.Seq, err)
 		c.fail(err)
 		return err
 	}
 	// The op's context ends on the first of: the caller's context, the
-	// collective timeout, or an abort of the job.
+	// collective timeout, an abort of the job, or (elastic) the end of the
+	// call's membership epoch.
 	ctx, cancel := context.WithTimeoutCause(h.ctx, c.timeout,
 		fmt.Errorf("no progress within the %v collective timeout (set by WithTimeout or %s)", c.timeout, EnvTimeout))
 	defer cancel()
 	stop := context.AfterFunc(c.life, func() { cancel() })
 	defer stop()
+	if v.end != nil {
+		stopEpoch := context.AfterFunc(v.ctx, func() { cancel() })
+		defer stopEpoch()
+	}
 
 	start := time.Now()
 	queued := start.Sub(h.queued)
@@ -217,7 +240,12 @@ func (c *Comm) execute(h *Handle) error {
 		c.stats.nanos.Add(uint64(end.Sub(start)))
 		return nil
 	}
-	if c.life.Err() == nil && c.node != nil && c.node.Err() != nil {
+	if c.elastic && h.ctx.Err() == nil && c.life.Err() == nil {
+		if mc := c.membershipCause(v, err); mc != nil {
+			return fmt.Errorf("gorun: rank %d: %s #%d: %w", v.rank, h.call.Kind, h.call.Seq, mc)
+		}
+	}
+	if c.life.Err() == nil && c.node != nil && c.node.Err() != nil && !isMembershipChange(c.node.Err()) {
 		// The node failed (an abort, a lost peer, a rank that left) and the
 		// call broke on it before c.life heard: the node's cause is the one.
 		c.cancel(c.node.Err())
@@ -225,7 +253,7 @@ func (c *Comm) execute(h *Handle) error {
 	if c.life.Err() != nil {
 		// Another rank aborted first: its cause is the one worth reading.
 		c.awaitAbortRelay()
-		return fmt.Errorf("gorun: rank %d: %w", c.rank, context.Cause(c.life))
+		return fmt.Errorf("gorun: rank %d: %w", v.rank, context.Cause(c.life))
 	}
 	if ctx.Err() != nil && !errors.Is(err, context.Cause(ctx)) {
 		err = fmt.Errorf("%w (%v)", err, context.Cause(ctx))
@@ -237,7 +265,7 @@ func (c *Comm) execute(h *Handle) error {
 	// abort sent to the other ranks carries them as they are.
 	c.fail(err)
 	c.awaitAbortRelay()
-	return fmt.Errorf("gorun: rank %d: %w", c.rank, err)
+	return fmt.Errorf("gorun: rank %d: %w", v.rank, err)
 }
 
 // awaitAbortRelay holds the error of a rank that hosts the rendezvous until
@@ -311,7 +339,7 @@ func (c *Comm) allreduce(buf any, op Op) (ring.Call, runFunc, error) {
 		if call = c.compression.gate(call); call.Codec != "" {
 			return c.allreduceCompressed(ctx, call, v)
 		}
-		return c.ring.Allreduce(ctx, call, v.bytes)
+		return c.cur().ring.Allreduce(ctx, call, v.bytes)
 	}, nil
 }
 
@@ -332,13 +360,13 @@ func (c *Comm) broadcast(buf any, root int) (ring.Call, runFunc, error) {
 	if err != nil {
 		return ring.Call{}, nil, fmt.Errorf("gorun: Broadcast: %w", err)
 	}
-	if root < 0 || root >= c.size {
-		return ring.Call{}, nil, fmt.Errorf("gorun: Broadcast: root %d is not a rank of this job (size %d)", root, c.size)
+	if size := c.Size(); root < 0 || root >= size {
+		return ring.Call{}, nil, fmt.Errorf("gorun: Broadcast: root %d is not a rank of this job (size %d)", root, size)
 	}
 	call := ring.Call{Kind: ring.Broadcast, DType: v.dtype, Count: v.count, Root: root}
 	return call, func(ctx context.Context, call ring.Call) error {
 		c.stats.bytes.Add(uint64(len(v.bytes)))
-		return c.ring.Broadcast(ctx, call, v.bytes)
+		return c.cur().ring.Broadcast(ctx, call, v.bytes)
 	}, nil
 }
 
@@ -363,7 +391,7 @@ func (c *Comm) allgather(in, out any) (ring.Call, runFunc, error) {
 	call := ring.Call{Kind: ring.Allgather, DType: vi.dtype, Count: vi.count}
 	return call, func(ctx context.Context, call ring.Call) error {
 		c.stats.bytes.Add(uint64(len(vo.bytes)))
-		return c.ring.Allgather(ctx, call, vi.bytes, vo.bytes)
+		return c.cur().ring.Allgather(ctx, call, vi.bytes, vo.bytes)
 	}, nil
 }
 
@@ -394,7 +422,7 @@ func (c *Comm) reduceScatter(in, out any, op Op) (ring.Call, runFunc, error) {
 	call := ring.Call{Kind: ring.ReduceScatter, Op: op, DType: vi.dtype, Count: vi.count}
 	return call, func(ctx context.Context, call ring.Call) error {
 		c.stats.bytes.Add(uint64(len(vi.bytes)))
-		return c.ring.ReduceScatter(ctx, call, vi.bytes, vo.bytes)
+		return c.cur().ring.ReduceScatter(ctx, call, vi.bytes, vo.bytes)
 	}, nil
 }
 
@@ -412,9 +440,9 @@ func (c *Comm) pair(small, big any, what, bigName, smallName string) (view, view
 	if vs.dtype != vb.dtype {
 		return view{}, view{}, fmt.Errorf("gorun: %s: %s is %s but %s is %s: use one dtype", what, smallName, vs, bigName, vb)
 	}
-	if vb.count != vs.count*c.size {
+	if size := c.Size(); vb.count != vs.count*size {
 		return view{}, view{}, fmt.Errorf("gorun: %s: %s has %d elements, want Size()*len(%s) = %d*%d = %d",
-			what, bigName, vb.count, smallName, c.size, vs.count, vs.count*c.size)
+			what, bigName, vb.count, smallName, size, vs.count, vs.count*size)
 	}
 	return vs, vb, nil
 }
@@ -433,7 +461,7 @@ func (c *Comm) BarrierAsync(ctx context.Context, opts ...CallOption) *Handle {
 
 func (c *Comm) barrier() (ring.Call, runFunc) {
 	return ring.Call{Kind: ring.Barrier, DType: ring.Int32}, func(ctx context.Context, call ring.Call) error {
-		return c.ring.Barrier(ctx, call)
+		return c.cur().ring.Barrier(ctx, call)
 	}
 }
 
@@ -457,6 +485,6 @@ func (c *Comm) Stats() Stats {
 		QueueTime:   time.Duration(c.stats.queueNanos.Load()),
 		WaitTime:    time.Duration(c.stats.waitNanos.Load()),
 		Stalls:      c.stats.stalls.Load(),
-		Stats:       c.ring.Stats(),
+		Stats:       c.cur().ring.Stats(),
 	}
 }

@@ -22,7 +22,6 @@ import (
 // a rank that called something else fails fast).
 type Comm struct {
 	compression          *compressionState // codecs, residuals and stats of compressed allreduces
-	rank, size           int
 	localRank, localSize int
 	timeout              time.Duration
 	logf                 func(string, ...any)
@@ -30,7 +29,18 @@ type Comm struct {
 
 	node *p2p.Node
 	rdv  *p2p.Rendezvous // non-nil when this rank hosts the rendezvous
-	ring *ring.Ring
+
+	// view is the membership epoch calls are numbered in: rank, size, ring.
+	// A fixed-size job has one for its life; an elastic one gets a new one
+	// at every reconfiguration (elastic_comm.go). Read without a lock from
+	// any goroutine, so Rank and Size are race-free.
+	view       atomic.Pointer[commView]
+	elastic    bool
+	joiner     bool          // elastic: started as a joiner (rank -1)
+	heartbeat  time.Duration // elastic: the heartbeat bound of the job
+	chunkBytes int
+	phase      func(ring.Call, string, time.Time, time.Time)
+	drained    chan struct{} // cap 1: the worker's queue became empty
 
 	// life is cancelled, with the cause, when the job is aborted: by this
 	// rank's own failure, by another rank, or by Close.
@@ -78,6 +88,9 @@ type config struct {
 	metricsAddr          string
 	warnf                func(string, ...any)
 	compression          compressionConfig
+	elastic              bool
+	heartbeat            time.Duration
+	minSize, maxSize     int // StartLocal's elastic rendezvous
 }
 
 // WithRank sets this process's rank and the job size instead of reading them
@@ -186,7 +199,7 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 		}
 	}
 	if cfg.setRank && !cfg.setLocal {
-		cfg.localRank, cfg.localSize = cfg.rank, cfg.size
+		cfg.localRank, cfg.localSize = max(cfg.rank, 0), cfg.size
 	}
 	if cfg.timeout <= 0 {
 		cfg.timeout = DefaultTimeout
@@ -201,7 +214,16 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 			cfg.logf = log.Printf
 		}
 	}
-	if cfg.size < 1 || cfg.rank < 0 || cfg.rank >= cfg.size {
+	if env.elastic {
+		cfg.elastic = true
+		if cfg.heartbeat == 0 {
+			cfg.heartbeat = env.heartbeat
+		}
+	}
+	if cfg.elastic && cfg.rank == -1 {
+		// A joiner: its rank and the job's size come from the rendezvous.
+		cfg.size = max(cfg.size, 1)
+	} else if cfg.size < 1 || cfg.rank < 0 || cfg.rank >= cfg.size {
 		return nil, fmt.Errorf("gorun: rank %d is not within a job of size %d", cfg.rank, cfg.size)
 	}
 	return newComm(ctx, cfg)
@@ -209,11 +231,20 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 
 func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 	c := &Comm{
-		rank: cfg.rank, size: cfg.size, localRank: cfg.localRank, localSize: cfg.localSize,
+		localRank: cfg.localRank, localSize: cfg.localSize,
 		timeout: cfg.timeout, logf: cfg.logf,
-		queue: make(chan *Handle, 1024), stopped: make(chan struct{}),
+		queue: make(chan *Handle, 1024), stopped: make(chan struct{}), drained: make(chan struct{}, 1),
 		tl: cfg.timeline, stallThreshold: cfg.stallThreshold, warnf: cfg.warnf,
+		elastic: cfg.elastic, chunkBytes: cfg.chunkBytes, joiner: cfg.elastic && cfg.rank == -1,
 	}
+	if c.elastic {
+		c.heartbeat = cfg.heartbeat
+		if c.heartbeat <= 0 {
+			c.heartbeat = DefaultHeartbeatTimeout
+		}
+	}
+	// Until the job tells it otherwise (a joiner learns its rank at Join).
+	c.view.Store(&commView{rank: max(cfg.rank, 0), size: cfg.size, ctx: context.Background()})
 	if c.warnf == nil {
 		c.warnf = log.Printf
 	}
@@ -227,14 +258,24 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 			c.shutdown(err)
 		}
 	}()
+	if cfg.timeline != nil || cfg.timelinePath != "" {
+		c.phase = c.tracePhase
+	}
+	who := fmt.Sprintf("rank %d", cfg.rank)
+	if cfg.rank < 0 {
+		who = "joiner"
+	}
 
 	var transport ring.Transport
-	if cfg.size > 1 {
+	if cfg.size > 1 || cfg.elastic {
 		if cfg.rendezvous == "" {
-			return nil, fmt.Errorf("gorun: rank %d of %d: no rendezvous address (WithRendezvous, or launch with gorun)", cfg.rank, cfg.size)
+			return nil, fmt.Errorf("gorun: %s of %d: no rendezvous address (WithRendezvous, or launch with gorun)", who, cfg.size)
 		}
 		if len(cfg.jobKey) == 0 {
-			return nil, fmt.Errorf("gorun: rank %d of %d: no job key (WithJobKey, %s, or launch with gorun)", cfg.rank, cfg.size, EnvJobKey)
+			return nil, fmt.Errorf("gorun: %s of %d: no job key (WithJobKey, %s, or launch with gorun)", who, cfg.size, EnvJobKey)
+		}
+		if cfg.elastic && cfg.hostRendezvous {
+			return nil, fmt.Errorf("gorun: %s: an elastic job needs a rendezvous that outlives every rank: launch it with gorun (--min-np/--max-np), or use StartLocal with WithElastic, not a rendezvous hosted by rank 0", who)
 		}
 		setup, cancel := context.WithTimeout(ctx, cfg.timeout)
 		defer cancel()
@@ -246,53 +287,76 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 				return nil, fmt.Errorf("gorun: rank 0: hosting the rendezvous on %s: %w", cfg.rendezvous, err)
 			}
 		}
+		if cfg.elastic && cfg.rank == -1 {
+			// A joiner waits as long as the job runs without it: the
+			// members admit it at their next commit (Grow).
+			setup = ctx
+		}
 		c.node, err = p2p.Join(setup, p2p.Config{
 			Rank: cfg.rank, Size: cfg.size, JobKey: cfg.jobKey, Rendezvous: cfg.rendezvous,
 			ListenIP: cfg.listenIP, DataPlane: cfg.dataPlane, Timeout: cfg.timeout, Logf: cfg.logf,
+			Elastic: cfg.elastic, HeartbeatTimeout: c.heartbeat,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("gorun: rank %d: joining the job at %s: %w", cfg.rank, cfg.rendezvous, err)
+			return nil, fmt.Errorf("gorun: %s: joining the job at %s: %w", who, cfg.rendezvous, err)
 		}
-		transport = c.node.Transport()
-		go func() {
-			select {
-			case <-c.node.Done():
-				c.cancel(c.node.Err())
-			case <-c.life.Done():
+		if cfg.elastic {
+			// The epoch Join put the node in (Reconfigure returns its View
+			// at once while it lasts; if it ended already, the next one).
+			pv, err := c.node.Reconfigure(setup)
+			if err != nil {
+				return nil, fmt.Errorf("gorun: %s: joining the job at %s: %w", who, cfg.rendezvous, err)
 			}
-		}()
+			if err := c.adopt(pv); err != nil {
+				return nil, err
+			}
+		} else {
+			transport = c.node.Transport()
+			go func() {
+				select {
+				case <-c.node.Done():
+					c.cancel(c.node.Err())
+				case <-c.life.Done():
+				}
+			}()
+		}
 	}
 	if c.compression, err = newCompressionState(cfg.compression, os.Getenv); err != nil {
 		return nil, fmt.Errorf("gorun: %w", err)
 	}
-	rc := ring.Config{Rank: cfg.rank, Size: cfg.size, ChunkBytes: cfg.chunkBytes}
-	if cfg.timeline != nil || cfg.timelinePath != "" {
-		rc.Phase = c.tracePhase
+	if !cfg.elastic {
+		rg, err := ring.New(ring.Config{Rank: cfg.rank, Size: cfg.size, ChunkBytes: cfg.chunkBytes, Phase: c.phase}, transport)
+		if err != nil {
+			return nil, fmt.Errorf("gorun: %w", err)
+		}
+		c.view.Store(&commView{rank: cfg.rank, size: cfg.size, ring: rg, ctx: context.Background()})
 	}
-	c.ring, err = ring.New(rc, transport)
-	if err != nil {
-		return nil, fmt.Errorf("gorun: %w", err)
-	}
+	rank, size := c.Rank(), c.Size()
 	if c.tl == nil && cfg.timelinePath != "" {
-		if c.tl, err = OpenTimeline(timelinePath(cfg.timelinePath, cfg.rank, cfg.size)); err != nil {
-			return nil, fmt.Errorf("gorun: rank %d: %w", cfg.rank, err)
+		if c.tl, err = OpenTimeline(timelinePath(cfg.timelinePath, rank, size)); err != nil {
+			return nil, fmt.Errorf("gorun: rank %d: %w", rank, err)
 		}
 		c.ownTL = true
 	}
 	if cfg.metricsAddr != "" {
 		if c.metrics, err = c.serveMetrics(cfg.metricsAddr); err != nil {
-			return nil, fmt.Errorf("gorun: rank %d: metrics on %s: %w", cfg.rank, cfg.metricsAddr, err)
+			return nil, fmt.Errorf("gorun: rank %d: metrics on %s: %w", rank, cfg.metricsAddr, err)
 		}
 	}
 	go c.worker()
 	return c, nil
 }
 
-// Rank is this process's rank, 0..Size()-1.
-func (c *Comm) Rank() int { return c.rank }
+// Rank is this process's rank, 0..Size()-1. In an elastic job it is the
+// rank in the current membership epoch: a reconfiguration may change it.
+func (c *Comm) Rank() int { return c.view.Load().rank }
 
-// Size is the number of ranks in the job.
-func (c *Comm) Size() int { return c.size }
+// Size is the number of ranks in the job (in the current membership epoch,
+// in an elastic job).
+func (c *Comm) Size() int { return c.view.Load().size }
+
+// cur is the membership epoch calls are numbered in now.
+func (c *Comm) cur() *commView { return c.view.Load() }
 
 // LocalRank is this process's rank among the ranks on its host.
 func (c *Comm) LocalRank() int { return c.localRank }
@@ -304,11 +368,14 @@ func (c *Comm) LocalSize() int { return c.localSize }
 func (c *Comm) Timeout() time.Duration { return c.timeout }
 
 // Err is nil while the Comm is usable, and otherwise says why it is not.
+// In an elastic job it is a *MembershipChangeError from the moment the
+// current membership epoch ends until RunElastic (or the next
+// reconfiguration) moves the Comm into the next one.
 func (c *Comm) Err() error {
-	if c.life.Err() == nil {
-		return nil
+	if c.life.Err() != nil {
+		return context.Cause(c.life)
 	}
-	return context.Cause(c.life)
+	return c.cur().endErr()
 }
 
 // ErrClosed is returned by calls on a Comm after Close.
@@ -346,13 +413,18 @@ func (c *Comm) Close() error {
 // shutdown releases the network resources; it runs once the worker is idle
 // (Close) or was never started (a failed Init).
 func (c *Comm) shutdown(cause error) error {
-	failed := c.Err()
+	var failed error
+	if c.life.Err() != nil {
+		// Only a failure of the job: a member of an elastic job that closes
+		// while its epoch changes just leaves, and the others go on.
+		failed = context.Cause(c.life)
+	}
 	c.cancel(cause)
 	var errs []error
 	if c.node != nil {
 		if failed == nil {
 			if err := c.node.Close(); err != nil {
-				errs = append(errs, fmt.Errorf("gorun: rank %d: %w", c.rank, err))
+				errs = append(errs, fmt.Errorf("gorun: rank %d: %w", c.Rank(), err))
 			}
 		} else {
 			c.node.Abort(failed)

@@ -2,7 +2,11 @@ package collective
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -173,9 +177,14 @@ func (s *compressionState) feedback(name string, count, size, rank int) *ring.Fe
 	defer s.mu.Unlock()
 	fb := s.fb[name]
 	_, own := ring.Segment(count, size, rank)
-	if fb == nil || len(fb.Contrib) != count || len(fb.Owner) != own {
+	switch {
+	case fb == nil || len(fb.Contrib) != count:
 		fb = &ring.Feedback{Contrib: make([]float32, count), Owner: make([]float32, own)}
 		s.fb[name] = fb
+	case len(fb.Owner) != own:
+		// The ring's segments changed (an elastic job changed size): what
+		// this rank's shares lost still applies, its old segment does not.
+		fb.Owner = make([]float32, own)
 	}
 	return fb
 }
@@ -203,12 +212,13 @@ func (c *Comm) allreduceCompressed(ctx context.Context, call ring.Call, v view) 
 	if err != nil {
 		return err
 	}
-	fb := c.compression.feedback(call.Name, v.count, c.size, c.rank)
-	st, err := c.ring.AllreduceCompressed(ctx, call, v.bytes, codec, fb)
+	cv := c.cur()
+	fb := c.compression.feedback(call.Name, v.count, cv.size, cv.rank)
+	st, err := cv.ring.AllreduceCompressed(ctx, call, v.bytes, codec, fb)
 	if err == nil {
 		c.compression.record(call.Name, st)
 		if st.Clamped > 0 {
-			c.logf("rank %d: %s: %d values beyond %s's range were clamped", c.rank, call, st.Clamped, call.Codec)
+			c.logf("rank %d: %s: %d values beyond %s's range were clamped", cv.rank, call, st.Clamped, call.Codec)
 		}
 	}
 	return err
@@ -240,4 +250,111 @@ func (c *Comm) ResetResiduals(names ...string) {
 	for _, n := range names {
 		delete(s.fb, n)
 	}
+}
+
+// residualsName is the unique-state name under which an ElasticState
+// commits the Comm's error-feedback residuals (elastic.go).
+const residualsName = "gorun/compression-residuals"
+
+// saveResiduals serializes the error-feedback residuals, for the commit of
+// an elastic job: they are rank-unique state (what this rank's encodings
+// lost). Nil when there are none.
+func (s *compressionState) saveResiduals(v *commView) []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.fb) == 0 {
+		return nil
+	}
+	le := binary.LittleEndian
+	out := le.AppendUint32(nil, uint32(v.size))
+	out = le.AppendUint32(out, uint32(v.rank))
+	names := slices.Sorted(maps.Keys(s.fb))
+	for _, name := range names {
+		fb := s.fb[name]
+		out = le.AppendUint32(out, uint32(len(name)))
+		out = append(out, name...)
+		for _, x := range [][]float32{fb.Contrib, fb.Owner} {
+			out = le.AppendUint64(out, uint64(len(x)))
+			out = append(out, bytesOf(x)...)
+		}
+	}
+	return out
+}
+
+func parseResiduals(b []byte) (size, rank int, fbs map[string]*ring.Feedback, err error) {
+	le := binary.LittleEndian
+	if len(b) < 8 {
+		return 0, 0, nil, errors.New("truncated residuals")
+	}
+	size, rank, b = int(le.Uint32(b)), int(le.Uint32(b[4:])), b[8:]
+	fbs = map[string]*ring.Feedback{}
+	for len(b) > 0 {
+		if len(b) < 4 || len(b) < 4+int(le.Uint32(b)) {
+			return 0, 0, nil, errors.New("truncated residuals")
+		}
+		n := int(le.Uint32(b))
+		name := string(b[4 : 4+n])
+		b = b[4+n:]
+		var xs [2][]float32
+		for i := range xs {
+			if len(b) < 8 || uint64(len(b)-8)/4 < le.Uint64(b) {
+				return 0, 0, nil, errors.New("truncated residuals")
+			}
+			m := int(le.Uint64(b))
+			xs[i] = make([]float32, m)
+			copy(bytesOf(xs[i]), b[8:8+4*m])
+			b = b[8+4*m:]
+		}
+		fbs[name] = &ring.Feedback{Contrib: xs[0], Owner: xs[1]}
+	}
+	return size, rank, fbs, nil
+}
+
+// restoreResiduals puts back this rank's residuals as of its last commit
+// (own; none on a joiner) and adds in those of a lost predecessor
+// (adopted) where the tensor has the same length, so what the lost rank's
+// encodings owed is not lost. Owner residuals belong to the segment a rank
+// owned in the old ring; when the ring changed they are reset. It returns
+// notes on what was reset.
+func (s *compressionState) restoreResiduals(own []byte, adopted [][]byte, size, rank int) []string {
+	var notes []string
+	fbs := map[string]*ring.Feedback{}
+	if own != nil {
+		sz, rk, m, err := parseResiduals(own)
+		if err != nil {
+			notes = append(notes, fmt.Sprintf("compression residuals reset: %v", err))
+		} else {
+			fbs = m
+			if sz != size || rk != rank {
+				for _, fb := range fbs {
+					_, n := ring.Segment(len(fb.Contrib), size, rank)
+					fb.Owner = make([]float32, n)
+				}
+				if len(fbs) > 0 {
+					notes = append(notes, fmt.Sprintf("owner-side compression residuals of %d tensors reset: the ring's segments changed (rank %d of %d -> %d of %d)", len(fbs), rk, sz, rank, size))
+				}
+			}
+		}
+	}
+	for _, a := range adopted {
+		_, _, m, err := parseResiduals(a)
+		if err != nil {
+			notes = append(notes, fmt.Sprintf("the lost rank's compression residuals dropped: %v", err))
+			continue
+		}
+		for name, fb := range m {
+			mine := fbs[name]
+			if mine == nil || len(mine.Contrib) != len(fb.Contrib) {
+				notes = append(notes, fmt.Sprintf("the lost rank's compression residuals of %q dropped: this rank has none of that shape", name))
+				continue
+			}
+			for i, x := range fb.Contrib {
+				mine.Contrib[i] += x
+			}
+		}
+	}
+	s.mu.Lock()
+	s.fb = fbs
+	s.mu.Unlock()
+	return notes
 }

@@ -51,4 +51,63 @@
 // out of range, an invalid op, an unknown codec) are refused on the calling
 // rank before the call is numbered: nothing is sent and the Comm stays
 // usable.
+//
+// # Elastic training
+//
+// In an elastic job (gorun --min-np/--max-np sets GORUN_ELASTIC=1 and
+// GORUN_HEARTBEAT_TIMEOUT; WithElastic; StartLocal with WithElastic) a lost
+// member costs one step, not the job, and new members join at a commit:
+//
+//	st := collective.NewElasticState(comm)
+//	sampler := collective.NewElasticSampler(len(data), seed)
+//	st.Register("w", w, "moments", m, "step", &step, "sampler", sampler)
+//	st.RegisterUnique("rng", rng) // SaveUnique/RestoreUnique
+//	st.OnReset(func(ctx context.Context, ev collective.ElasticEvent) error {
+//		log.Print(ev) // rescale the learning rate, re-shard ...
+//		return nil
+//	})
+//	err := collective.RunElastic(ctx, comm, st, func(ctx context.Context) error {
+//		for sampler.Epoch() < epochs {
+//			for !sampler.EpochDone() {
+//				idx := sampler.Next(globalBatch, comm.Rank(), comm.Size())
+//				// ... gradients of idx, comm.Allreduce, update: return errors
+//				if err := st.Commit(ctx); err != nil {
+//					return err
+//				}
+//			}
+//			sampler.NextEpoch()
+//		}
+//		return nil
+//	})
+//
+// The job moves through membership epochs (Comm.Epoch). When a member is
+// killed, freezes past the heartbeat bound or is cut off, every survivor's
+// current and queued collectives fail at once with an error that errors.As
+// matches to *MembershipChangeError; a rank whose link broke first waits
+// (at most the heartbeat bound and two seconds) for the rendezvous' verdict
+// instead of aborting the job. Ranks that called different things still
+// abort the job, as in a fixed-size one. RunElastic then re-forms the ring
+// with the survivors (Rank and Size change, call numbers restart at 1, and
+// the epoch travels in every message header, so nothing of the old ring
+// is mixed in), and resets the state: the ranks agree on the newest commit
+// any of them holds (a step's last allreduce can complete on one rank and
+// fail on another), restore their own copy and, when they differ or
+// joiners are present, take the replicated state from the lowest rank
+// holding that commit, by broadcast over the ring. Unique state is
+// restored from each rank's own commit; a rank whose ring predecessor was
+// lost also gets that rank's bytes, which Commit copied to it (its buddy).
+// Compression residuals are unique state too, handled by the Comm. Then
+// the OnReset callbacks run and the loop is called again: the interrupted
+// step is run again by the survivors, and the sampler, committed with the
+// model, splits its samples among them, so every sample of an epoch is used
+// exactly once.
+//
+// Commit also agrees, with one tiny allreduce, on whether joiners wait: if
+// so every member admits them and they receive the state before Commit
+// returns. A Reducer with GlobalBatch follows every change by itself,
+// splitting the global batch unevenly when it must (MicroBatches). A
+// *CutOffError (this rank lost the rendezvous) and an abort of the job
+// (fewer members than --min-np for too long) are final. On a Comm that is
+// not elastic, RunElastic runs the loop once and Commit does nothing, so
+// one program serves both.
 package collective

@@ -28,6 +28,18 @@ const (
 	EnvRestartCount   = "GORUN_RESTART_COUNT"   // how many times gorun restarted the job
 	EnvVerbose        = "GORUN_VERBOSE"         // non-empty: print connection diagnostics
 	EnvChunkBytes     = "GORUN_CHUNK_BYTES"     // ring pipelining chunk size in bytes (tuning)
+
+	// EnvElastic is "1" in an elastic job (gorun --min-np/--max-np or a
+	// host discovery script): a lost member re-forms the job in place
+	// instead of stopping it (see RunElastic). A joiner, started to join a
+	// running job, gets GORUN_RANK=-1; its GORUN_SIZE is then the job's
+	// initial -np and is ignored (the rendezvous assigns rank and size).
+	EnvElastic = "GORUN_ELASTIC"
+	// EnvHeartbeatTimeout is the heartbeat bound of an elastic job, a Go
+	// duration ("3s") or seconds: a member silent for that long counts as
+	// lost. Every member and the rendezvous use the same value (gorun sets
+	// it); 3s when unset.
+	EnvHeartbeatTimeout = "GORUN_HEARTBEAT_TIMEOUT"
 )
 
 // DefaultTimeout bounds every collective unless WithTimeout or GORUN_TIMEOUT
@@ -43,6 +55,8 @@ type launchEnv struct {
 	rendezvous           string // host:port
 	hostRendezvous       bool   // rank 0 must host the rendezvous itself
 	jobKey               []byte
+	elastic              bool          // GORUN_ELASTIC=1; rank -1 is a joiner
+	heartbeat            time.Duration // GORUN_HEARTBEAT_TIMEOUT, 0 if unset
 }
 
 // readEnv reads the launch environment through getenv (os.Getenv in
@@ -98,7 +112,29 @@ func readEnv(getenv func(string) string) (launchEnv, error) {
 	if e.source == "" {
 		return e, nil
 	}
-	if e.size < 1 || e.rank < 0 || e.rank >= e.size {
+	switch v := strings.TrimSpace(getenv(EnvElastic)); v {
+	case "", "0":
+	case "1":
+		e.elastic = true
+	default:
+		return e, fmt.Errorf("%s=%q: want 1 (elastic) or 0", EnvElastic, v)
+	}
+	if s := getenv(EnvHeartbeatTimeout); s != "" {
+		d, err := parseDuration(EnvHeartbeatTimeout, s)
+		if err != nil || d <= 0 {
+			return e, fmt.Errorf("%s=%q is not a positive duration (write 3s)", EnvHeartbeatTimeout, s)
+		}
+		e.heartbeat = d
+	}
+	joiner := e.elastic && e.rank == -1
+	if joiner {
+		// A joiner's rank and size come from the rendezvous.
+		e.size = max(e.size, 1)
+	}
+	if e.rank == -1 && !e.elastic {
+		return e, fmt.Errorf("rank -1 (a joiner) from %s environment, but the job is not elastic (%s is not 1)", e.source, EnvElastic)
+	}
+	if !joiner && (e.size < 1 || e.rank < 0 || e.rank >= e.size) {
 		return e, fmt.Errorf("rank %d is not within a job of size %d (from %s environment)", e.rank, e.size, e.source)
 	}
 	if e.localRank < 0 {
@@ -116,7 +152,7 @@ func readEnv(getenv func(string) string) (launchEnv, error) {
 	case getenv("MASTER_ADDR") != "" && getenv("MASTER_PORT") != "":
 		e.rendezvous, e.hostRendezvous = net.JoinHostPort(getenv("MASTER_ADDR"), getenv("MASTER_PORT")), true
 	}
-	if e.size > 1 && e.rendezvous == "" {
+	if (e.size > 1 || e.elastic) && e.rendezvous == "" {
 		return e, fmt.Errorf("rank %d of %d (from %s environment): no rendezvous address: launch with gorun, or set %s or MASTER_ADDR and MASTER_PORT",
 			e.rank, e.size, e.source, EnvRendezvousAddr)
 	}
@@ -125,7 +161,7 @@ func readEnv(getenv func(string) string) (launchEnv, error) {
 	if err != nil {
 		return e, err
 	}
-	if e.size > 1 && key == nil {
+	if (e.size > 1 || e.elastic) && key == nil {
 		return e, fmt.Errorf("rank %d of %d: no job key: set %s (hex) or %s; every rank of the job must use the same key (gorun sets it for you)",
 			e.rank, e.size, EnvJobKey, EnvJobKeyFile)
 	}

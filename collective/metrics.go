@@ -35,7 +35,7 @@ func offsetPort(addr string, off int) (string, error) {
 // labelled with the rank.
 func (c *Comm) WriteMetrics(w io.Writer) error {
 	s := c.Stats()
-	lbl := fmt.Sprintf(`{rank="%d"}`, c.rank)
+	lbl := fmt.Sprintf(`{rank="%d"}`, c.Rank())
 	type metric struct {
 		name, kind, help string
 		v                float64

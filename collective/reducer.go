@@ -36,8 +36,21 @@ type ReducerOptions struct {
 	// GlobalBatch, with LocalBatch, fixes the number of samples per
 	// optimizer step across the whole job: k = GlobalBatch / (Size * LocalBatch).
 	// A job restarted at another world size keeps its global batch; if it
-	// cannot, NewReducer says why.
+	// cannot, NewReducer says why, unless UnevenSplit is set.
 	GlobalBatch, LocalBatch int
+	// UnevenSplit lets a global batch that Size·LocalBatch does not divide
+	// be split unevenly, as the ElasticSampler does: rank r takes its
+	// Share of the GlobalBatch samples, in ceil(share/LocalBatch)
+	// micro-batches of LocalBatch samples (the last one possibly smaller;
+	// MicroBatches lists them), and each micro-batch's gradient, the mean
+	// over its samples, is weighted by its sample count, so Step leaves the
+	// exact mean over the global batch. It is always on for an elastic
+	// Comm, whose size changes under the Reducer: after every membership
+	// change the Reducer re-plans its micro-batches for the new rank and
+	// size, and lays out and checks its buckets again, by itself, at its
+	// first use. When the split is even nothing changes: the result is
+	// bitwise that of the even path.
+	UnevenSplit bool
 	// FusionThreshold is the largest fusion buffer in bytes; small
 	// gradients are packed together up to it and reduced with one
 	// collective. 0 means GORUN_FUSION_THRESHOLD or 64 MiB; a negative
@@ -101,6 +114,12 @@ type Reducer struct {
 	sealed  bool
 	sealErr error
 
+	// GlobalBatch plans (planFor): this rank's micro-batch sizes, whether
+	// they are weighted (an uneven split), and the epoch they are for.
+	plan      []int
+	weighted  bool
+	planEpoch int
+
 	micro  int    // micro-batches completed in this step
 	handed int    // gradients handed over in the current micro-batch
 	round  uint64 // counts micro-batches since creation, from 1
@@ -139,8 +158,17 @@ func NewReducer(comm *Comm, o ReducerOptions) (*Reducer, error) {
 	if k < 0 {
 		return nil, fmt.Errorf("gorun: Reducer: BackwardPassesPerStep %d is negative", k)
 	}
+	uneven := o.UnevenSplit || comm.Elastic()
+	r := &Reducer{comm: comm, opts: o, byName: map[string]int{}}
 	if o.GlobalBatch > 0 || o.LocalBatch > 0 {
 		kk, err := PassesPerStep(o.GlobalBatch, comm.Size(), o.LocalBatch)
+		if err != nil && uneven && o.GlobalBatch > 0 && o.LocalBatch > 0 {
+			if k != 0 {
+				return nil, fmt.Errorf("gorun: Reducer: BackwardPassesPerStep %d can not be combined with an uneven split of global batch %d: leave it 0", k, o.GlobalBatch)
+			}
+			r.replan()
+			kk, err = r.k, nil
+		}
 		if err != nil {
 			return nil, fmt.Errorf("gorun: Reducer: %w", err)
 		}
@@ -164,7 +192,95 @@ func NewReducer(comm *Comm, o ReducerOptions) (*Reducer, error) {
 			th = v
 		}
 	}
-	return &Reducer{comm: comm, k: k, threshold: th, opts: o, byName: map[string]int{}}, nil
+	r.k, r.threshold = k, th
+	if o.GlobalBatch > 0 && !r.weighted {
+		r.plan = slices.Repeat([]int{o.LocalBatch}, k)
+	}
+	r.planEpoch = comm.Epoch()
+	return r, nil
+}
+
+// replan computes this rank's micro-batches for the global batch at the
+// Comm's current rank and size: its Share of GlobalBatch samples in
+// micro-batches of at most LocalBatch (at least one, possibly empty).
+func (r *Reducer) replan() {
+	g, l := r.opts.GlobalBatch, r.opts.LocalBatch
+	size := r.comm.Size()
+	r.planEpoch = r.comm.Epoch()
+	if g%(size*l) == 0 {
+		r.k, r.weighted = g/(size*l), false
+		r.plan = slices.Repeat([]int{l}, r.k)
+		return
+	}
+	lo, hi := Share(g, r.comm.Rank(), size)
+	n := hi - lo
+	r.plan = r.plan[:0]
+	for n > l {
+		r.plan = append(r.plan, l)
+		n -= l
+	}
+	r.plan = append(r.plan, n)
+	r.k, r.weighted = len(r.plan), true
+}
+
+// follow re-plans the Reducer after a membership change of an elastic
+// Comm: new micro-batches, a new bucket layout and a new topology check, by
+// every rank of the new epoch at its first use of the Reducer (a joiner's
+// is its first use too). A step under way is dropped: RunElastic runs it
+// again.
+func (r *Reducer) follow() {
+	if !r.comm.Elastic() || r.planEpoch == r.comm.Epoch() {
+		return
+	}
+	r.relayout()
+}
+
+// relayout re-plans the micro-batches and drops the bucket layout, which
+// the next Seal makes and checks again on every rank.
+func (r *Reducer) relayout() {
+	if r.opts.GlobalBatch > 0 && r.opts.LocalBatch > 0 {
+		r.replan()
+	}
+	r.planEpoch = r.comm.Epoch()
+	r.sealed, r.sealErr, r.buckets = false, nil, nil
+	r.micro, r.handed, r.next = 0, 0, 0
+}
+
+// SetGlobalBatch changes the number of samples of the following steps,
+// e.g. for the shorter last batch of an epoch (ElasticSampler.BatchLen),
+// and re-plans the micro-batches (MicroBatches) with the uneven split. It
+// needs GlobalBatch and LocalBatch set and an uneven split allowed
+// (UnevenSplit, or an elastic Comm) unless the new batch splits evenly.
+// Every rank must call it between the same two steps: the next step lays
+// out and checks the buckets again.
+func (r *Reducer) SetGlobalBatch(n int) error {
+	switch {
+	case r.opts.GlobalBatch <= 0 || r.opts.LocalBatch <= 0:
+		return fmt.Errorf("gorun: Reducer: SetGlobalBatch(%d) needs ReducerOptions.GlobalBatch and LocalBatch", n)
+	case n <= 0:
+		return fmt.Errorf("gorun: Reducer: SetGlobalBatch(%d): the batch must hold at least one sample", n)
+	case r.micro > 0 || r.handed > 0:
+		return fmt.Errorf("gorun: Reducer: SetGlobalBatch(%d) in the middle of a step (after %d micro-batches): call it between steps", n, r.micro)
+	}
+	if _, err := PassesPerStep(n, r.comm.Size(), r.opts.LocalBatch); err != nil && !r.opts.UnevenSplit && !r.comm.Elastic() {
+		return fmt.Errorf("gorun: Reducer: SetGlobalBatch: %w (or set ReducerOptions.UnevenSplit)", err)
+	}
+	if n == r.opts.GlobalBatch {
+		return nil
+	}
+	r.opts.GlobalBatch = n
+	r.relayout()
+	return nil
+}
+
+// MicroBatches lists this rank's micro-batch sizes for one step when
+// GlobalBatch and LocalBatch are set: feed micro-batch j exactly that many
+// samples (e.g. consecutive slices of the rank's Share of the step's global
+// batch, as ElasticSampler.Next returns it). Empty without GlobalBatch. In
+// an elastic job it changes with the membership; read it every step.
+func (r *Reducer) MicroBatches() []int {
+	r.follow()
+	return slices.Clone(r.plan)
 }
 
 // PassesPerStep returns the number of micro-batches per optimizer step that
@@ -184,7 +300,12 @@ func PassesPerStep(globalBatch, size, localBatch int) (int, error) {
 }
 
 // BackwardPassesPerStep is k: the number of micro-batches per Step.
-func (r *Reducer) BackwardPassesPerStep() int { return r.k }
+// With an uneven split it is this rank's number, which may differ by one
+// between ranks.
+func (r *Reducer) BackwardPassesPerStep() int {
+	r.follow()
+	return r.k
+}
 
 // FusionThreshold is the fusion buffer size in bytes (negative: no fusion).
 func (r *Reducer) FusionThreshold() int { return r.threshold }
@@ -244,7 +365,12 @@ func shapeOf(buf any) []int {
 // describe is this rank's registration, one line per tensor, preceded by
 // the options that decide the bucket layout.
 func (r *Reducer) describe() []string {
-	lines := []string{fmt.Sprintf("options: k=%d fusion=%d", r.k, r.threshold)}
+	opts := fmt.Sprintf("options: k=%d fusion=%d", r.k, r.threshold)
+	if r.weighted {
+		// k differs between ranks; the split rule they share is what counts.
+		opts = fmt.Sprintf("options: global=%d local=%d uneven fusion=%d", r.opts.GlobalBatch, r.opts.LocalBatch, r.threshold)
+	}
+	lines := []string{opts}
 	for _, e := range r.entries {
 		p := "-"
 		if e.param != nil {
@@ -265,6 +391,7 @@ func (r *Reducer) describe() []string {
 // call it (GradReady, Backward, Step, BroadcastParameters and
 // CheckConsistency call it the first time).
 func (r *Reducer) Seal(ctx context.Context) error {
+	r.follow()
 	if r.sealed {
 		return r.sealErr
 	}
@@ -291,7 +418,7 @@ func (r *Reducer) layout() {
 		if len(b.entries) > 1 {
 			b.name = fmt.Sprintf("bucket %d (%d tensors, %s..%s)", i, len(b.entries), b.name, r.entries[b.entries[len(b.entries)-1]].name)
 		}
-		if len(b.entries) == 1 && r.k == 1 {
+		if len(b.entries) == 1 && r.k == 1 && !r.weighted {
 			b.direct = true
 			b.arg = r.entries[b.entries[0]].grad
 			continue
@@ -417,13 +544,18 @@ func (r *Reducer) ready(ctx context.Context, i int) error {
 	if !b.direct {
 		start := time.Now()
 		dst := b.buf[e.off : e.off+len(e.gv.bytes)]
-		if r.micro == 0 {
+		switch {
+		case r.weighted:
+			// An uneven split: the micro-batch's mean gradient counts as
+			// many times as it has samples.
+			axpyBytes(b.dtype, dst, e.gv.bytes, float64(r.plan[r.micro]), r.micro == 0)
+		case r.micro == 0:
 			copy(dst, e.gv.bytes)
-		} else {
+		default:
 			addBytes(b.dtype, dst, e.gv.bytes)
 		}
 		if tl := r.comm.trace(); tl != nil {
-			tl.span(r.comm.rank, laneReducer, "fusion copy in", start, time.Now(), map[string]any{"tensor": e.name, "bytes": len(dst), "accumulate": r.micro > 0})
+			tl.span(r.comm.Rank(), laneReducer, "fusion copy in", start, time.Now(), map[string]any{"tensor": e.name, "bytes": len(dst), "accumulate": r.micro > 0})
 		}
 	}
 	r.handed++
@@ -435,7 +567,7 @@ func (r *Reducer) ready(ctx context.Context, i int) error {
 		r.handed = 0
 		r.micro++
 		if tl := r.comm.trace(); tl != nil {
-			tl.instant(r.comm.rank, laneReducer, fmt.Sprintf("micro-batch %d/%d", r.micro, r.k), map[string]any{"step": r.steps + 1})
+			tl.instant(r.comm.Rank(), laneReducer, fmt.Sprintf("micro-batch %d/%d", r.micro, r.k), map[string]any{"step": r.steps + 1})
 		}
 	}
 	if final {
@@ -520,6 +652,9 @@ func (r *Reducer) Step(ctx context.Context) error {
 	}
 	start := time.Now()
 	scale := 1 / float64(r.comm.Size()*r.k)
+	if r.weighted {
+		scale = 1 / float64(r.opts.GlobalBatch)
+	}
 	var errs []error
 	for _, b := range r.buckets {
 		if b.h == nil {
@@ -539,7 +674,7 @@ func (r *Reducer) Step(ctx context.Context) error {
 			scaleInto(b.dtype, e.gv.bytes, b.buf[e.off:e.off+len(e.gv.bytes)], scale)
 		}
 		if tl := r.comm.trace(); tl != nil {
-			tl.span(r.comm.rank, laneReducer, "fusion copy out", t, time.Now(), map[string]any{"tensors": len(b.entries), "bytes": b.bytes})
+			tl.span(r.comm.Rank(), laneReducer, "fusion copy out", t, time.Now(), map[string]any{"tensors": len(b.entries), "bytes": b.bytes})
 		}
 	}
 	for _, b := range r.buckets {
@@ -548,7 +683,7 @@ func (r *Reducer) Step(ctx context.Context) error {
 	r.micro, r.next = 0, 0
 	r.steps++
 	if tl := r.comm.trace(); tl != nil {
-		tl.span(r.comm.rank, laneReducer, fmt.Sprintf("step %d wait", r.steps), start, time.Now(), nil)
+		tl.span(r.comm.Rank(), laneReducer, fmt.Sprintf("step %d wait", r.steps), start, time.Now(), nil)
 	}
 	return errors.Join(errs...)
 }
@@ -704,6 +839,32 @@ func addBytes(dt ring.DType, dst, src []byte) {
 	d, s := f64s(dst), f64s(src)
 	for i := range d {
 		d[i] += s[i]
+	}
+}
+
+// axpyBytes computes dst = a*src (first) or dst += a*src.
+func axpyBytes(dt ring.DType, dst, src []byte, a float64, first bool) {
+	if len(dst) == 0 {
+		return
+	}
+	if dt == ring.Float32 {
+		d, s, f := f32s(dst), f32s(src), float32(a)
+		for i := range d {
+			if first {
+				d[i] = s[i] * f
+			} else {
+				d[i] += s[i] * f
+			}
+		}
+		return
+	}
+	d, s := f64s(dst), f64s(src)
+	for i := range d {
+		if first {
+			d[i] = s[i] * a
+		} else {
+			d[i] += s[i] * a
+		}
 	}
 }
 

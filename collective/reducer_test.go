@@ -221,7 +221,7 @@ func TestReducerGlobalBatchAtAnotherWorldSize(t *testing.T) {
 	if k, err := PassesPerStep(64, 4, 8); k != 2 || err != nil {
 		t.Fatalf("PassesPerStep(64, 4, 8) = %d, %v", k, err)
 	}
-	if _, err := NewReducer(&Comm{size: 2}, ReducerOptions{GlobalBatch: 32, LocalBatch: 8, BackwardPassesPerStep: 3}); err == nil || !strings.Contains(err.Error(), "contradicts") {
+	if _, err := NewReducer(commOfSize(2), ReducerOptions{GlobalBatch: 32, LocalBatch: 8, BackwardPassesPerStep: 3}); err == nil || !strings.Contains(err.Error(), "contradicts") {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -463,19 +463,19 @@ func TestReducerConsistency(t *testing.T) {
 
 func TestReducerFusionThresholdFromEnvironment(t *testing.T) {
 	t.Setenv(EnvFusionThreshold, "4096")
-	r, err := NewReducer(&Comm{size: 1}, ReducerOptions{})
+	r, err := NewReducer(commOfSize(1), ReducerOptions{})
 	if err != nil || r.FusionThreshold() != 4096 {
 		t.Fatalf("threshold %d, %v", r.FusionThreshold(), err)
 	}
-	if r, _ := NewReducer(&Comm{size: 1}, ReducerOptions{FusionThreshold: 10}); r.FusionThreshold() != 10 {
+	if r, _ := NewReducer(commOfSize(1), ReducerOptions{FusionThreshold: 10}); r.FusionThreshold() != 10 {
 		t.Fatalf("option did not win over the environment: %d", r.FusionThreshold())
 	}
 	t.Setenv(EnvFusionThreshold, "")
-	if r, _ := NewReducer(&Comm{size: 1}, ReducerOptions{}); r.FusionThreshold() != DefaultFusionThreshold {
+	if r, _ := NewReducer(commOfSize(1), ReducerOptions{}); r.FusionThreshold() != DefaultFusionThreshold {
 		t.Fatalf("default threshold %d", r.FusionThreshold())
 	}
 	t.Setenv(EnvFusionThreshold, "64MB")
-	if _, err := NewReducer(&Comm{size: 1}, ReducerOptions{}); err == nil || !strings.Contains(err.Error(), EnvFusionThreshold) {
+	if _, err := NewReducer(commOfSize(1), ReducerOptions{}); err == nil || !strings.Contains(err.Error(), EnvFusionThreshold) {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -563,22 +563,31 @@ func relRMSE(got []float32, want []float64) float64 {
 	return math.Sqrt(num / den)
 }
 
+// commOfSize is a Comm that only knows its size, for option checks.
+func commOfSize(n int) *Comm {
+	c := &Comm{}
+	c.view.Store(&commView{size: n, ctx: context.Background()})
+	return c
+}
+
 // memJob builds n Comms over in-memory transports (ring.NewMemRing), for
 // features the libp2p transport lacks.
 func memJob(t testing.TB, n int) []*Comm {
 	ts := ring.NewMemRing(n)
 	comms := make([]*Comm, n)
 	for r := range n {
-		c := &Comm{rank: r, size: n, localRank: r, localSize: n, timeout: 20 * time.Second, logf: t.Logf, warnf: t.Logf,
-			queue: make(chan *Handle, 1024), stopped: make(chan struct{}), stallThreshold: -1}
+		c := &Comm{localRank: r, localSize: n, timeout: 20 * time.Second, logf: t.Logf, warnf: t.Logf,
+			queue: make(chan *Handle, 1024), stopped: make(chan struct{}), drained: make(chan struct{}, 1), stallThreshold: -1}
 		c.life, c.cancel = context.WithCancelCause(context.Background())
 		var err error
 		if c.compression, err = newCompressionState(compressionConfig{}, func(string) string { return "" }); err != nil {
 			t.Fatal(err)
 		}
-		if c.ring, err = ring.New(ring.Config{Rank: r, Size: n}, ts[r]); err != nil {
+		rg, err := ring.New(ring.Config{Rank: r, Size: n}, ts[r])
+		if err != nil {
 			t.Fatal(err)
 		}
+		c.view.Store(&commView{rank: r, size: n, ring: rg, ctx: context.Background()})
 		go c.worker()
 		comms[r] = c
 	}

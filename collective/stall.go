@@ -40,7 +40,7 @@ func (c *Comm) watchStall(h *Handle, start time.Time) func() {
 		}
 		c.stats.stalls.Add(1)
 		c.warnf("%s", c.stallMessage(h, start))
-		c.trace().instant(c.rank, laneCollectives, "stall warning", map[string]any{"seq": h.call.Seq, "call": h.call.String()})
+		c.trace().instant(c.Rank(), laneCollectives, "stall warning", map[string]any{"seq": h.call.Seq, "call": h.call.String()})
 		mu.Lock()
 		t.Reset(d)
 		mu.Unlock()
@@ -56,7 +56,7 @@ func (c *Comm) watchStall(h *Handle, start time.Time) func() {
 func (c *Comm) stallMessage(h *Handle, start time.Time) string {
 	waited := time.Since(start).Round(time.Millisecond)
 	msg := fmt.Sprintf("gorun: stall warning: rank %d has waited %v in call #%d %s (after %v in the queue); the collective timeout is %v",
-		c.rank, waited, h.call.Seq, h.call, start.Sub(h.queued).Round(time.Millisecond), c.timeout)
+		c.Rank(), waited, h.call.Seq, h.call, start.Sub(h.queued).Round(time.Millisecond), c.timeout)
 	if c.node == nil {
 		return msg
 	}
@@ -101,7 +101,7 @@ func (c *Comm) ranksBehind(seq uint64) ([]rankProgress, bool) {
 	defer cancel()
 	p, err := c.node.QueryProgress(ctx)
 	if err != nil {
-		c.logf("rank %d: stall inspector: %v", c.rank, err)
+		c.logf("rank %d: stall inspector: %v", c.Rank(), err)
 		return nil, false
 	}
 	var behind []rankProgress
@@ -120,17 +120,17 @@ func (c *Comm) traceCall(h *Handle, start, end time.Time, err error) {
 	if tl == nil {
 		return
 	}
-	id := fmt.Sprintf("r%d-%d", c.rank, h.call.Seq) // async ids are global: qualify by rank
+	id := fmt.Sprintf("r%d-%d", c.Rank(), h.call.Seq) // async ids are global: qualify by rank
 	name := h.call.Kind.Name()
 	if h.call.Name != "" {
 		name += " " + h.call.Name
 	}
 	if start.Sub(h.queued) > 0 {
-		tl.async(c.rank, laneQueue, "queue", "queued: "+name, id, h.queued, start, nil)
+		tl.async(c.Rank(), laneQueue, "queue", "queued: "+name, id, h.queued, start, nil)
 	}
 	args := map[string]any{"seq": h.call.Seq, "call": h.call.String(), "queued_us": start.Sub(h.queued).Microseconds()}
 	if err != nil {
 		args["error"] = err.Error()
 	}
-	tl.span(c.rank, laneCollectives, name, start, end, args)
+	tl.span(c.Rank(), laneCollectives, name, start, end, args)
 }

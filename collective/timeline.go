@@ -183,7 +183,7 @@ func (t *Timeline) Close() error {
 // Mark records an instant event on this rank's "marks" track, for example a
 // checkpoint or an epoch boundary.
 func (c *Comm) Mark(name string, args map[string]any) {
-	c.trace().instant(c.rank, laneMarks, name, args)
+	c.trace().instant(c.Rank(), laneMarks, name, args)
 }
 
 // trace returns the Comm's timeline or nil.
@@ -193,7 +193,7 @@ func (c *Comm) trace() *Timeline { return c.tl }
 // rank's "collective phases" track.
 func (c *Comm) tracePhase(call ring.Call, phase string, start, end time.Time) {
 	if tl := c.trace(); tl != nil {
-		tl.span(c.rank, lanePhases, phase, start, end, map[string]any{"seq": call.Seq, "call": call.String()})
+		tl.span(c.Rank(), lanePhases, phase, start, end, map[string]any{"seq": call.Seq, "call": call.String()})
 	}
 }
 

@@ -960,6 +960,24 @@ func (n *Node) crash() {
 	n.h.Close()
 }
 
+// SimulateCrash makes the node drop every connection at once without a
+// word to anybody, as the kernel does for a process killed with kill -9:
+// its data links and its control stream to the rendezvous break, so peers
+// and the rendezvous see a crash, not a Close. It is for tests of elastic
+// jobs that run their ranks in one process (collective.LocalJob.Crash); the
+// node is unusable afterwards, and Close only releases what is left.
+func (n *Node) SimulateCrash() { n.crash() }
+
+// SimulateFreeze makes the node look to the rendezvous like a process
+// stopped with SIGSTOP: it sends no heartbeats, and what the rendezvous
+// sends is held until SimulateThaw, when the node finds out what happened
+// meanwhile. Its data links stay open, as a stopped process' sockets do.
+// For tests of elastic jobs run in one process (collective.LocalJob.Freeze).
+func (n *Node) SimulateFreeze() { n.freeze() }
+
+// SimulateThaw ends SimulateFreeze, as SIGCONT does.
+func (n *Node) SimulateThaw() { n.unfreeze() }
+
 // freeze stops the heartbeat and holds what the control reader receives
 // until unfreeze (tests: simulates a SIGSTOPped process as seen by the
 // rendezvous; after SIGCONT it finds what happened meanwhile).

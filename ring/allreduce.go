@@ -99,7 +99,7 @@ func (r *Ring) gatherDirect(ctx context.Context, mesh Mesh, all []byte, n int) e
 	p := &r.p
 	r.startPhases(0)
 	h := Header{Kind: p.call.Kind, Op: p.call.Op, DType: p.call.DType, Seq: p.call.Seq,
-		Count: uint64(p.call.Count), Sender: uint32(r.rank), Length: uint32(n)}
+		Count: uint64(p.call.Count), Sender: uint32(r.rank), Length: uint32(n), Epoch: r.epoch}
 	mine := all[r.rank*n : (r.rank+1)*n]
 	for k := 1; k < r.size; k++ {
 		to := mod(r.rank+k, r.size)
@@ -121,6 +121,9 @@ func (r *Ring) gatherDirect(ctx context.Context, mesh Mesh, all []byte, n int) e
 		hd, err := DecodeHeader(r.rhdr[:])
 		if err != nil {
 			return fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(k), from, err)
+		}
+		if err := r.checkEpoch(&hd, p.call, from); err != nil {
+			return err
 		}
 		if remote := hd.Call(); !sameFingerprint(p.call, remote) {
 			return &MismatchError{Local: p.call, Remote: remote, LocalRank: r.rank, RemoteRank: int(hd.Sender)}

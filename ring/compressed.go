@@ -492,7 +492,7 @@ func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec com
 func (r *Ring) sendQueue(ctx context.Context, mesh Mesh, to, total int, q <-chan cmsg) error {
 	p := &r.p
 	h := Header{Kind: p.call.Kind, Op: p.call.Op, DType: p.call.DType, Seq: p.call.Seq,
-		Count: uint64(p.call.Count), Sender: uint32(r.rank), Codec: p.call.Codec}
+		Count: uint64(p.call.Count), Sender: uint32(r.rank), Codec: p.call.Codec, Epoch: r.epoch}
 	var hdr [HeaderSize]byte
 	for range total {
 		var m cmsg
@@ -535,6 +535,9 @@ func (r *Ring) recvPeer(ctx context.Context, mesh Mesh, from int, g *chunking, x
 		h, err := DecodeHeader(hdr[:])
 		if err != nil {
 			return fmt.Errorf("%s: recv from rank %d: %w", r.chunkPrefix(wait), from, err)
+		}
+		if err := r.checkEpoch(&h, p.call, from); err != nil {
+			return err
 		}
 		if remote := h.Call(); !sameFingerprint(p.call, remote) {
 			return &MismatchError{Local: p.call, Remote: remote, LocalRank: r.rank, RemoteRank: int(h.Sender)}

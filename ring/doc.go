@@ -1,5 +1,5 @@
 // Package ring implements bandwidth-optimal, pipelined ring collectives —
-// Allreduce, ReduceScatter, Allgather, Broadcast and Barrier — over a
+// Allreduce, ReduceScatter, Allgather, Broadcast, Barrier and Shift — over a
 // minimal Transport (an ordered byte stream to the next rank and one from the
 // previous rank), in the manner of Horovod, Gloo and NCCL's ring algorithms.
 //
@@ -8,6 +8,7 @@
 // Each collective lives in its own file with its schedule explained at the
 // top: allreduce.go (ring reduce-scatter + ring allgather), reducescatter.go,
 // allgather.go, broadcast.go (pipelined chain from the root), barrier.go,
+// shift.go (each rank's buffer to the next rank, e.g. a buddy copy),
 // and compressed.go (a compressed allreduce over a Mesh: every rank sends
 // its encoded share of each segment straight to the segment's owner, which
 // reduces in float32, encodes the sum once and sends the same bytes to
@@ -22,11 +23,13 @@
 //
 // Every message is a fixed HeaderSize-byte little-endian header (magic,
 // version, the call fingerprint Kind/Seq/Op/DType/Count/Root, sender rank,
-// step, chunk index, element offset, payload length; see header.go)
-// followed by the payload. The receiver checks the header against the call
-// it is running and the position it expects before reading the payload: a
-// different fingerprint yields *MismatchError, anything else a protocol
-// error naming the sending rank. Empty segments (Count 0, or Count < Size)
+// step, chunk index, element offset, payload length, membership epoch; see
+// header.go) followed by the payload. The receiver checks the header
+// against the call it is running and the position it expects before reading
+// the payload: another membership epoch (Config.Epoch) yields *EpochError,
+// a different fingerprint *MismatchError, anything else a protocol error
+// naming the sending rank. The ring knows the epoch as a number only;
+// membership is the caller's (package p2p and collective). Empty segments (Count 0, or Count < Size)
 // still send one header-only message per step, so mismatches are caught
 // for every call.
 //

@@ -26,7 +26,10 @@ import (
 //	 44    4 chunk index within the segment
 //	 48    4 payload length in bytes
 //	 52    1 codec   (0 none, 1 fp16, 2 bf16, 3 int8; Allreduce only)
-//	 53    3 reserved, must be zero
+//	 53    3 epoch   (24 bits: the membership epoch of the sender's Ring,
+//	                  Config.Epoch; 0 in a fixed-size job, so its bytes are
+//	                  those of the format before epochs, when these three
+//	                  bytes were reserved and zero)
 //
 // The payload is the raw in-memory representation of the elements, which is
 // little endian on every platform Go targets for this project (amd64, arm64).
@@ -50,7 +53,20 @@ type Header struct {
 	Chunk  uint32
 	Length uint32 // payload bytes following the header
 	Codec  string // "" (none), "fp16", "bf16" or "int8"
+	// Epoch is the membership epoch of the sender (24 bits, see MaxEpoch):
+	// a receiver refuses a message of another epoch.
+	Epoch uint32
 }
+
+// MaxEpoch is the largest epoch a header carries (24 bits). Config.Epoch
+// above it is refused; callers with longer-lived generations wrap them
+// (EpochOf).
+const MaxEpoch = 1<<24 - 1
+
+// EpochOf maps a membership generation number to the 24 bits the header
+// carries. Epochs that wrap around are 16 million reconfigurations apart,
+// and the links of an old epoch are long closed by then.
+func EpochOf(generation int) uint32 { return uint32(generation) & MaxEpoch }
 
 // codecIDs are the wire numbers of Call.Codec.
 var codecIDs = []string{"", "fp16", "bf16", "int8"}
@@ -89,12 +105,15 @@ func EncodeHeader(dst []byte, h *Header) {
 	le.PutUint32(dst[40:], h.Step)
 	le.PutUint32(dst[44:], h.Chunk)
 	le.PutUint32(dst[48:], h.Length)
-	le.PutUint32(dst[52:], uint32(codecID(h.Codec)))
+	dst[52] = codecID(h.Codec)
+	dst[53] = byte(h.Epoch)
+	dst[54] = byte(h.Epoch >> 8)
+	dst[55] = byte(h.Epoch >> 16)
 }
 
 // DecodeHeader parses src[:HeaderSize]. It checks the magic, the version,
-// the reserved field, that kind/op/dtype are known values and that counts
-// fit in an int; it never panics. Checking the header against the expected
+// that kind/op/dtype/codec are known values and that counts fit in an int;
+// it never panics. EncodeHeader keeps only the low 24 bits of Epoch. Checking the header against the expected
 // call and position is the receiver's job.
 func DecodeHeader(src []byte) (Header, error) {
 	if len(src) < HeaderSize {
@@ -119,10 +138,9 @@ func DecodeHeader(src []byte) (Header, error) {
 		Step:   le.Uint32(src[40:]),
 		Chunk:  le.Uint32(src[44:]),
 		Length: le.Uint32(src[48:]),
+		Epoch:  uint32(src[53]) | uint32(src[54])<<8 | uint32(src[55])<<16,
 	}
 	switch {
-	case src[53] != 0 || src[54] != 0 || src[55] != 0:
-		return Header{}, errors.New("ring: nonzero reserved header field")
 	case int(src[52]) >= len(codecIDs):
 		return Header{}, fmt.Errorf("ring: bad header codec %d", src[52])
 	case !h.Kind.valid():

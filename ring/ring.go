@@ -48,6 +48,13 @@ type Config struct {
 	// a compressed one, and the kind's name for the
 	// others. It runs on the caller's goroutine and must be quick.
 	Phase func(c Call, phase string, start, end time.Time)
+	// Epoch is the membership epoch this ring belongs to (an opaque
+	// generation, at most MaxEpoch; see EpochOf). It travels in every
+	// message header, and a message of another epoch is refused with an
+	// *EpochError, so nothing sent on a ring of an earlier membership is
+	// ever mixed into this one. 0, the value of a fixed-size job, sends
+	// exactly the bytes sent before epochs existed.
+	Epoch uint32
 }
 
 // Ring runs collectives over a Transport connecting Rank to Rank+1 (send)
@@ -61,6 +68,7 @@ type Config struct {
 type Ring struct {
 	rank, size int
 	prev, next int
+	epoch      uint32
 	chunkBytes int
 	t          Transport
 	phase      func(Call, string, time.Time, time.Time)
@@ -101,6 +109,8 @@ func New(cfg Config, t Transport) (*Ring, error) {
 		return nil, fmt.Errorf("ring: chunk size %d out of range [0, %d]", cfg.ChunkBytes, maxChunkBytes)
 	case t == nil && cfg.Size > 1:
 		return nil, errors.New("ring: nil transport")
+	case cfg.Epoch > MaxEpoch:
+		return nil, fmt.Errorf("ring: epoch %d does not fit the header's 24 bits (wrap it with EpochOf)", cfg.Epoch)
 	}
 	cb := cfg.ChunkBytes
 	if cb == 0 {
@@ -111,6 +121,7 @@ func New(cfg Config, t Transport) (*Ring, error) {
 		size:       cfg.Size,
 		prev:       (cfg.Rank + cfg.Size - 1) % cfg.Size,
 		next:       (cfg.Rank + 1) % cfg.Size,
+		epoch:      cfg.Epoch,
 		chunkBytes: cb,
 		t:          t,
 		phase:      cfg.Phase,
@@ -125,6 +136,18 @@ func (r *Ring) Rank() int { return r.rank }
 
 // Size returns the number of ranks.
 func (r *Ring) Size() int { return r.size }
+
+// Epoch returns the membership epoch the ring's messages carry.
+func (r *Ring) Epoch() uint32 { return r.epoch }
+
+// checkEpoch refuses a message whose header names another membership epoch
+// than this ring's.
+func (r *Ring) checkEpoch(h *Header, c Call, from int) error {
+	if h.Epoch == r.epoch {
+		return nil
+	}
+	return &EpochError{Call: c, Rank: r.rank, From: from, Local: r.epoch, Remote: h.Epoch}
+}
 
 // Stats returns cumulative traffic counters. It is safe to call at any time.
 func (r *Ring) Stats() Stats {
@@ -262,6 +285,8 @@ func (p *plan) step(rank, size, t int) step {
 		return broadcastStep(rank, size, p.call.Root)
 	case Barrier:
 		return barrierStep(t)
+	case Shift:
+		return shiftStep(rank, size)
 	}
 	panic("ring: bad kind")
 }
@@ -434,7 +459,7 @@ func (r *Ring) sendSteps(ctx context.Context, t0, t1 int, signal bool) error {
 	p := &r.p
 	h := Header{
 		Kind: p.call.Kind, Op: p.call.Op, DType: p.call.DType, Seq: p.call.Seq,
-		Count: uint64(p.call.Count), Root: uint32(p.call.Root), Sender: uint32(r.rank),
+		Count: uint64(p.call.Count), Root: uint32(p.call.Root), Sender: uint32(r.rank), Epoch: r.epoch,
 	}
 	var need int64
 	first := true
@@ -578,6 +603,9 @@ func (r *Ring) checkHeader(t, c, off, nb int) error {
 	h, err := DecodeHeader(r.rhdr[:])
 	if err != nil {
 		return fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(t), r.prev, err)
+	}
+	if err := r.checkEpoch(&h, r.p.call, r.prev); err != nil {
+		return err
 	}
 	remote := h.Call()
 	if !sameFingerprint(r.p.call, remote) {

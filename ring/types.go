@@ -103,7 +103,8 @@ const (
 	Allgather
 	ReduceScatter
 	Barrier
-	maxKind = Barrier
+	Shift
+	maxKind = Shift
 )
 
 func (k Kind) valid() bool { return k >= Allreduce && k <= maxKind }
@@ -121,6 +122,8 @@ func (k Kind) String() string {
 		return "reducescatter"
 	case Barrier:
 		return "barrier"
+	case Shift:
+		return "shift"
 	}
 	return "kind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -138,6 +141,8 @@ func (k Kind) Name() string {
 		return "ReduceScatter"
 	case Barrier:
 		return "Barrier"
+	case Shift:
+		return "Shift"
 	}
 	return "Kind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -196,7 +201,7 @@ func (c Call) normalize() Call {
 	case Broadcast:
 		c.Op = 0
 		c.Codec = ""
-	case Allgather:
+	case Allgather, Shift:
 		c.Op, c.Root = 0, 0
 	case Barrier:
 		c.Op, c.Root, c.DType, c.Count = 0, 0, 0, 0
@@ -227,6 +232,26 @@ type MismatchError struct {
 func (e *MismatchError) Error() string {
 	return fmt.Sprintf("%s #%d: rank %d called %s but rank %d called %s",
 		e.Local.Kind, e.Local.Seq, e.LocalRank, e.Local, e.RemoteRank, e.Remote)
+}
+
+// EpochError reports a message from another membership epoch than the
+// receiving Ring's (Config.Epoch): a peer still on the ring of an earlier
+// (or later) membership. Its data is never used. With elastic membership
+// this means the links of two epochs were mixed up, which the epoch-bound
+// link handshakes should prevent; the job should stop rather than guess.
+type EpochError struct {
+	Call          Call   // the receiver's call
+	Rank, From    int    // receiving rank, sending rank
+	Local, Remote uint32 // the receiver's epoch and the message's
+}
+
+func (e *EpochError) Error() string {
+	why := "a peer of an older ring is still sending"
+	if e.Remote > e.Local {
+		why = "this rank is behind: a newer membership exists"
+	}
+	return fmt.Sprintf("%s #%d: rank %d: message from rank %d of membership epoch %d, this ring is in epoch %d: refused (%s; its data is not used)",
+		e.Call.Kind, e.Call.Seq, e.Rank, e.From, e.Remote, e.Local, why)
 }
 
 // Stats are cumulative traffic counters of a Ring. Payload bytes are the

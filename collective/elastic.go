@@ -1,0 +1,660 @@
+package collective
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"slices"
+	"time"
+
+	"gorgonia.org/tensor"
+
+	"github.com/gorun/gorun/ring"
+)
+
+// Elastic training: the state a training loop commits, and the run wrapper
+// that survives membership changes (Horovod's hvd.elastic.run and State).
+//
+// A loop registers its replicated state (parameters, optimizer moments,
+// counters, the sampler) and its rank-unique state (an RNG, a data reader)
+// in an ElasticState, and calls Commit at the end of every step. RunElastic
+// runs the loop; when a member is lost, the loop's collectives fail with a
+// *MembershipChangeError, and RunElastic re-forms the ring with the ranks
+// that are left, restores the last commit, hands every surviving rank its
+// unique state (and the lost ranks' to their buddies), tells the OnReset
+// callbacks, and calls the loop again: the interrupted step is re-run by
+// the survivors, and nothing committed is lost. Joiners are admitted at a
+// Commit and get the state from a live rank, over the ring.
+
+// ElasticEvent describes a reset of an elastic job, for OnReset callbacks
+// and logs.
+type ElasticEvent struct {
+	Epoch   int          // the membership epoch the job is in now
+	OldSize int          // ranks at the commit the job resumes from
+	NewSize int          // ranks now
+	Rank    int          // this rank now
+	Lost    []LostMember // members lost since that commit (their ranks then)
+	Joined  []int        // ranks, now, of the members admitted by this change
+	Step    int64        // the commit the job resumes from: how many Commits it made
+	// Took is how long this rank spent from the failed call (or the start
+	// of the Commit that admitted joiners) to the end of the reset: the
+	// re-forming of the ring and the state's agreement, broadcast and
+	// restore. Detection (the heartbeat bound for a frozen member) comes
+	// before it.
+	Took time.Duration
+	// Notes say what could not be carried over, e.g. compression residuals
+	// that were reset because the ring's segments changed.
+	Notes []string
+}
+
+func (e ElasticEvent) String() string {
+	s := fmt.Sprintf("membership epoch %d: %d -> %d ranks, now rank %d, resuming from commit %d, reset took %v",
+		e.Epoch, e.OldSize, e.NewSize, e.Rank, e.Step, e.Took.Round(time.Millisecond))
+	for _, l := range e.Lost {
+		s += "; lost " + l.String()
+	}
+	if len(e.Joined) > 0 {
+		s += fmt.Sprintf("; joined as ranks %v", e.Joined)
+	}
+	return s
+}
+
+// UniqueState is rank-unique state (an RNG, a data reader's position) that
+// an ElasticState commits and restores. Commit keeps SaveUnique's bytes on
+// this rank and on its buddy, the next rank, so they outlive the rank.
+// After a reset RestoreUnique gets own, the bytes of this rank's last
+// commit (nil on a joiner, which starts fresh; on a rank whose last step
+// failed before its commit while others committed it, one commit older than
+// the replicated state), and adopted, the bytes of lost ranks whose buddy
+// this rank was (usually none; a lost rank whose buddy was lost with it
+// leaves nothing): fold them in or ignore them. It is not called at the
+// start of the job, where the live state is the state.
+type UniqueState interface {
+	SaveUnique() ([]byte, error)
+	RestoreUnique(own []byte, adopted [][]byte) error
+}
+
+// ElasticState is what a training loop commits: replicated state, the same
+// on every rank (Register), and rank-unique state (RegisterUnique). Every
+// rank must register the same names, types and sizes in the same order.
+// Register everything before RunElastic. It is used by the loop's
+// goroutine only.
+type ElasticState struct {
+	comm    *Comm
+	items   []*stateItem
+	names   map[string]bool
+	unique  []uniqueItem
+	onReset []func(context.Context, ElasticEvent) error
+
+	has        bool  // holds a commit (a joiner does not, until its first reset)
+	commits    int64 // Commits in the job's history up to the held one
+	commitSize int   // the job's size at that commit
+	snapped    bool  // the items' snapshots hold the commit (else the live state is commit 0)
+	saved      bool  // ownBlob holds this rank's unique bytes of a commit
+	ownBlob    []byte
+	buddyBlob  []byte // the predecessor's unique bytes at that commit
+	buddyOf    string // the predecessor's peer ID then
+	lost       []LostMember
+	sendBuf    []byte
+	recvBufs   [2][]byte
+	words      []int64 // scalars packed for a broadcast
+
+	testHook func(stage string) // tests: called at the stages of a reset
+}
+
+type stateItem struct {
+	name  string
+	kind  string
+	arg   any    // slices: what is broadcast
+	bytes []byte // slices: the live memory
+	// Scalars (and the sampler): their value as int64 words.
+	get  func() []int64
+	set  func([]int64)
+	snap []byte
+	wsnp []int64
+}
+
+type uniqueItem struct {
+	name string
+	u    UniqueState
+}
+
+// NewElasticState returns an empty state for comm.
+func NewElasticState(comm *Comm) *ElasticState {
+	// A member that started with the job holds commit 0, the state it
+	// registers; a joiner holds nothing until its first reset.
+	return &ElasticState{comm: comm, names: map[string]bool{}, has: !comm.joiner, commitSize: comm.Size()}
+}
+
+// Register adds replicated state as name, value pairs: *int, *int64,
+// *float64, []float32, []float64, []int32, []int64, a contiguous
+// *tensor.Dense, or an *ElasticSampler. Commit copies them, a reset
+// restores them, and a joiner gets them from a live rank. Slices and
+// tensors must stay at the same memory.
+func (s *ElasticState) Register(nameValues ...any) error {
+	if len(nameValues)%2 != 0 {
+		return fmt.Errorf("gorun: ElasticState.Register: want name, value pairs, got %d arguments", len(nameValues))
+	}
+	for i := 0; i < len(nameValues); i += 2 {
+		name, ok := nameValues[i].(string)
+		if !ok {
+			return fmt.Errorf("gorun: ElasticState.Register: argument %d is %T, want a name (string)", i, nameValues[i])
+		}
+		if err := s.register(name, nameValues[i+1]); err != nil {
+			return fmt.Errorf("gorun: ElasticState.Register(%q): %w", name, err)
+		}
+	}
+	return nil
+}
+
+func (s *ElasticState) register(name string, v any) error {
+	if s.names[name] {
+		return errors.New("registered twice")
+	}
+	it := &stateItem{name: name}
+	switch p := v.(type) {
+	case *int:
+		it.kind = "int"
+		it.get = func() []int64 { return []int64{int64(*p)} }
+		it.set = func(w []int64) { *p = int(w[0]) }
+	case *int64:
+		it.kind = "int64"
+		it.get = func() []int64 { return []int64{*p} }
+		it.set = func(w []int64) { *p = w[0] }
+	case *float64:
+		it.kind = "float64"
+		it.get = func() []int64 { return []int64{int64(math.Float64bits(*p))} }
+		it.set = func(w []int64) { *p = math.Float64frombits(uint64(w[0])) }
+	case *ElasticSampler:
+		it.kind = fmt.Sprintf("sampler(%d)", p.n)
+		it.get = func() []int64 { return []int64{p.epoch, p.cursor} }
+		it.set = func(w []int64) { p.epoch, p.cursor = w[0], w[1] }
+	case []float32, []float64, []int32, []int64, *tensor.Dense:
+		vw, err := viewOf(v)
+		if err != nil {
+			return err
+		}
+		if p, ok := v.(*tensor.Dense); ok && p == nil {
+			return errors.New("nil tensor")
+		}
+		it.kind, it.arg, it.bytes = vw.String(), v, vw.bytes
+	default:
+		return fmt.Errorf("unsupported type %T: use *int, *int64, *float64, []float32, []float64, []int32, []int64, *tensor.Dense or *ElasticSampler", v)
+	}
+	if it.get == nil && v == nil {
+		return errors.New("nil value")
+	}
+	s.names[name] = true
+	s.items = append(s.items, it)
+	return nil
+}
+
+// RegisterUnique adds rank-unique state under name (see UniqueState).
+func (s *ElasticState) RegisterUnique(name string, u UniqueState) error {
+	if u == nil {
+		return fmt.Errorf("gorun: ElasticState.RegisterUnique(%q): nil state", name)
+	}
+	if s.names[name] || name == residualsName {
+		return fmt.Errorf("gorun: ElasticState.RegisterUnique(%q): name already used", name)
+	}
+	s.names[name] = true
+	s.unique = append(s.unique, uniqueItem{name, u})
+	return nil
+}
+
+// OnReset adds a callback run on every rank after each reset of the job
+// (a lost member, an admitted joiner), once the state is restored and
+// before the loop runs again: rescale the learning rate, re-shard data.
+// It is not run at the start of the job. An error ends RunElastic.
+func (s *ElasticState) OnReset(f func(ctx context.Context, ev ElasticEvent) error) {
+	s.onReset = append(s.onReset, f)
+}
+
+// Commits is how many times the job committed this state (the commit a
+// reset resumes from).
+func (s *ElasticState) Commits() int64 { return s.commits }
+
+// layoutHash digests the registration, so ranks that registered different
+// state find out before a broadcast mixes it up.
+func (s *ElasticState) layoutHash() int64 {
+	h := fnv.New64a()
+	for _, it := range s.items {
+		fmt.Fprintf(h, "%s\x00%s\x00", it.name, it.kind)
+	}
+	for _, u := range s.unique {
+		fmt.Fprintf(h, "u:%s\x00", u.name)
+	}
+	return int64(h.Sum64() >> 1)
+}
+
+// snapshot copies the live replicated state into the held commit.
+func (s *ElasticState) snapshot() {
+	s.snapped = true
+	for _, it := range s.items {
+		if it.get != nil {
+			it.wsnp = append(it.wsnp[:0], it.get()...)
+			continue
+		}
+		it.snap = append(it.snap[:0], it.bytes...)
+	}
+}
+
+// restoreSnapshot puts the held commit back into the live state.
+func (s *ElasticState) restoreSnapshot() {
+	for _, it := range s.items {
+		if it.get != nil {
+			it.set(it.wsnp)
+			continue
+		}
+		copy(it.bytes, it.snap)
+	}
+}
+
+// Commit records the end of a step. It copies the replicated state (in
+// memory), saves the unique state and keeps a copy of it on the next rank
+// (the buddy), and, when joiners wait to join the job (agreed by every
+// rank), admits them and gives them the state before it returns: Rank and
+// Size may then differ. Call it at the same point on every rank, outside
+// any step, and return its error from the loop: a *MembershipChangeError
+// makes RunElastic resume from the last commit. On a Comm that is not
+// elastic it does nothing.
+//
+// Its cost is a copy of the replicated state, one tiny allreduce, and, if
+// there is unique state, one ring shift of it.
+func (s *ElasticState) Commit(ctx context.Context) error {
+	c := s.comm
+	if !c.Elastic() {
+		return nil
+	}
+	blob, err := s.saveUnique()
+	if err != nil {
+		return err
+	}
+	// One tiny allreduce agrees on whether joiners wait (the ranks heard
+	// of them at different pings) and on the largest unique blob.
+	agree := []int64{int64(c.node.PendingJoiners()), int64(len(blob))}
+	if err := c.Allreduce(ctx, agree, Max, Name("elastic commit")); err != nil {
+		return err
+	}
+	var got []byte
+	if agree[1] > 0 {
+		if got, err = s.shift(ctx, blob, int(agree[1])); err != nil {
+			return err
+		}
+	}
+	// Every collective of the commit succeeded here: take it.
+	s.snapshot()
+	s.commits++
+	s.has = true
+	s.keepUnique(blob, got)
+	s.lost = nil
+	if agree[0] == 0 {
+		return nil
+	}
+	start := time.Now()
+	old, now, err := c.grow(ctx)
+	if err != nil {
+		return err
+	}
+	if now == old {
+		return nil
+	}
+	s.lost = append(s.lost, now.lost...)
+	return s.reset(ctx, false, start)
+}
+
+// keepUnique records this rank's unique bytes and its predecessor's, as
+// of the commit being taken.
+func (s *ElasticState) keepUnique(own, pred []byte) {
+	s.saved = true
+	s.ownBlob = own
+	s.buddyBlob = pred
+	s.commitSize = s.comm.Size()
+	s.buddyOf = ""
+	if v := s.comm.cur(); v.size > 1 {
+		peers := s.comm.node.Peers()
+		if p := (v.rank - 1 + v.size) % v.size; p < len(peers) {
+			s.buddyOf = peers[p].ID.String()
+		}
+	}
+}
+
+// shift sends blob to the next rank and returns the previous rank's, as
+// one numbered Shift of maxLen+8 bytes (a length, then the blob, padded).
+// The two receive buffers alternate, so a shift that fails half-way does
+// not spoil the copy of the last commit.
+func (s *ElasticState) shift(ctx context.Context, blob []byte, maxLen int) ([]byte, error) {
+	c := s.comm
+	n := maxLen + 8
+	if cap(s.sendBuf) < n {
+		s.sendBuf = make([]byte, n)
+	}
+	in := s.sendBuf[:n]
+	binary.LittleEndian.PutUint64(in, uint64(len(blob)))
+	copy(in[8:], blob)
+	clear(in[8+len(blob):])
+	// The buffer not holding the current buddy copy.
+	i := 0
+	if len(s.buddyBlob) > 0 && len(s.recvBufs[0]) > 0 && &s.buddyBlob[0] == &s.recvBufs[0][8] {
+		i = 1
+	}
+	if cap(s.recvBufs[i]) < n {
+		s.recvBufs[i] = make([]byte, n)
+	}
+	out := s.recvBufs[i][:n]
+	s.recvBufs[i] = out
+	call := ring.Call{Kind: ring.Shift, DType: ring.Uint8, Count: n}
+	err := c.sync(ctx, call, func(ctx context.Context, call ring.Call) error {
+		c.stats.bytes.Add(uint64(n))
+		return c.cur().ring.Shift(ctx, call, in, out)
+	}, nil, []CallOption{Name("elastic buddy copy")})
+	if err != nil {
+		return nil, err
+	}
+	m := binary.LittleEndian.Uint64(out)
+	if m > uint64(maxLen) {
+		return nil, fmt.Errorf("gorun: rank %d: buddy copy: the previous rank sent a blob of %d bytes, more than the agreed %d", c.Rank(), m, maxLen)
+	}
+	return out[8 : 8+m], nil
+}
+
+// reset brings every rank of the current epoch to the same commit: the
+// ranks agree on the newest commit any of them holds, restore their own,
+// and the lowest rank holding the newest one broadcasts the replicated
+// state whenever the ranks differ (a step's last collective can complete
+// on one rank and fail on another), joiners take part (they hold none),
+// or the job starts (initial). Then unique state is restored (and adopted
+// from lost predecessors), its buddy copies are made anew on the new ring,
+// and the OnReset callbacks run.
+func (s *ElasticState) reset(ctx context.Context, initial bool, start time.Time) error {
+	c := s.comm
+	v := c.cur()
+	hook := func(stage string) {
+		if s.testHook != nil {
+			s.testHook(stage)
+		}
+	}
+	hook("start")
+	mine := []int64{-1, 0, s.layoutHash()}
+	if s.has {
+		mine[0], mine[1] = s.commits, int64(s.commitSize)
+	}
+	all := make([]int64, 3*v.size)
+	if err := c.Allgather(ctx, mine, all, Name("elastic reset: commits")); err != nil {
+		return err
+	}
+	maxC, src, need := int64(-1), -1, initial
+	for r := range v.size {
+		if all[3*r+2] != mine[2] {
+			return fmt.Errorf("gorun: rank %d: elastic state: rank %d registered different state (names, types or sizes) than this rank: every rank must Register the same things in the same order", v.rank, r)
+		}
+		if all[3*r] > maxC {
+			maxC, src = all[3*r], r
+		}
+	}
+	for r := range v.size {
+		need = need || all[3*r] != maxC
+	}
+	if maxC < 0 {
+		return fmt.Errorf("gorun: rank %d: elastic reset: no rank of membership epoch %d holds the training state (all %d are joiners)", v.rank, v.epoch, v.size)
+	}
+	oldSize := int(all[3*src+1])
+	if s.has && s.snapped {
+		s.restoreSnapshot()
+	}
+	hook("restored")
+	if need {
+		if err := s.broadcast(ctx, src); err != nil {
+			return err
+		}
+	}
+	if need || !s.snapped {
+		s.snapshot()
+	}
+	hook("broadcast")
+	joiner := !s.has
+	own, adopted, notes, err := s.uniqueFor(joiner)
+	if err != nil {
+		return err
+	}
+	// At the start of the job the live unique state is the state: nothing
+	// was saved yet.
+	restore := joiner || s.saved
+	for _, u := range s.unique {
+		if !restore {
+			break
+		}
+		var ad [][]byte
+		for _, a := range adopted {
+			if b, ok := a[u.name]; ok {
+				ad = append(ad, b)
+			}
+		}
+		if err := u.u.RestoreUnique(own[u.name], ad); err != nil {
+			return fmt.Errorf("gorun: rank %d: restoring unique state %q: %w", v.rank, u.name, err)
+		}
+	}
+	if restore {
+		notes = append(notes, c.compression.restoreResiduals(own[residualsName], pick(adopted, residualsName), v.size, v.rank)...)
+	}
+	s.commits, s.has, s.commitSize = maxC, true, v.size
+	// The buddies of the new ring get this rank's unique bytes now, so a
+	// rank lost before the next commit does not take them along.
+	blob, err := s.saveUnique()
+	if err != nil {
+		return err
+	}
+	agree := []int64{int64(len(blob))}
+	if err := c.Allreduce(ctx, agree, Max, Name("elastic reset: unique size")); err != nil {
+		return err
+	}
+	var got []byte
+	if agree[0] > 0 {
+		if got, err = s.shift(ctx, blob, int(agree[0])); err != nil {
+			return err
+		}
+	}
+	s.keepUnique(blob, got)
+	hook("done")
+	if v.epoch == 0 {
+		return nil // the start of the job: nothing was reset
+	}
+	ev := ElasticEvent{Epoch: v.epoch, OldSize: oldSize, NewSize: v.size, Rank: v.rank,
+		Lost: slices.Clone(s.lost), Joined: slices.Clone(v.joined), Step: maxC, Took: time.Since(start), Notes: notes}
+	s.lost = nil
+	c.logf("gorun: rank %d: elastic reset: %v", v.rank, ev)
+	for _, f := range s.onReset {
+		if err := f(ctx, ev); err != nil {
+			return fmt.Errorf("gorun: rank %d: OnReset callback: %w", v.rank, err)
+		}
+	}
+	return nil
+}
+
+func pick(adopted []map[string][]byte, name string) [][]byte {
+	var out [][]byte
+	for _, a := range adopted {
+		if b, ok := a[name]; ok {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// uniqueFor returns this rank's own unique bytes as of its commit (none on
+// a joiner) and those of its predecessor at that commit if it was lost.
+func (s *ElasticState) uniqueFor(joiner bool) (own map[string][]byte, adopted []map[string][]byte, notes []string, err error) {
+	v := s.comm.cur()
+	if joiner {
+		return map[string][]byte{}, nil, nil, nil
+	}
+	if own, err = parseBlob(s.ownBlob); err != nil {
+		return nil, nil, nil, fmt.Errorf("gorun: rank %d: own unique state: %w", v.rank, err)
+	}
+	if s.buddyOf == "" {
+		return own, nil, nil, nil
+	}
+	alive := false
+	for _, p := range s.comm.node.Peers() {
+		if p.ID.String() == s.buddyOf {
+			alive = true
+		}
+	}
+	if alive {
+		return own, nil, nil, nil
+	}
+	pred, err := parseBlob(s.buddyBlob)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("gorun: rank %d: the lost predecessor's unique state: %w", v.rank, err)
+	}
+	notes = append(notes, fmt.Sprintf("rank %d adopted the unique state of its lost predecessor (peer %s)", v.rank, shortID(s.buddyOf)))
+	return own, []map[string][]byte{pred}, notes, nil
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return "…" + id[len(id)-8:]
+	}
+	return id
+}
+
+// broadcast copies the replicated state from rank src to every rank.
+func (s *ElasticState) broadcast(ctx context.Context, src int) error {
+	c := s.comm
+	var hs []*Handle
+	s.words = s.words[:0]
+	for _, it := range s.items {
+		if it.get != nil {
+			s.words = append(s.words, it.get()...)
+			continue
+		}
+		hs = append(hs, c.BroadcastAsync(ctx, it.arg, src, Name("elastic state "+it.name)))
+	}
+	if len(s.words) > 0 {
+		hs = append(hs, c.BroadcastAsync(ctx, s.words, src, Name("elastic state scalars")))
+	}
+	var errs []error
+	for _, h := range hs {
+		if err := h.Wait(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, err := range errs {
+		if isMembershipChange(err) {
+			return err // one membership change, reported once
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	w := s.words
+	for _, it := range s.items {
+		if it.get != nil {
+			n := len(it.get())
+			it.set(w[:n])
+			w = w[n:]
+		}
+	}
+	return nil
+}
+
+// The unique blob: for every unique item, its name and bytes.
+func (s *ElasticState) saveUnique() ([]byte, error) {
+	var out []byte
+	add := func(name string, b []byte) {
+		out = binary.LittleEndian.AppendUint32(out, uint32(len(name)))
+		out = append(out, name...)
+		out = binary.LittleEndian.AppendUint64(out, uint64(len(b)))
+		out = append(out, b...)
+	}
+	for _, u := range s.unique {
+		b, err := u.u.SaveUnique()
+		if err != nil {
+			return nil, fmt.Errorf("gorun: rank %d: saving unique state %q: %w", s.comm.Rank(), u.name, err)
+		}
+		add(u.name, b)
+	}
+	if b := s.comm.compression.saveResiduals(s.comm.cur()); len(b) > 0 {
+		add(residualsName, b)
+	}
+	return out, nil
+}
+
+func parseBlob(b []byte) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	for len(b) > 0 {
+		if len(b) < 4 {
+			return nil, errors.New("truncated")
+		}
+		n := int(binary.LittleEndian.Uint32(b))
+		b = b[4:]
+		if len(b) < n+8 {
+			return nil, errors.New("truncated")
+		}
+		name := string(b[:n])
+		m := binary.LittleEndian.Uint64(b[n:])
+		b = b[n+8:]
+		if uint64(len(b)) < m {
+			return nil, errors.New("truncated")
+		}
+		out[name] = slices.Clone(b[:m])
+		b = b[m:]
+	}
+	return out, nil
+}
+
+// RunElastic runs loop until it returns nil or an error that is not a
+// membership change. In an elastic job it first brings every rank to the
+// same state (a joiner receives it from a live rank); when the loop fails
+// with a *MembershipChangeError it re-forms the Comm with the ranks that
+// are left (and waiting joiners), resets the state to the newest commit
+// any rank holds, runs the OnReset callbacks and calls loop again. A
+// change during the reset starts it over. Errors that end it: the loop's
+// own, a mismatch of calls, an aborted job (below --min-np for too long),
+// or this rank cut off from the rendezvous (*CutOffError), which is final
+// for this rank only.
+//
+// The loop must read Rank and Size afresh at every step (they change with
+// the membership) and return the errors of its collectives and of Commit.
+// On a Comm that is not elastic RunElastic just calls loop once.
+func RunElastic(ctx context.Context, comm *Comm, st *ElasticState, loop func(ctx context.Context) error) error {
+	if !comm.Elastic() {
+		return loop(ctx)
+	}
+	if st == nil || st.comm != comm {
+		return fmt.Errorf("gorun: rank %d: RunElastic needs an ElasticState of the same Comm (NewElasticState(comm))", comm.Rank())
+	}
+	initial, start := true, time.Now()
+	for {
+		err := st.reset(ctx, initial, start)
+		if err == nil {
+			initial = false
+			if err = loop(ctx); err == nil {
+				return nil
+			}
+		}
+		if !isMembershipChange(err) || ctx.Err() != nil {
+			return stopErr(comm, err)
+		}
+		start = time.Now()
+		comm.logf("%v; re-forming the job", err)
+		_, now, rerr := comm.reconfigure(ctx)
+		if rerr != nil {
+			return stopErr(comm, rerr)
+		}
+		st.lost = append(st.lost, now.lost...)
+	}
+}
+
+// stopErr says why an elastic run stops for good on this rank.
+func stopErr(c *Comm, err error) error {
+	var cut *CutOffError
+	if errors.As(err, &cut) {
+		// Its text names the rank, the rendezvous and what happens next.
+		return fmt.Errorf("gorun: %w", cut)
+	}
+	return err
+}

@@ -1,0 +1,273 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gorun/gorun/p2p"
+	"github.com/gorun/gorun/ring"
+)
+
+// The Comm's side of elastic membership: epochs, numbering, failures and
+// reconfiguration. The state and the run wrapper that training loops use
+// are in elastic.go.
+
+// DefaultHeartbeatTimeout is how long a member of an elastic job may be
+// silent (frozen, cut off) before the job goes on without it, unless
+// WithElastic or GORUN_HEARTBEAT_TIMEOUT says otherwise.
+const DefaultHeartbeatTimeout = 3 * time.Second
+
+// MembershipChangeError is why the collectives of an elastic job fail when
+// a member is lost or joiners are admitted: the membership epoch they were
+// numbered in has ended. Every survivor gets it, at once, for the call it is
+// in and every call queued behind it; RunElastic reconfigures the Comm and
+// resumes from the last commit. Match it with errors.As.
+//
+// CutOffError is final: this rank lost the rendezvous and the job goes on
+// without it. LostMember describes a member that left without a Close.
+type (
+	MembershipChangeError = p2p.MembershipChangeError
+	CutOffError           = p2p.CutOffError
+	LostMember            = p2p.LostMember
+)
+
+// WithElastic makes the Comm a member of an elastic job, as GORUN_ELASTIC=1
+// does: a lost member makes the current collectives fail with a
+// *MembershipChangeError instead of aborting the job, and RunElastic
+// re-forms the ring with the ranks that are left (and joiners) and goes on.
+// heartbeat is how long a frozen or cut-off member may stay silent before
+// it counts as lost (0: GORUN_HEARTBEAT_TIMEOUT, or 3 s); every member and
+// the rendezvous must use the same value. With WithRank(-1, n) the process
+// is a joiner: Init waits, bounded only by its ctx (a job may run a long
+// time before it has room), until the members admit it at a commit. The
+// job's rendezvous must be elastic and outlive every rank (gorun's, or
+// StartLocal's): rank 0 can not host it.
+func WithElastic(heartbeat time.Duration) Option {
+	return func(c *config) { c.elastic, c.heartbeat = true, heartbeat }
+}
+
+// Elastic reports whether the Comm is a member of an elastic job.
+func (c *Comm) Elastic() bool { return c.elastic }
+
+// Epoch is the membership epoch the Comm is in: 0 at the start of a job
+// (always, in a fixed-size job), one more at every reconfiguration.
+func (c *Comm) Epoch() int { return c.cur().epoch }
+
+// commView is one membership epoch of the Comm: the rank and size calls are
+// numbered with and the ring they run on. It never changes once stored,
+// except that ctx ends (with the epoch's *MembershipChangeError, or a fatal
+// cause) when the epoch does.
+type commView struct {
+	rank, size, epoch int
+	ring              *ring.Ring
+	ctx               context.Context
+	end               context.CancelCauseFunc // nil in a fixed-size job
+	lost              []p2p.LostMember        // since the previous epoch
+	joined            []int
+}
+
+// endErr is why the epoch ended, or nil.
+func (v *commView) endErr() error {
+	if v.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(v.ctx)
+}
+
+func isMembershipChange(err error) bool {
+	var mc *MembershipChangeError
+	return errors.As(err, &mc)
+}
+
+// staleErr fails a call numbered in an epoch that has ended (queued behind
+// the call that broke), without touching the network.
+func (c *Comm) staleErr(h *Handle) error {
+	v := h.view
+	err := v.endErr()
+	if err == nil && v != c.cur() {
+		err = fmt.Errorf("membership epoch %d ended before the call ran", v.epoch)
+	}
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("gorun: rank %d: %s #%d: %w", v.rank, h.call.Kind, h.call.Seq, err)
+}
+
+// membershipCause decides, for a call of epoch v that failed with err,
+// whether a membership change is the cause. A dead peer breaks its links
+// at once, usually before the rendezvous has told this rank that the epoch
+// ended; aborting the job then would kill every survivor. So the rank
+// waits, at most the heartbeat bound and a little more, for the verdict.
+// A mismatch (ranks that called different things) is a bug of the program
+// and fails the job as in a fixed-size job, and so does an error the
+// membership does not explain.
+func (c *Comm) membershipCause(v *commView, err error) error {
+	var me *ring.MismatchError
+	var ee *ring.EpochError
+	if errors.As(err, &me) || errors.As(err, &ee) {
+		return nil
+	}
+	if isMembershipChange(err) {
+		return err
+	}
+	t := time.NewTimer(c.heartbeat + 2*time.Second)
+	defer t.Stop()
+	select {
+	case <-v.ctx.Done():
+	case <-c.life.Done():
+		return nil
+	case <-t.C:
+		return nil
+	}
+	if end := v.endErr(); isMembershipChange(end) {
+		return end
+	}
+	return nil
+}
+
+// adopt makes the node's current epoch (pv) the Comm's: a ring on its
+// links with its rank, size and epoch, call numbers from 1 again, and a
+// watcher that ends it when the node's epoch ends. The caller holds execMu
+// or runs before the worker starts, so no call is in flight.
+func (c *Comm) adopt(pv p2p.View) error {
+	done := c.node.Done()
+	var tr ring.Transport
+	if pv.Size > 1 {
+		tr = c.node.Transport()
+	}
+	v := &commView{rank: pv.Rank, size: pv.Size, epoch: pv.Epoch, lost: pv.Lost, joined: pv.Joined}
+	v.ctx, v.end = context.WithCancelCause(context.Background())
+	if pv.Size > 1 && tr == nil {
+		// The epoch ended while it formed: the next reconfiguration
+		// follows into the newer one.
+		v.end(c.node.Err())
+	} else {
+		rg, err := ring.New(ring.Config{Rank: pv.Rank, Size: pv.Size, ChunkBytes: c.chunkBytes, Phase: c.phase, Epoch: ring.EpochOf(pv.Epoch)}, tr)
+		if err != nil {
+			return fmt.Errorf("gorun: rank %d: membership epoch %d: %w", pv.Rank, pv.Epoch, err)
+		}
+		v.ring = rg
+	}
+	c.mu.Lock()
+	c.seq = 0
+	c.view.Store(v)
+	c.mu.Unlock()
+	c.node.SetProgress(0)
+	go func() {
+		select {
+		case <-done:
+		case <-c.life.Done():
+			v.end(context.Cause(c.life))
+			return
+		case <-v.ctx.Done():
+			return
+		}
+		err := c.node.Err()
+		if err == nil {
+			return // a reconfiguration already ended v and moved on
+		}
+		if !isMembershipChange(err) {
+			c.cancel(err) // aborted, cut off, closed: final
+		}
+		v.end(err)
+	}()
+	return nil
+}
+
+// quiesce waits until no call is queued or running and returns holding
+// execMu, so nothing runs on the ring until the caller unlocks it. Calls
+// of an ended epoch fail at once, so this is short; it is bounded by ctx
+// and the collective timeout anyway.
+func (c *Comm) quiesce(ctx context.Context) error {
+	t := time.NewTimer(c.timeout)
+	defer t.Stop()
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return ErrClosed
+		}
+		if c.pending == 0 {
+			c.execMu.Lock()
+			c.mu.Unlock()
+			return nil
+		}
+		n := c.pending
+		c.mu.Unlock()
+		select {
+		case <-c.drained:
+		case <-ctx.Done():
+			return fmt.Errorf("gorun: rank %d: waiting for %d queued calls to finish before reconfiguring: %w", c.Rank(), n, context.Cause(ctx))
+		case <-t.C:
+			return fmt.Errorf("gorun: rank %d: %d queued calls did not finish within the %v collective timeout before reconfiguring", c.Rank(), n, c.timeout)
+		}
+	}
+}
+
+// reconfigure moves the Comm into the next membership epoch once the
+// current one has ended: it waits until no call runs, lets the node form
+// the new epoch (p2p.Node.Reconfigure) and rebuilds the ring on it. It
+// returns the new epoch's view; changed is false when the epoch had not
+// ended (nothing to do). An error is final for this rank.
+func (c *Comm) reconfigure(ctx context.Context) (old, now *commView, err error) {
+	if !c.elastic {
+		return nil, nil, fmt.Errorf("gorun: rank %d: the job is not elastic (launch with gorun --min-np/--max-np, or WithElastic)", c.Rank())
+	}
+	if err := c.quiesce(ctx); err != nil {
+		return nil, nil, err
+	}
+	defer c.execMu.Unlock()
+	old = c.cur()
+	if c.life.Err() != nil {
+		return old, old, c.unusable(context.Cause(c.life))
+	}
+	select {
+	case <-c.node.Done():
+	default:
+		if old.endErr() == nil {
+			return old, old, nil
+		}
+	}
+	if err := c.node.Err(); err != nil {
+		old.end(err)
+	}
+	pv, err := c.node.Reconfigure(ctx)
+	if err != nil {
+		c.cancel(err)
+		return old, nil, fmt.Errorf("gorun: rank %d: re-forming the job after a membership change: %w", old.rank, err)
+	}
+	if err := c.adopt(pv); err != nil {
+		c.cancel(err)
+		return old, nil, err
+	}
+	c.logf("gorun: rank %d -> rank %d of %d in membership epoch %d", old.rank, pv.Rank, pv.Size, pv.Epoch)
+	return old, c.cur(), nil
+}
+
+// grow admits the joiners that wait, if any: every member must call it at
+// the same point (Commit does, when they agreed that somebody waits). It
+// returns the view before and after; they are the same when nobody was
+// admitted.
+func (c *Comm) grow(ctx context.Context) (old, now *commView, err error) {
+	if err := c.quiesce(ctx); err != nil {
+		return nil, nil, err
+	}
+	defer c.execMu.Unlock()
+	old = c.cur()
+	pv, err := c.node.Grow(ctx)
+	if err != nil {
+		c.cancel(err)
+		return old, nil, fmt.Errorf("gorun: rank %d: admitting joiners: %w", old.rank, err)
+	}
+	if pv.Epoch == old.epoch {
+		return old, old, nil
+	}
+	old.end(&MembershipChangeError{Rank: old.rank, Epoch: old.epoch, Next: pv.Epoch, Reason: "joiners admitted"})
+	if err := c.adopt(pv); err != nil {
+		c.cancel(err)
+		return old, nil, err
+	}
+	return old, c.cur(), nil
+}

@@ -1,0 +1,905 @@
+package collective
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/ring"
+)
+
+// The toy model of the elastic tests: integer parameters and a momentum,
+// so that a run that lost ranks must end with exactly the parameters of an
+// uninterrupted one-process run over the same global batches (an integer
+// Sum does not depend on how a batch is split), and a per-sample use count
+// that proves every sample of every epoch was used exactly once by the
+// committed history.
+const toyDim = 4
+
+type toy struct {
+	p, m  []int64 // parameters, momentum
+	seen  []int64 // seen[e*L+i]: uses of sample i in epoch e
+	steps int64
+	s     *ElasticSampler
+	l     int
+}
+
+func newToy(epochs, datasetLen int, init int64) *toy {
+	t := &toy{p: make([]int64, toyDim), m: make([]int64, toyDim), seen: make([]int64, epochs*datasetLen),
+		s: NewElasticSampler(datasetLen, 42), l: datasetLen}
+	for j := range t.p {
+		t.p[j] = init + int64(j)
+	}
+	return t
+}
+
+// grads fills buf with the gradient sum over idx and their use counts.
+func (t *toy) grads(buf []int64, idx []int, epoch int) {
+	for _, i := range idx {
+		for j := range toyDim {
+			buf[j] += int64(i)*31 + int64(j)*7 + t.p[j]%13 + 1
+		}
+		buf[toyDim+epoch*t.l+i]++
+	}
+}
+
+// apply is the optimizer step, the same everywhere.
+func (t *toy) apply(buf []int64) {
+	for j := range toyDim {
+		t.m[j] = t.m[j]*3/4 + buf[j]
+		t.p[j] += buf[j] - t.m[j]%101
+	}
+	for i, v := range buf[toyDim:] {
+		t.seen[i] += v
+	}
+	t.steps++
+}
+
+// toyReference runs the toy alone over every epoch.
+func toyReference(epochs, datasetLen, batch int) *toy {
+	t := newToy(epochs, datasetLen, 1)
+	for t.s.Epoch() < epochs {
+		for !t.s.EpochDone() {
+			e := t.s.Epoch()
+			buf := make([]int64, toyDim+len(t.seen))
+			t.grads(buf, t.s.Next(batch, 0, 1), e)
+			t.apply(buf)
+		}
+		t.s.NextEpoch()
+	}
+	return t
+}
+
+// counter is rank-unique state: a value of its own that grows by one per
+// step, and what it adopted from lost predecessors.
+type counter struct {
+	mu      sync.Mutex
+	val     int64
+	adopted []int64
+	fresh   bool // restored as a joiner
+}
+
+func (u *counter) SaveUnique() ([]byte, error) {
+	return binary.LittleEndian.AppendUint64(nil, uint64(u.val)), nil
+}
+
+func (u *counter) RestoreUnique(own []byte, adopted [][]byte) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if own == nil {
+		u.val, u.fresh = 5000, true
+	} else {
+		u.val = int64(binary.LittleEndian.Uint64(own))
+	}
+	for _, a := range adopted {
+		u.adopted = append(u.adopted, int64(binary.LittleEndian.Uint64(a)))
+	}
+	return nil
+}
+
+// member is one process of an elastic toy job.
+type member struct {
+	c      *Comm
+	toy    *toy
+	st     *ElasticState
+	u      *counter
+	err    error // what RunElastic returned
+	done   chan struct{}
+	first  error // the first error a step or commit returned
+	events []ElasticEvent
+}
+
+type toyJob struct {
+	t              *testing.T
+	j              *LocalJob
+	epochs, l, b   int
+	ctx            context.Context
+	mu             sync.Mutex
+	members        []*member
+	wg             sync.WaitGroup
+	hook           func(m *member, index int) error // before a step's allreduce
+	prepare        func(m *member, index int)       // before a member starts
+	afterAllreduce func(m *member, index int) error
+}
+
+func startToyJob(t *testing.T, n, epochs, datasetLen, batch int, opts ...Option) *toyJob {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	t.Cleanup(cancel)
+	opts = append([]Option{WithTimeout(30 * time.Second), WithLogger(t.Logf), WithElastic(0)}, opts...)
+	before := runtime.NumGoroutine()
+	j, err := StartLocal(ctx, n, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := j.Close(); err != nil {
+			t.Errorf("closing the job: %v", err)
+		}
+		checkGoroutines(t, before)
+	})
+	return &toyJob{t: t, j: j, epochs: epochs, l: datasetLen, b: batch, ctx: ctx}
+}
+
+// run starts c's loop; init is the initial parameter value (a joiner's
+// differs, so only a broadcast can make it right).
+func (tj *toyJob) run(c *Comm, init int64, val int64) *member {
+	m := &member{c: c, toy: newToy(tj.epochs, tj.l, init), st: NewElasticState(c), u: &counter{val: val}, done: make(chan struct{})}
+	if err := m.st.Register("p", m.toy.p, "m", m.toy.m, "seen", m.toy.seen, "steps", &m.toy.steps, "sampler", m.toy.s); err != nil {
+		tj.t.Fatal(err)
+	}
+	if err := m.st.RegisterUnique("counter", m.u); err != nil {
+		tj.t.Fatal(err)
+	}
+	m.st.OnReset(func(ctx context.Context, ev ElasticEvent) error {
+		m.events = append(m.events, ev)
+		return nil
+	})
+	tj.mu.Lock()
+	index := len(tj.members)
+	tj.members = append(tj.members, m)
+	tj.mu.Unlock()
+	if tj.prepare != nil {
+		tj.prepare(m, index)
+	}
+	tj.wg.Add(1)
+	go func() {
+		defer tj.wg.Done()
+		defer close(m.done)
+		m.err = RunElastic(tj.ctx, c, m.st, func(ctx context.Context) error {
+			err := tj.loop(ctx, m, index)
+			if err != nil && m.first == nil {
+				m.first = err
+			}
+			return err
+		})
+	}()
+	return m
+}
+
+func (tj *toyJob) loop(ctx context.Context, m *member, index int) error {
+	t := m.toy
+	for t.s.Epoch() < tj.epochs {
+		for !t.s.EpochDone() {
+			if tj.hook != nil {
+				if err := tj.hook(m, index); err != nil {
+					return err
+				}
+			}
+			e := t.s.Epoch()
+			buf := make([]int64, toyDim+len(t.seen))
+			t.grads(buf, t.s.Next(tj.b, m.c.Rank(), m.c.Size()), e)
+			if err := m.c.Allreduce(ctx, buf, Sum, Name("toy grads")); err != nil {
+				return err
+			}
+			if tj.afterAllreduce != nil {
+				if err := tj.afterAllreduce(m, index); err != nil {
+					return err
+				}
+			}
+			t.apply(buf)
+			m.u.mu.Lock()
+			m.u.val++
+			m.u.mu.Unlock()
+			if err := m.st.Commit(ctx); err != nil {
+				return err
+			}
+		}
+		t.s.NextEpoch()
+	}
+	return nil
+}
+
+// checkGoroutines fails the test if goroutines started by it are still
+// running some seconds after everything was closed (crashed ranks
+// included).
+func checkGoroutines(t *testing.T, before int) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for runtime.NumGoroutine() > before+2 {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Errorf("%d goroutines left running after the job closed (%d before it):\n%s", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
+			return
+		}
+		time.Sleep(20 * time.Millisecond) // goroutines end on their own: nothing to wait on
+	}
+}
+
+var errCrashed = errors.New("test: this rank was killed")
+
+// check waits for every member and compares the survivors with the
+// reference run; it returns the survivors.
+func (tj *toyJob) check(wantSurvivors int) []*member {
+	t := tj.t
+	t.Helper()
+	done := make(chan struct{})
+	go func() { tj.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-tj.ctx.Done():
+		t.Fatalf("the elastic job did not finish: %v", context.Cause(tj.ctx))
+	}
+	ref := toyReference(tj.epochs, tj.l, tj.b)
+	var alive []*member
+	for i, m := range tj.members {
+		if m.err != nil {
+			if !errors.Is(m.err, errCrashed) && !isCutOff(m.err) && !tj.j.crashed[m.c] {
+				t.Errorf("member %d: %v", i, m.err)
+			}
+			continue
+		}
+		alive = append(alive, m)
+		if !slices.Equal(m.toy.p, ref.p) || !slices.Equal(m.toy.m, ref.m) || m.toy.steps != ref.steps {
+			t.Errorf("member %d (rank %d of %d): parameters %v momentum %v after %d steps, want %v %v after %d (the uninterrupted run)",
+				i, m.c.Rank(), m.c.Size(), m.toy.p, m.toy.m, m.toy.steps, ref.p, ref.m, ref.steps)
+		}
+		for k, n := range m.toy.seen {
+			if n != 1 {
+				t.Errorf("member %d: sample %d of epoch %d used %d times, want exactly once", i, k%tj.l, k/tj.l, n)
+				break
+			}
+		}
+	}
+	if len(alive) != wantSurvivors {
+		t.Errorf("%d members finished, want %d", len(alive), wantSurvivors)
+	}
+	for _, m := range alive {
+		if m.c.Size() != wantSurvivors {
+			t.Errorf("rank %d: size %d at the end, want %d", m.c.Rank(), m.c.Size(), wantSurvivors)
+		}
+	}
+	return alive
+}
+
+func isCutOff(err error) bool {
+	var cut *CutOffError
+	return errors.As(err, &cut) || strings.Contains(err.Error(), "closed") || strings.Contains(err.Error(), "aborted")
+}
+
+// crashAt returns a hook that kills the members with the given indices
+// when they are about to run step (count of committed steps).
+func (tj *toyJob) crashAt(step int64, indices ...int) func(m *member, index int) error {
+	return func(m *member, index int) error {
+		if m.toy.steps == step && m.c.Epoch() == 0 && slices.Contains(indices, index) {
+			tj.j.Crash(m.c)
+			return errCrashed
+		}
+		return nil
+	}
+}
+
+// The survivors' failed call is a *MembershipChangeError (errors.As).
+func checkMembershipErr(t *testing.T, alive []*member) {
+	t.Helper()
+	for _, m := range alive {
+		var mc *MembershipChangeError
+		if m.first == nil || !errors.As(m.first, &mc) {
+			t.Errorf("rank %d: first failure %v, want a *MembershipChangeError", m.c.Rank(), m.first)
+		}
+	}
+}
+
+func TestElasticCrashOneOfFour(t *testing.T) {
+	tj := startToyJob(t, 4, 2, 40, 8)
+	tj.hook = tj.crashAt(2, 1)
+	for i, c := range tj.j.Comms {
+		tj.run(c, 1, int64(1000*(i+1)))
+	}
+	// Rank, Size and Epoch are read from another goroutine while they
+	// change (the race detector watches).
+	stop := make(chan struct{})
+	var readers sync.WaitGroup
+	readers.Add(1)
+	go func() {
+		defer readers.Done()
+		for {
+			for _, c := range tj.j.Comms {
+				if r, s := c.Rank(), c.Size(); r < 0 || r >= s || c.Epoch() < 0 {
+					t.Errorf("rank %d of %d in epoch %d", r, s, c.Epoch())
+				}
+			}
+			select {
+			case <-stop:
+				return
+			default:
+				runtime.Gosched()
+			}
+		}
+	}()
+	alive := tj.check(3)
+	close(stop)
+	readers.Wait()
+	checkMembershipErr(t, alive)
+	for _, m := range alive {
+		if len(m.events) != 1 {
+			t.Fatalf("rank %d: %d resets, want 1: %v", m.c.Rank(), len(m.events), m.events)
+		}
+		ev := m.events[0]
+		if ev.OldSize != 4 || ev.NewSize != 3 || len(ev.Lost) != 1 || ev.Lost[0].Rank != 1 || ev.Step != 2 {
+			t.Errorf("rank %d: event %v", m.c.Rank(), ev)
+		}
+	}
+	// Buddy adoption: member 2 (rank 2, the next of lost rank 1) holds
+	// rank 1's unique value as of the commit the job resumed from (rank 1
+	// counts from 2000, one per step).
+	for i, m := range tj.members {
+		want := []int64(nil)
+		if i == 2 && len(m.events) == 1 {
+			want = []int64{2000 + m.events[0].Step}
+		}
+		if m.err == nil && !slices.Equal(m.u.adopted, want) {
+			t.Errorf("member %d adopted %v, want %v", i, m.u.adopted, want)
+		}
+	}
+}
+
+// Two ranks of five lost at once, after their allreduce of a step and
+// before its commit: the others may or may not have completed that step.
+func TestElasticCrashTwoOfFive(t *testing.T) {
+	tj := startToyJob(t, 5, 2, 45, 10)
+	tj.afterAllreduce = func(m *member, index int) error {
+		if m.toy.steps == 3 && m.c.Epoch() == 0 && index == 1 {
+			tj.j.Crash(tj.j.Comms[3]) // wherever it is
+			tj.j.Crash(m.c)
+			return errCrashed
+		}
+		return nil
+	}
+	for i, c := range tj.j.Comms {
+		tj.run(c, 1, int64(1000*(i+1)))
+	}
+	tj.check(3)
+}
+
+func TestElasticCrashOneOfTwo(t *testing.T) {
+	tj := startToyJob(t, 2, 2, 20, 4)
+	tj.hook = tj.crashAt(3, 0)
+	for i, c := range tj.j.Comms {
+		tj.run(c, 1, int64(1000*(i+1)))
+	}
+	alive := tj.check(1)
+	checkMembershipErr(t, alive)
+	// The commit resumed from is rank 0's last (3) or, if the crash
+	// broke the buddy copy of that commit on rank 1, the one before.
+	if len(alive) == 1 && len(alive[0].events) == 1 {
+		step := alive[0].events[0].Step
+		if got := alive[0].u.adopted; !slices.Equal(got, []int64{1000 + step}) || step < 2 || step > 3 {
+			t.Errorf("the last rank resumed from commit %d and adopted %v, want rank 0's value at that commit, 1000+%d", step, got, step)
+		}
+	}
+}
+
+// A second rank dies while the survivors of the first loss reset: the
+// reset starts over with the ranks that are left.
+func TestElasticCrashDuringReset(t *testing.T) {
+	tj := startToyJob(t, 4, 1, 40, 8)
+	tj.hook = tj.crashAt(2, 3)
+	tj.prepare = func(m *member, index int) {
+		if index != 1 {
+			return
+		}
+		m.st.testHook = func(stage string) {
+			if stage == "restored" && m.c.Epoch() == 1 {
+				tj.j.Crash(m.c)
+			}
+		}
+	}
+	for i, c := range tj.j.Comms {
+		tj.run(c, 1, int64(1000*(i+1)))
+	}
+	alive := tj.check(2)
+	for _, m := range alive {
+		if m.c.Epoch() < 2 {
+			t.Errorf("rank %d ends in epoch %d, want a second reconfiguration", m.c.Rank(), m.c.Epoch())
+		}
+	}
+}
+
+// A joiner admitted at a commit gets the state by broadcast (its own
+// parameters are wrong on purpose) and the job ends exact with 3 ranks.
+func TestElasticJoinerGetsState(t *testing.T) {
+	tj := startToyJob(t, 2, 2, 30, 6, WithElasticLimits(1, 3))
+	joined := make(chan *Comm, 1)
+	go func() {
+		c, err := tj.j.Join(tj.ctx)
+		if err != nil {
+			t.Errorf("joiner: %v", err)
+			close(joined)
+			return
+		}
+		joined <- c
+	}()
+	// The members wait at step 2 until the rendezvous has told them of the
+	// joiner, so it is admitted at that commit (bounded by the job's ctx).
+	tj.hook = func(m *member, index int) error {
+		if m.toy.steps != 2 || m.c.Epoch() != 0 {
+			return nil
+		}
+		for m.c.node.PendingJoiners() == 0 {
+			select {
+			case <-tj.ctx.Done():
+				return fmt.Errorf("no joiner announced: %w", context.Cause(tj.ctx))
+			case <-time.After(20 * time.Millisecond): // polling a counter the pings update
+			}
+		}
+		return nil
+	}
+	for i, c := range tj.j.Comms {
+		tj.run(c, 1, int64(1000*(i+1)))
+	}
+	var jm *member
+	select {
+	case c, ok := <-joined:
+		if !ok {
+			t.FailNow()
+		}
+		jm = tj.run(c, -777, 0)
+	case <-tj.ctx.Done():
+		t.Fatal("the joiner was not admitted")
+	}
+	alive := tj.check(3)
+	if len(alive) == 3 && (!jm.u.fresh || jm.c.Rank() != 2) {
+		t.Errorf("joiner: fresh unique state %v, rank %d; want fresh, rank 2", jm.u.fresh, jm.c.Rank())
+	}
+	for _, m := range alive {
+		if len(m.events) != 1 || m.events[0].OldSize != 2 || m.events[0].NewSize != 3 || !slices.Equal(m.events[0].Joined, []int{2}) {
+			t.Errorf("rank %d: events %v", m.c.Rank(), m.events)
+		}
+	}
+}
+
+// Fewer samples than ranks: some ranks get no sample in a step and still
+// take part; nothing is used twice.
+func TestElasticDatasetShorterThanRanks(t *testing.T) {
+	tj := startToyJob(t, 4, 3, 3, 3)
+	for i, c := range tj.j.Comms {
+		tj.run(c, 1, int64(1000*(i+1)))
+	}
+	tj.check(4)
+}
+
+// On a Comm that is not elastic RunElastic runs the loop once and Commit
+// does nothing: no collective is numbered.
+func TestRunElasticNotElastic(t *testing.T) {
+	comms := newJob(t, 2)
+	errs := onEach(comms, func(c *Comm) error {
+		if c.Elastic() || c.Epoch() != 0 {
+			return fmt.Errorf("elastic %v epoch %d", c.Elastic(), c.Epoch())
+		}
+		st := NewElasticState(c)
+		x := []float32{float32(c.Rank())}
+		if err := st.Register("x", x); err != nil {
+			return err
+		}
+		calls := 0
+		err := RunElastic(context.Background(), c, st, func(ctx context.Context) error {
+			calls++
+			if err := st.Commit(ctx); err != nil {
+				return err
+			}
+			return c.Allreduce(ctx, x, Sum)
+		})
+		if err != nil {
+			return err
+		}
+		if calls != 1 || x[0] != 1 || c.Stats().Collectives != 1 {
+			return fmt.Errorf("calls %d, x %v, collectives %d", calls, x, c.Stats().Collectives)
+		}
+		return nil
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", i, err)
+		}
+	}
+}
+
+func TestElasticSamplerExactlyOnce(t *testing.T) {
+	const n = 103
+	s := NewElasticSampler(n, 7)
+	seen := make([]int, n)
+	sizes := []int{4, 4, 3, 3, 5, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}
+	for step := 0; !s.EpochDone(); step++ {
+		size := sizes[step%len(sizes)]
+		// Every rank of the step, each from its own copy of the state.
+		cursor := s.Cursor()
+		var next *ElasticSampler
+		for r := range size {
+			cp := *s
+			for _, i := range cp.Next(10, r, size) {
+				seen[i]++
+			}
+			next = &cp
+		}
+		if next.Cursor() != min(cursor+10, n) {
+			t.Fatalf("cursor %d after a step from %d", next.Cursor(), cursor)
+		}
+		*s = *next
+	}
+	for i, c := range seen {
+		if c != 1 {
+			t.Fatalf("sample %d used %d times", i, c)
+		}
+	}
+	if s.Next(10, 0, 1) != nil {
+		t.Fatal("Next after the end of the epoch returned samples")
+	}
+	a := NewElasticSampler(n, 7)
+	a.NextEpoch()
+	if slices.Equal(a.Next(n, 0, 1), NewElasticSampler(n, 7).Next(n, 0, 1)) {
+		t.Fatal("two epochs drew the same permutation")
+	}
+	for _, tc := range [][3]int{{3, 0, 4}, {3, 3, 4}, {10, 1, 3}} {
+		lo, hi := Share(tc[0], tc[1], tc[2])
+		if hi < lo || hi-lo > tc[0]/tc[2]+1 {
+			t.Errorf("Share%v = [%d, %d)", tc, lo, hi)
+		}
+	}
+}
+
+// Env: rank -1 only in an elastic job.
+func TestReadEnvElastic(t *testing.T) {
+	base := map[string]string{EnvRank: "-1", EnvSize: "4", EnvRendezvous: "127.0.0.1:1", EnvJobKey: strings.Repeat("ab", 16)}
+	get := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	if _, err := readEnv(get(base)); err == nil || !strings.Contains(err.Error(), EnvElastic) {
+		t.Fatalf("rank -1 without %s: %v", EnvElastic, err)
+	}
+	base[EnvElastic] = "1"
+	base[EnvHeartbeatTimeout] = "1500ms"
+	e, err := readEnv(get(base))
+	if err != nil || !e.elastic || e.rank != -1 || e.heartbeat != 1500*time.Millisecond {
+		t.Fatalf("%+v, %v", e, err)
+	}
+	base[EnvHeartbeatTimeout] = "soon"
+	if _, err := readEnv(get(base)); err == nil {
+		t.Fatal("a bad heartbeat was accepted")
+	}
+}
+
+// An uneven split of the global batch: every rank runs its own number of
+// micro-batches, each weighted by its sample count, and Step leaves the
+// exact mean over the global batch, as one process computes it.
+func TestReducerUnevenSplitWeighted(t *testing.T) {
+	const n, local = 3, 2
+	comms := memJob(t, n)
+	sampleGrad := func(i, e int) float64 { return float64(i*7+e) + 0.25*float64(i%3) }
+	// Two steps: a global batch of 10 (shares 3, 3, 4), then a short last
+	// batch of 4 (shares 1, 1, 2) set with SetGlobalBatch.
+	type stepResult struct {
+		plans   [][]int
+		results [][]float64
+	}
+	steps := []int{10, 4}
+	got := make([]stepResult, len(steps))
+	for i := range got {
+		got[i] = stepResult{make([][]int, n), make([][]float64, n)}
+	}
+	errs := onEach(comms, func(c *Comm) error {
+		red, err := NewReducer(c, ReducerOptions{GlobalBatch: steps[0], LocalBatch: local, UnevenSplit: true})
+		if err != nil {
+			return err
+		}
+		gw, gb := make([]float64, 3), make([]float64, 2) // one bucket of two tensors
+		if err := red.Register("w", nil, gw); err != nil {
+			return err
+		}
+		if err := red.Register("b", nil, gb); err != nil {
+			return err
+		}
+		for s, global := range steps {
+			if err := red.SetGlobalBatch(global); err != nil {
+				return err
+			}
+			plan := red.MicroBatches()
+			got[s].plans[c.Rank()] = plan
+			lo, _ := Share(global, c.Rank(), c.Size())
+			for _, m := range plan {
+				var mean [5]float64
+				for i := lo; i < lo+m; i++ {
+					for e := range mean {
+						mean[e] += sampleGrad(i, e) / float64(m)
+					}
+				}
+				lo += m
+				copy(gw, mean[:3])
+				copy(gb, mean[3:])
+				if err := red.Backward(context.Background()); err != nil {
+					return err
+				}
+			}
+			if err := red.Step(context.Background()); err != nil {
+				return err
+			}
+			got[s].results[c.Rank()] = append(slices.Clone(gw), gb...)
+		}
+		return nil
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", i, err)
+		}
+	}
+	wantPlans := [][][]int{{{2, 1}, {2, 1}, {2, 2}}, {{1}, {1}, {2}}}
+	for s, global := range steps {
+		var want [5]float64
+		for i := range global {
+			for e := range want {
+				want[e] += sampleGrad(i, e) / float64(global)
+			}
+		}
+		for r := range n {
+			if !slices.Equal(got[s].plans[r], wantPlans[s][r]) {
+				t.Fatalf("batch %d: plans %v, want %v", global, got[s].plans, wantPlans[s])
+			}
+			for e := range want {
+				if d := got[s].results[r][e] - want[e]; d > 1e-12 || d < -1e-12 {
+					t.Fatalf("batch %d: rank %d: mean %v, want %v", global, r, got[s].results[r], want)
+				}
+			}
+		}
+	}
+}
+
+// Commit cost: a copy of 1 MiB of replicated state and the agreement, and
+// with unique=64KiB the buddy copy of 64 KiB of unique state, at 1, 2 and 4
+// ranks of one process (unix-socket links).
+func BenchmarkElasticCommit(b *testing.B) {
+	for _, unique := range []int{0, 64 << 10} {
+		for _, n := range []int{1, 2, 4} {
+			benchCommit(b, n, unique)
+		}
+	}
+}
+
+func benchCommit(b *testing.B, n, unique int) {
+	{
+		b.Run(fmt.Sprintf("N=%d/unique=%dKiB", n, unique>>10), func(b *testing.B) {
+			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+			defer cancel()
+			j, err := StartLocal(ctx, n, WithElastic(0), WithTimeout(30*time.Second))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer j.Close()
+			sts := make([]*ElasticState, n)
+			for r, c := range j.Comms {
+				sts[r] = NewElasticState(c)
+				if err := sts[r].Register("params", make([]float32, 1<<18)); err != nil { // 1 MiB
+					b.Fatal(err)
+				}
+				if unique > 0 {
+					if err := sts[r].RegisterUnique("rng", &blobState{b: make([]byte, unique)}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.SetBytes(1 << 20)
+			b.ResetTimer()
+			errs := onEach(j.Comms, func(c *Comm) error {
+				st := sts[c.Rank()]
+				for range b.N {
+					if err := st.Commit(ctx); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			b.StopTimer()
+			for _, err := range errs {
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+type blobState struct{ b []byte }
+
+func (s *blobState) SaveUnique() ([]byte, error)                { return s.b, nil }
+func (s *blobState) RestoreUnique(own []byte, _ [][]byte) error { s.b = own; return nil }
+
+// A Reducer on an elastic Comm follows a membership change by itself: a
+// new plan of micro-batches for the new rank and size, and a new layout
+// and topology check, at its first use in the new epoch.
+func TestReducerFollowsMembership(t *testing.T) {
+	tj := startToyJob(t, 3, 1, 1, 1)
+	ctx := tj.ctx
+	reds := make([]*Reducer, 3)
+	grads := make([][]float64, 3)
+	for i, c := range tj.j.Comms {
+		var err error
+		if reds[i], err = NewReducer(c, ReducerOptions{GlobalBatch: 10, LocalBatch: 2}); err != nil {
+			t.Fatal(err)
+		}
+		grads[i] = make([]float64, 4)
+		if err := reds[i].Register("g", nil, grads[i]); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := reds[i].MicroBatches(), [][]int{{2, 1}, {2, 1}, {2, 2}}[i]; !slices.Equal(got, want) {
+			t.Fatalf("rank %d: plan %v, want %v", i, got, want)
+		}
+	}
+	tj.j.Crash(tj.j.Comms[2])
+	survivors := tj.j.Comms[:2]
+	errs := onEach(survivors, func(c *Comm) error {
+		err := c.Barrier(ctx)
+		if !isMembershipChange(err) {
+			return fmt.Errorf("barrier after a crash: %v, want a membership change", err)
+		}
+		if _, _, err := c.reconfigure(ctx); err != nil {
+			return err
+		}
+		r := reds[c.Rank()]
+		if got := r.MicroBatches(); !slices.Equal(got, []int{2, 2, 1}) {
+			return fmt.Errorf("plan %v after the change, want [2 2 1]", got)
+		}
+		g := grads[c.Rank()]
+		for _, m := range r.MicroBatches() {
+			for e := range g {
+				g[e] = float64(m) // the micro-batch's mean gradient
+			}
+			if err := r.Backward(ctx); err != nil {
+				return err
+			}
+		}
+		if err := r.Step(ctx); err != nil {
+			return err
+		}
+		// Each rank: 2·2 + 2·2 + 1·1 = 9 sample-gradients; mean 18/10.
+		if g[0] != 1.8 {
+			return fmt.Errorf("mean %v, want 1.8", g[0])
+		}
+		return nil
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("survivor %d: %v", i, err)
+		}
+	}
+}
+
+// In an elastic job, ranks that call different things still abort the
+// whole job: a mismatch is a bug of the program, not a lost member.
+func TestElasticMismatchAborts(t *testing.T) {
+	tj := startToyJob(t, 2, 1, 1, 1)
+	errs := onEach(tj.j.Comms, func(c *Comm) error {
+		return c.Allreduce(tj.ctx, make([]float32, 10+c.Rank()), Sum)
+	})
+	for r, err := range errs {
+		if err == nil || isMembershipChange(err) || !strings.Contains(err.Error(), "called Allreduce(float32[10], Sum)") {
+			t.Errorf("rank %d: %v, want the mismatch", r, err)
+		}
+	}
+	for r, c := range tj.j.Comms {
+		if err := c.Err(); err == nil || isMembershipChange(err) {
+			t.Errorf("rank %d: Err() = %v after a mismatch, want the job aborted", r, err)
+		}
+	}
+}
+
+// Compression residuals are rank-unique state: a rank restores its own and
+// adds in those of a lost predecessor (same tensor, same length); the
+// owner-side residuals belong to the old ring's segments and are reset
+// when the ring changed, which the notes say.
+func TestResidualsRestoreAndAdopt(t *testing.T) {
+	mk := func(size, rank int, contrib float32) *compressionState {
+		s, err := newCompressionState(compressionConfig{}, func(string) string { return "" })
+		if err != nil {
+			t.Fatal(err)
+		}
+		fb := s.feedback("g", 6, size, rank)
+		for i := range fb.Contrib {
+			fb.Contrib[i] = contrib
+		}
+		for i := range fb.Owner {
+			fb.Owner[i] = 9
+		}
+		return s
+	}
+	own := mk(2, 0, 1).saveResiduals(&commView{size: 2, rank: 0})
+	lost := mk(2, 1, 0.5).saveResiduals(&commView{size: 2, rank: 1})
+	s := mk(1, 0, 0)
+	notes := s.restoreResiduals(own, [][]byte{lost}, 1, 0)
+	fb := s.fb["g"]
+	if fb == nil || !slices.Equal(fb.Contrib, []float32{1.5, 1.5, 1.5, 1.5, 1.5, 1.5}) {
+		t.Fatalf("contrib residuals %v, want own 1 + adopted 0.5", fb)
+	}
+	if len(fb.Owner) != 6 || slices.Max(fb.Owner) != 0 {
+		t.Fatalf("owner residuals %v, want 6 zeros (the segment changed)", fb.Owner)
+	}
+	if len(notes) != 1 || !strings.Contains(notes[0], "owner-side compression residuals of 1 tensors reset") {
+		t.Fatalf("notes %q", notes)
+	}
+	// A joiner has none; a lost rank's tensor of another length is dropped.
+	other := mk(2, 1, 1)
+	other.fb["g"] = &ring.Feedback{Contrib: make([]float32, 3), Owner: make([]float32, 1)}
+	notes = s.restoreResiduals(nil, [][]byte{other.saveResiduals(&commView{size: 2, rank: 1})}, 1, 0)
+	if len(s.fb) != 0 || len(notes) != 1 || !strings.Contains(notes[0], "dropped") {
+		t.Fatalf("joiner: residuals %v, notes %q", s.fb, notes)
+	}
+}
+
+// A rank stopped as by SIGSTOP is dropped after the heartbeat bound, and
+// the others go on, exact, long before the collective timeout.
+func TestElasticFrozenRank(t *testing.T) {
+	const hb = time.Second
+	tj := startToyJob(t, 3, 1, 30, 6, WithElastic(hb))
+	release := make(chan struct{})
+	frozen := make(chan func(), 1) // the thaw of the frozen rank
+	tj.hook = func(m *member, index int) error {
+		if index != 2 || m.toy.steps != 2 || m.c.Epoch() != 0 {
+			return nil
+		}
+		frozen <- tj.j.Freeze(m.c)
+		select { // the stopped process does nothing until SIGCONT
+		case <-release:
+		case <-tj.ctx.Done():
+		}
+		return nil
+	}
+	for i, c := range tj.j.Comms {
+		tj.run(c, 1, int64(1000*(i+1)))
+	}
+	var thaw func()
+	select {
+	case thaw = <-frozen:
+	case <-tj.ctx.Done():
+		t.Fatal("rank 2 never reached its freeze")
+	}
+	frozeAt := time.Now()
+	var resetTook time.Duration
+	for _, m := range tj.members[:2] {
+		select {
+		case <-m.done:
+		case <-tj.ctx.Done():
+			t.Fatal("the survivors did not finish")
+		}
+		if len(m.events) > 0 {
+			resetTook = m.events[0].Took
+		}
+	}
+	since := time.Since(frozeAt)
+	thaw()
+	close(release)
+	alive := tj.check(2)
+	checkMembershipErr(t, alive)
+	// Within the heartbeat bound plus the wait for the verdict, far below
+	// the 30 s collective timeout.
+	if since > 20*time.Second {
+		t.Errorf("the survivors took %v after the freeze (reset %v), want about the heartbeat bound %v", since, resetTook, hb)
+	}
+	if m := tj.members[2]; m.err == nil {
+		t.Errorf("the frozen rank went on after it was dropped")
+	} else {
+		t.Logf("the frozen rank, thawed: %v", m.err)
+	}
+}
