@@ -10,7 +10,8 @@
 // MLP with its forward and backward pass on gorgonia tensors), cnn.go (the
 // optional convolutional network), optim.go
 // (SGD and Adam), train.go (the distributed loop: broadcast, Reducer,
-// consistency check), checkpoint.go (save and resume), output.go and
+// consistency check), elastic.go (what changes when gorun --min-np makes
+// the job elastic), checkpoint.go (save and resume), output.go and
 // progress.go (summaries, progress bar or lines, plot, metrics).
 package main
 
@@ -78,7 +79,7 @@ func parseFlags(args []string) (*Config, error) {
 	fs.StringVar(&c.Progress, "progress", "auto", "progress on stderr: auto (a live bar when there is a terminal, else nothing), on (the bar, or a plain line every tenth of an epoch without a terminal), off")
 	fs.StringVar(&c.CheckpointDir, "checkpoint-dir", "", "save checkpoints here and resume from the newest one at start (also after gorun --max-restarts)")
 	fs.IntVar(&c.CheckpointEvery, "checkpoint-every", 100, "optimizer steps between checkpoints (with --checkpoint-dir)")
-	fs.IntVar(&c.FailAtStep, "fail-at-step", 0, "testing aid: the last rank fails after this optimizer step on the first launch (GORUN_RESTART_COUNT unset or 0)")
+	fs.IntVar(&c.FailAtStep, "fail-at-step", 0, "testing aid: the last rank fails after this optimizer step on the first launch (GORUN_RESTART_COUNT unset or 0); in an elastic job it kills itself with SIGKILL, as kill -9 would")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this rank to this file (rank N writes FILE.rankN when N > 0)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

@@ -32,6 +32,7 @@ type output struct {
 	// first and redraws it after. (Under gorun, gorun does that.)
 	ownTerminal bool
 	prog        *progress
+	progArgs    [3]int // epochs, steps per epoch, global batch: for a rank that becomes rank 0
 	metrics     *os.File
 }
 
@@ -61,11 +62,38 @@ func (o *output) openMetrics() error {
 // startProgress begins showing the run's progress from step first (> 0
 // when resuming).
 func (o *output) startProgress(epochs, steps, global, first int) {
+	o.progArgs = [3]int{epochs, steps, global}
 	cols := 0
 	if o.ownTerminal {
 		cols, _, _ = term.GetSize(int(os.Stderr.Fd()))
 	}
 	o.prog = newProgress(o.style, o.stderr, cols, time.Now, epochs, steps, global, first)
+}
+
+// setRank follows a reset of an elastic job: the rank that is rank 0 now
+// prints the summaries, shows the progress from step on, and appends to
+// the --metrics file (the old rank 0 wrote the epochs before), and the
+// final report covers size ranks.
+func (o *output) setRank(rank, size, step int) {
+	was0 := o.rank == 0
+	o.rank, o.size = rank, size
+	o.loud = rank == 0 || o.cfg.Verbose
+	switch {
+	case rank == 0 && !was0:
+		o.style = chooseProgress(o.cfg.Progress, os.Getenv, term.IsTerminal(int(os.Stderr.Fd())))
+		o.ownTerminal = o.style == progressBar && os.Getenv("GORUN_RANK") == ""
+		if o.progArgs[1] > 0 {
+			o.startProgress(o.progArgs[0], o.progArgs[1], o.progArgs[2], step)
+		}
+		if o.cfg.Metrics != "" && o.metrics == nil {
+			if f, err := os.OpenFile(o.cfg.Metrics, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
+				o.metrics = f
+			}
+		}
+	case rank != 0 && was0:
+		o.stopProgress()
+		o.style, o.ownTerminal = noProgress, false
+	}
 }
 
 // stopProgress erases the status line for good: at the end of training,

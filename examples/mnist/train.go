@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -42,8 +43,16 @@ type EpochResult struct {
 // Train runs the whole job on this rank.
 func Train(ctx context.Context, cfg *Config) error {
 	start := time.Now()
+	// The data first: a process that joins a running elastic job is
+	// admitted at a commit, and the job waits for it from then on.
+	trainSet, testSet, err := LoadSplits(cfg.Data)
+	if err != nil {
+		return err
+	}
+	loaded := func(string) (*Dataset, *Dataset, error) { return trainSet, testSet, nil }
 	// 1. Join the job. Alone (no gorun) this is a one-rank Comm and the
 	// collectives below are no-ops, so the same program runs either way.
+	// Under gorun --min-np/--max-np the Comm is elastic (see elastic.go).
 	var opts []collective.Option
 	if cfg.Timeline != "" {
 		opts = append(opts, collective.WithTimelinePath(cfg.Timeline))
@@ -53,33 +62,81 @@ func Train(ctx context.Context, cfg *Config) error {
 		return err
 	}
 	defer comm.Close()
-	rank, size := comm.Rank(), comm.Size()
 	// Share this host's cores between its ranks, as OMP_NUM_THREADS does
 	// for PyTorch: gonum's matrix products would otherwise start a worker
 	// per core in every rank, and the ranks would fight over the cores.
 	if os.Getenv("GOMAXPROCS") == "" && comm.LocalSize() > 1 {
 		runtime.GOMAXPROCS(max(1, runtime.NumCPU()/comm.LocalSize()))
 	}
+	_, err = train(ctx, cfg, comm, start, hooks{load: loaded})
+	return err
+}
+
+// hooks let the tests run ranks in one process (collective.StartLocal),
+// on a part of the data, and watch or crash them. The zero value is what
+// the command does.
+type hooks struct {
+	load           func(dir string) (train, test *Dataset, err error) // nil: LoadSplits
+	stdout, stderr io.Writer                                          // nil: os.Stdout, os.Stderr
+	// crash makes this rank vanish for --fail-at-step in an elastic job
+	// (nil: crashSelf, SIGKILL); it returns the error the loop ends with.
+	crash func(comm *collective.Comm) error
+	// afterStep runs after each optimizer step (gstep: steps done in the
+	// run), before its commit; an error ends the loop.
+	afterStep func(comm *collective.Comm, gstep int) error
+	// samples is told the samples this rank trained on in each step (its
+	// micro-batches, concatenated), once the step's gradients are reduced.
+	samples func(comm *collective.Comm, gstep int, idx []int)
+}
+
+// runResult is what a rank ends with, for tests.
+type runResult struct {
+	Hash    string
+	History []EpochResult
+	Resets  []collective.ElasticEvent
+	Steps   int       // optimizer steps per epoch
+	Counted []float64 // per epoch: the training samples its summary counted, over all ranks
+}
+
+// train runs the job on comm; Train and the tests call it.
+func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.Time, h hooks) (*runResult, error) {
+	rank, size := comm.Rank(), comm.Size()
+	// In an elastic job a process started to replace a lost rank (or to
+	// grow the job) is admitted at a commit of the running job, in a later
+	// membership epoch: it makes none of the collectives of the start
+	// below, and gets the whole state from a live rank in RunElastic.
+	elastic := comm.Elastic()
+	joiner := elastic && comm.Epoch() > 0
 	out := newOutput(cfg, rank, size)
+	if h.stdout != nil {
+		out.stdout = h.stdout
+	}
+	if h.stderr != nil {
+		out.stderr = h.stderr
+	}
 	defer out.stopProgress() // also on errors: they print on a clean line
 	// Output paths are checked before any work, so that a typo in --plot
 	// fails now rather than after the whole training.
 	if err := checkRankPaths(cfg, rank); err != nil {
-		return err
+		return nil, err
 	}
 	if err := out.openMetrics(); err != nil {
-		return err
+		return nil, err
 	}
 	plan, err := planBatches(cfg.Batch, cfg.GlobalBatch, cfg.Accumulate, size)
 	if err != nil {
-		return err
+		return nil, err
 	}
 
-	// 2. Data: every rank loads the (small) files, but trains only on its
-	// shard of every global batch.
-	train, test, err := LoadSplits(cfg.Data)
+	// 2. Data: every rank loads the (small) files (Train did, before it
+	// joined), but trains only on its shard of every global batch.
+	load := LoadSplits
+	if h.load != nil {
+		load = h.load
+	}
+	train, test, err := load(cfg.Data)
 	if err != nil {
-		return err
+		return nil, err
 	}
 
 	// 3. Model, with the same seed on every rank. Rank 0's weights are
@@ -92,49 +149,67 @@ func Train(ctx context.Context, cfg *Config) error {
 	case "cnn":
 		model = NewCNN(28, 28, 5, 8, cfg.Hidden, 10, rng)
 		if train.Pixels != 28*28 {
-			return fmt.Errorf("--model cnn wants 28×28 images, not %d pixels", train.Pixels)
+			return nil, fmt.Errorf("--model cnn wants 28×28 images, not %d pixels", train.Pixels)
 		}
 	default:
-		return fmt.Errorf("--model %q: want mlp or cnn", cfg.Model)
+		return nil, fmt.Errorf("--model %q: want mlp or cnn", cfg.Model)
 	}
 	names, params, grads := model.Params()
 
 	// 4. The Reducer averages gradients over ranks and micro-batches.
-	ropts := collective.ReducerOptions{BackwardPassesPerStep: plan.K, FusionThreshold: cfg.FusionThreshold}
-	if plan.Even() {
-		// The Reducer checks the arithmetic too: k = global / (ranks × local).
-		ropts.GlobalBatch, ropts.LocalBatch = plan.Global, plan.Global/(plan.K*plan.Size)
-	}
 	if cfg.Compression != "none" {
 		if _, err := compress.ByName(cfg.Compression); err != nil {
-			return fmt.Errorf("--compression: %w", err)
+			return nil, fmt.Errorf("--compression: %w", err)
 		}
-		codec := cfg.Compression
-		ropts.Compression = func(string, int) string { return codec }
 	}
-	red, err := collective.NewReducer(comm, ropts)
+	newReducer := func(plan BatchPlan) (*collective.Reducer, error) {
+		ropts := collective.ReducerOptions{BackwardPassesPerStep: plan.K, FusionThreshold: cfg.FusionThreshold}
+		if plan.Even() && !elastic {
+			// The Reducer checks the arithmetic too: k = global / (ranks × local).
+			// (An elastic job's size changes under the Reducer: the plan is
+			// the example's, and the Reducer just averages K × Size
+			// micro-batches.)
+			ropts.GlobalBatch, ropts.LocalBatch = plan.Global, plan.Global/(plan.K*plan.Size)
+		}
+		if cfg.Compression != "none" {
+			codec := cfg.Compression
+			ropts.Compression = func(string, int) string { return codec }
+		}
+		red, err := collective.NewReducer(comm, ropts)
+		if err != nil {
+			return nil, err
+		}
+		for i, name := range names {
+			if err := red.Register(name, params[i], grads[i]); err != nil {
+				return nil, err
+			}
+		}
+		return red, nil
+	}
+	red, err := newReducer(plan)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	for i, name := range names {
-		if err := red.Register(name, params[i], grads[i]); err != nil {
-			return err
+	if !joiner {
+		if err := red.BroadcastParameters(ctx, 0); err != nil {
+			return nil, err
 		}
-	}
-	if err := red.BroadcastParameters(ctx, 0); err != nil {
-		return err
 	}
 	opt, err := NewOptimizer(cfg.Optimizer, cfg.LR, cfg.Momentum, params)
 	if err != nil {
-		return err
+		return nil, err
 	}
 
 	sh := &Sharder{N: train.Len(), Plan: plan, Rank: rank, Seed: cfg.Seed}
 	steps := sh.Steps()
 	if steps == 0 {
-		return fmt.Errorf("global batch %d is larger than the %d training samples", plan.Global, train.Len())
+		return nil, fmt.Errorf("global batch %d is larger than the %d training samples", plan.Global, train.Len())
 	}
 	out.header(train, test, model, plan, cfg)
+	if elastic {
+		out.printf("mnist: elastic job: %d ranks now; the global batch stays %d when ranks are lost or join; the state is committed in memory after every step\n",
+			size, plan.Global)
+	}
 
 	// 5. Resume from the newest checkpoint, if any: parameters, optimizer
 	// state, the epoch history and this rank's running sums. The data
@@ -144,26 +219,99 @@ func Train(ctx context.Context, cfg *Config) error {
 	local := []float64{0, 0, 0} // this epoch's sums over this rank's samples: loss, correct, count
 	ck, err := newCheckpointer(comm, cfg, out, plan.Global, names, params, opt, &history, &local)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	gstep, err := ck.restore(ctx, comm)
-	if err != nil {
-		return err
+	gstep := 0 // optimizer steps done in the run
+	if !joiner {
+		if gstep, err = ck.restore(ctx, comm); err != nil {
+			return nil, err
+		}
 	}
 	if total := cfg.Epochs * steps; gstep >= total {
 		out.finishedRun(cfg.CheckpointDir, gstep, total, history)
 		if err := out.writeMetrics(history...); err != nil {
-			return err
+			return nil, err
 		}
-		return out.final(ctx, comm, history, time.Since(start), paramHash(params), false)
+		hash := paramHash(params)
+		return &runResult{Hash: hash, History: history, Steps: steps}, out.final(ctx, comm, history, time.Since(start), hash, false)
 	}
 	if gstep > 0 {
 		out.printf("mnist: resumed from %s at step %d of %d\n", checkpoint.StepDir(cfg.CheckpointDir, int64(gstep)), gstep, cfg.Epochs*steps)
 		// Compression's error-feedback residuals are not in the checkpoint.
 		red.ResetResiduals()
 		if err := out.writeMetrics(history...); err != nil {
-			return err
+			return nil, err
 		}
+	}
+
+	// 6. An elastic job takes its global batches from an ElasticSampler
+	// and commits its state after every step (elastic.go). The sampler's
+	// epoch e draws the permutation Sharder.Epoch(e) draws, and a step
+	// takes the whole global batch from it and cuts it into the plan's
+	// slots as Sharder.Batch does: an elastic job that loses no rank
+	// trains exactly as a fixed-size one.
+	epoch := gstep/steps + 1 // the epoch under way; its summary is due once its steps are done
+	global := plan.Global
+	var (
+		sampler *collective.ElasticSampler
+		st      *collective.ElasticState
+		res     = &runResult{Steps: steps}
+		// Rank 0's cost of the commits, against that of the steps.
+		commits               int
+		commitTime, stepsTime time.Duration
+	)
+	if elastic {
+		sampler = collective.NewElasticSampler(train.Len(), cfg.Seed)
+		seekSampler(sampler, epoch, gstep%steps, global)
+		st = collective.NewElasticState(comm)
+		for i, p := range params {
+			if err := st.Register(names[i], p); err != nil {
+				return nil, err
+			}
+		}
+		onames, obufs := opt.State()
+		for i, b := range obufs {
+			if err := st.Register(onames[i], b); err != nil {
+				return nil, err
+			}
+		}
+		// The step of the newest checkpoint is replicated too: whether the
+		// end of training is saved again must not depend on when a rank
+		// joined.
+		if err := st.Register("step", &gstep, "epoch", &epoch, "global batch", &global, "sampler", sampler,
+			"last checkpoint", &ck.lastSaved); err != nil {
+			return nil, err
+		}
+		if err := st.RegisterUnique("epoch sums", epochSums{&local}); err != nil {
+			return nil, err
+		}
+		// After a reset (and on a joiner, once it holds the state): the
+		// new rank and size, a plan for them, and one line from rank 0.
+		st.OnReset(func(ctx context.Context, ev collective.ElasticEvent) error {
+			rank, size = comm.Rank(), comm.Size()
+			np, err := elasticPlan(cfg, global, size)
+			if err != nil {
+				return err
+			}
+			if np.K != plan.K {
+				if red, err = newReducer(np); err != nil {
+					return err
+				}
+			}
+			plan, steps = np, train.Len()/global
+			ck.global = global
+			out.setRank(rank, size, gstep)
+			for _, l := range resetLines(ev, plan, gstep, epoch, steps, cfg.Epochs) {
+				out.printf("%s\n", l)
+			}
+			if cfg.Verbose {
+				for _, n := range ev.Notes {
+					out.printf("elastic: %s\n", n)
+				}
+			}
+			res.Resets = append(res.Resets, ev)
+			return nil
+		})
 	}
 
 	gradReady := func(names ...string) error {
@@ -174,44 +322,103 @@ func Train(ctx context.Context, cfg *Config) error {
 		}
 		return nil
 	}
-	xbuf := make([]float32, plan.MaxLocal()*train.Pixels)
-	labels := make([]uint8, plan.MaxLocal())
+	var xbuf []float32
+	var labels []uint8
+	var stepIdx []int
 	out.startProgress(cfg.Epochs, steps, plan.Global, gstep)
-	for epoch := gstep/steps + 1; epoch <= cfg.Epochs; epoch++ {
-		epochStart, stats0 := time.Now(), comm.Stats()
-		sh.Epoch(epoch)
-		first := gstep % steps // > 0 only when resuming mid-epoch
-		for step := first; step < steps; step++ {
-			for micro := range plan.K {
-				idx := sh.Batch(step, micro)
-				// Each layer's gradients go to the Reducer as soon as they
-				// are final: on the k-th micro-batch their allreduce starts
-				// while the layers below are still in backward.
-				loss, correct, err := trainMicroBatch(model, train, idx, plan, xbuf, labels, gradReady)
-				if err != nil {
-					return err
-				}
-				local[0] += loss * float64(len(idx))
-				local[1] += float64(correct)
-				local[2] += float64(len(idx))
+
+	// One optimizer step: gstep+1 of the run, step+1 of the epoch.
+	trainStep := func(ctx context.Context) error {
+		t0 := time.Now()
+		step := gstep - (epoch-1)*steps
+		if n := plan.MaxLocal(); len(labels) < n {
+			xbuf, labels = make([]float32, n*train.Pixels), make([]uint8, n)
+		}
+		var batch []int // the step's global batch, in an elastic job
+		if sampler != nil {
+			if batch = sampler.Next(plan.Global, 0, 1); len(batch) != plan.Global {
+				return fmt.Errorf("internal error: the sampler gave %d samples for step %d, want %d", len(batch), gstep+1, plan.Global)
 			}
-			// Wait for the allreduces: grads now hold the average over
-			// the global batch, the same on every rank.
-			if err := red.Step(ctx); err != nil {
+		}
+		stepIdx = stepIdx[:0]
+		for micro := range plan.K {
+			var idx []int
+			if batch != nil {
+				lo, hi := plan.Slot(micro, rank)
+				idx = batch[lo:hi]
+			} else {
+				idx = sh.Batch(step, micro)
+			}
+			// Each layer's gradients go to the Reducer as soon as they
+			// are final: on the k-th micro-batch their allreduce starts
+			// while the layers below are still in backward.
+			loss, correct, err := trainMicroBatch(model, train, idx, plan, xbuf, labels, gradReady)
+			if err != nil {
 				return err
 			}
-			opt.Step(params, grads)
-			gstep++
-			out.prog.stepDone(gstep)
-			if step+1 < steps { // the epoch's last step is saved after its summary
-				if err := ck.maybeSave(ctx, gstep); err != nil {
-					return err
-				}
+			local[0] += loss * float64(len(idx))
+			local[1] += float64(correct)
+			local[2] += float64(len(idx))
+			if h.samples != nil {
+				stepIdx = append(stepIdx, idx...)
 			}
-			if err := failAt(cfg, gstep, rank, size); err != nil {
+		}
+		// Wait for the allreduces: grads now hold the average over
+		// the global batch, the same on every rank.
+		if err := red.Step(ctx); err != nil {
+			return err
+		}
+		if h.samples != nil {
+			h.samples(comm, gstep+1, stepIdx)
+		}
+		opt.Step(params, grads)
+		gstep++
+		out.prog.stepDone(gstep)
+		if step+1 < steps { // the epoch's last step is saved after its summary
+			if err := ck.maybeSave(ctx, gstep); err != nil {
 				return err
 			}
 		}
+		if err := failAt(cfg, gstep, rank, size); err != nil {
+			if !elastic {
+				return err
+			}
+			if comm.Epoch() == 0 { // not again when the survivors run the step again
+				fmt.Fprintf(out.stderr, "mnist: --fail-at-step %d: rank %d of this elastic job vanishes as with kill -9; the others go on without it\n", gstep, rank)
+				if h.crash == nil {
+					crashSelf(comm)
+				}
+				return h.crash(comm)
+			}
+		}
+		if h.afterStep != nil {
+			if err := h.afterStep(comm, gstep); err != nil {
+				return err
+			}
+		}
+		if st != nil {
+			t1 := time.Now()
+			if err := st.Commit(ctx); err != nil {
+				return err
+			}
+			commits++
+			commitTime += time.Since(t1)
+			stepsTime += t1.Sub(t0)
+		}
+		return nil
+	}
+
+	// The summary of an epoch whose steps are done: the sums over all
+	// ranks, the test set, the consistency check, the epoch's line, a
+	// checkpoint. In an elastic job a reset in here runs it again (a line
+	// may then be printed twice).
+	var (
+		epochOf    int // the epoch epochStart is for
+		epochStart time.Time
+		stats0     collective.Stats
+		first      int // > 0 only when resuming mid-epoch
+	)
+	endEpoch := func(ctx context.Context) error {
 		sums := slices.Clone(local)
 		if err := comm.Allreduce(ctx, sums, collective.Sum); err != nil {
 			return err
@@ -225,18 +432,27 @@ func Train(ctx context.Context, cfg *Config) error {
 		if err := red.CheckConsistency(ctx); err != nil {
 			return err
 		}
-		el, st := time.Since(epochStart), comm.Stats()
+		el, cs := time.Since(epochStart), comm.Stats()
 		r := EpochResult{
 			Epoch: epoch, Loss: sums[0] / sums[2], TrainAcc: sums[1] / sums[2],
 			TestLoss: testLoss, TestAcc: testAcc,
-			Seconds: el.Seconds(), CommSeconds: (st.CommTime - stats0.CommTime).Seconds(),
+			Seconds: el.Seconds(), CommSeconds: (cs.CommTime - stats0.CommTime).Seconds(),
 			SamplesPerS: float64((steps-first)*plan.Global) / el.Seconds(), Steps: steps, Ranks: size, GlobalBatch: plan.Global,
 			Compression:  cfg.Compression,
-			WireBytes:    st.PayloadBytesSent + st.HeaderBytesSent - stats0.PayloadBytesSent - stats0.HeaderBytesSent,
-			BytesReduced: st.Bytes - stats0.Bytes,
+			WireBytes:    cs.PayloadBytesSent + cs.HeaderBytesSent - stats0.PayloadBytesSent - stats0.HeaderBytesSent,
+			BytesReduced: cs.Bytes - stats0.Bytes,
 		}
 		r.CommShare = r.CommSeconds / r.Seconds
+		if n := steps * plan.Global; elastic && int(sums[2]) != n {
+			// Each rank's sums have one copy, on the next rank.
+			out.printf("elastic: the training loss and accuracy of epoch %d cover %d of its %d samples: the sums of ranks lost together with the next rank, which kept their copy, are gone (the training itself used every sample)\n",
+				epoch, int(sums[2]), n)
+		}
+		if len(history) > epoch-1 { // a reset made this summary run again
+			history = history[:epoch-1]
+		}
 		history = append(history, r)
+		res.Counted = append(res.Counted[:min(len(res.Counted), epoch-1)], sums[2])
 		local = []float64{0, 0, 0}
 		if err := out.epoch(r); err != nil {
 			return err
@@ -244,14 +460,56 @@ func Train(ctx context.Context, cfg *Config) error {
 		if err := ck.maybeSave(ctx, gstep); err != nil {
 			return err
 		}
+		epoch++
+		if sampler != nil {
+			sampler.NextEpoch()
+		}
+		if st != nil {
+			return st.Commit(ctx)
+		}
+		return nil
 	}
-	// The end of training is always saved, whatever --checkpoint-every.
-	if err := ck.saveFinal(ctx, gstep); err != nil {
-		return err
+
+	loop := func(ctx context.Context) error {
+		for epoch <= cfg.Epochs {
+			if epochOf != epoch {
+				epochOf, epochStart, stats0 = epoch, time.Now(), comm.Stats()
+				first = gstep - (epoch-1)*steps
+				if sampler == nil {
+					sh.Epoch(epoch)
+				}
+			}
+			for gstep < epoch*steps {
+				if err := trainStep(ctx); err != nil {
+					return err
+				}
+			}
+			if err := endEpoch(ctx); err != nil {
+				return err
+			}
+		}
+		// The end of training is always saved, whatever --checkpoint-every.
+		if err := ck.saveFinal(ctx, gstep); err != nil {
+			return err
+		}
+		out.stopProgress()
+		if elastic && commits > 0 {
+			out.printf("final: elastic: %d reset(s); a commit after every step took %.2f ms on average, %.1f%% of the %.1f ms of a step (rank %d)\n",
+				len(res.Resets), ms(commitTime)/float64(commits), 100*commitTime.Seconds()/stepsTime.Seconds(), ms(stepsTime)/float64(commits), rank)
+		}
+		res.Hash = paramHash(params)
+		return out.final(ctx, comm, history, time.Since(start), res.Hash, true)
 	}
-	out.stopProgress()
-	return out.final(ctx, comm, history, time.Since(start), paramHash(params), true)
+	if elastic {
+		err = collective.RunElastic(ctx, comm, st, loop)
+	} else {
+		err = loop(ctx)
+	}
+	res.History, res.Steps = history, steps
+	return res, err
 }
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // trainMicroBatch runs forward and backward on the samples idx and hands
 // each layer's gradients to the Reducer through gradReady. The gradient of
