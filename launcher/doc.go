@@ -32,6 +32,38 @@
 // group and SIGKILL after GRACE. It exits with the program's status, which
 // ssh passes back to gorun.
 //
+// # Elastic jobs
+//
+// With Job.Elastic (gorun --min-np below -np, --max-np above it, or
+// --host-discovery-script) the rendezvous is elastic (p2p.ElasticConfig)
+// and every rank gets GORUN_ELASTIC=1 and GORUN_HEARTBEAT_TIMEOUT. Once
+// every rank of the start has registered, a rank that exits non-zero or is
+// killed does not fail the job: gorun logs it once ("rank 2 (pid 1234) was
+// lost: killed by signal 9 (SIGKILL); the job goes on without it ..."),
+// the rendezvous forms a new membership epoch with the others, and gorun
+// logs each established epoch ("membership epoch 1: 3 ranks (lost rank 2
+// on host a: disconnected), reset took 4ms"). A local rank that is stopped
+// (SIGSTOP) when the rendezvous loses a member for its silence is ended by
+// gorun, which would otherwise wait for it forever; so, once the job is
+// finishing, is every process left when they can all be members the
+// rendezvous lost (more members lost than processes ended: frozen on
+// another host, say).
+//
+// The host of a lost rank gets a cooldown (see cooldown): no new rank
+// there for CooldownBase, doubled with each failure in a row up to
+// CooldownMax, forgiven after CooldownMax without a failure. Free slots of
+// hosts not cooling down get joiners (GORUN_RANK=-1) until the job has -np
+// processes again (a fixed host list), or as many as the discovery script
+// lists slots (up to --max-np). A discovery script is run every
+// DiscoveryInterval, bounded by DiscoveryTimeout; its new list stops the
+// ranks of hosts (or slots) it no longer lists. Once one rank exits 0 the
+// job is finishing and gets no more joiners. The job succeeds when every
+// process has ended and one exited 0; it fails with an *ElasticError when
+// the rendezvous aborts it (below MinNP past Timeout, or a rank aborted)
+// or when no rank is left. Processes are numbered, in output prefixes and
+// messages, in the order gorun starts them: gorun does not know which rank
+// a process has in later epochs.
+//
 // # Addresses
 //
 // With remote hosts, the rendezvous and the local ranks listen on the

@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -26,21 +27,68 @@ func ParseHosts(s string) ([]Host, error) {
 		if item == "" {
 			return nil, fmt.Errorf("-H %q has an empty host: write host:slots[,host:slots...], e.g. -H node1:4,node2:4", s)
 		}
-		name, slots := item, 1
-		if i := strings.LastIndex(item, ":"); i >= 0 && (!strings.Contains(item[:i], ":") || strings.HasSuffix(item[:i], "]")) {
-			n, err := strconv.Atoi(item[i+1:])
-			if err != nil || n < 1 {
-				return nil, fmt.Errorf("-H %q: %q is not a slot count (a positive integer): write host:slots[,host:slots...], e.g. -H node1:4,node2:4", s, item[i+1:])
-			}
-			name, slots = item[:i], n
-		}
-		name = strings.TrimSuffix(strings.TrimPrefix(name, "["), "]")
-		if err := checkHostName(name); err != nil {
+		h, err := parseHostItem(item)
+		if err != nil {
 			return nil, fmt.Errorf("-H %q: %v: write host:slots[,host:slots...], e.g. -H node1:4,node2:4", s, err)
 		}
-		hosts = append(hosts, Host{Name: name, Slots: slots})
+		hosts = append(hosts, h)
 	}
 	return mergeHosts(hosts), nil
+}
+
+// parseHostItem parses one "host[:slots]" ("[fd00::1]:2" for IPv6).
+func parseHostItem(item string) (Host, error) {
+	name, slots := item, 1
+	if i := strings.LastIndex(item, ":"); i >= 0 && (!strings.Contains(item[:i], ":") || strings.HasSuffix(item[:i], "]")) {
+		n, err := strconv.Atoi(item[i+1:])
+		if err != nil || n < 1 {
+			return Host{}, fmt.Errorf("%q is not a slot count (a positive integer)", item[i+1:])
+		}
+		name, slots = item[:i], n
+	}
+	name = strings.TrimSuffix(strings.TrimPrefix(name, "["), "]")
+	if err := checkHostName(name); err != nil {
+		return Host{}, err
+	}
+	return Host{Name: name, Slots: slots}, nil
+}
+
+// ParseDiscovery reads what a host discovery script printed: one
+// "host:slots" (or "host", one slot) per line, as Horovod's scripts print;
+// blank lines and '#' comments are skipped, a host listed twice has its
+// slots added up. Printing no host at all is an error: a script that
+// glitches must not stop every rank of a running job.
+func ParseDiscovery(out string) ([]Host, error) {
+	var hosts []Host
+	for ln, line := range strings.Split(out, "\n") {
+		line, _, _ = strings.Cut(line, "#")
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		h, err := parseHostItem(line)
+		if err != nil {
+			return nil, fmt.Errorf("line %d %q: %v: print one host:slots per line, e.g. node1:4", ln+1, line, err)
+		}
+		hosts = append(hosts, h)
+	}
+	if len(hosts) == 0 {
+		return nil, errors.New("printed no host: print one host:slots per line, e.g. node1:4")
+	}
+	return mergeHosts(hosts), nil
+}
+
+// FormatHosts writes hosts as -H does: "a:2,b:1".
+func FormatHosts(hosts []Host) string {
+	parts := make([]string, len(hosts))
+	for i, h := range hosts {
+		name := h.Name
+		if strings.Contains(name, ":") {
+			name = "[" + name + "]"
+		}
+		parts[i] = name + ":" + strconv.Itoa(h.Slots)
+	}
+	return strings.Join(parts, ",")
 }
 
 // ParseHostfile reads horovodrun's (and mpirun's) host file: one host per

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -34,6 +35,11 @@ type Job struct {
 	StartTimeout time.Duration // every rank must register within this; 0 = 30 s
 	Grace        time.Duration // between SIGTERM and SIGKILL when stopping ranks; 0 = 5 s
 	MaxRestarts  int           // relaunch the whole job this many times after a failure
+
+	// Elastic, if set, makes the job elastic (see Elastic): a rank's
+	// failure, once the job runs, costs a membership change instead of the
+	// job, and MaxRestarts only counts failures of the job as a whole.
+	Elastic *Elastic
 
 	// Hosts lists where ranks run, filled in order (host 0 takes the first
 	// Slots ranks, and so on). Nil means every rank on this host. Hosts for
@@ -202,6 +208,16 @@ func Run(ctx context.Context, job Job) error {
 	if job.Program == "" {
 		return errors.New("no program to run: write gorun -np N PROGRAM [ARGS...]")
 	}
+	if e := job.Elastic; e != nil {
+		switch {
+		case e.MinNP < 0 || e.MinNP > job.NP:
+			return fmt.Errorf("elastic job: --min-np %d must be between 1 and -np %d", e.MinNP, job.NP)
+		case e.MaxNP != 0 && e.MaxNP < job.NP:
+			return fmt.Errorf("elastic job: --max-np %d is below -np %d", e.MaxNP, job.NP)
+		case e.Timeout < 0 || e.HeartbeatTimeout < 0 || e.DiscoveryInterval < 0 || e.DiscoveryTimeout < 0 || e.CooldownBase < 0 || e.CooldownMax < 0:
+			return errors.New("elastic job: durations must not be negative")
+		}
+	}
 	if job.StartTimeout <= 0 {
 		job.StartTimeout = 30 * time.Second
 	}
@@ -250,6 +266,18 @@ func Run(ctx context.Context, job Job) error {
 		}
 	}
 	lay.listenIP = "127.0.0.1"
+	if len(remotes) == 0 && job.Elastic != nil && job.Elastic.DiscoveryScript != "" && job.NetworkInterface != "" {
+		// Remote hosts may come later from the script: they must reach
+		// the rendezvous.
+		if lay.listenIP, err = interfaceIP(job.NetworkInterface); err != nil {
+			return err
+		}
+		if job.WorkDir == "" {
+			if job.WorkDir, err = os.Getwd(); err != nil {
+				return err
+			}
+		}
+	}
 	if len(remotes) > 0 {
 		if job.WorkDir == "" {
 			if job.WorkDir, err = os.Getwd(); err != nil {
@@ -338,42 +366,59 @@ func (l *layout) rankHosts() []string {
 
 // outputFiles are the per-rank files of --output-dir.
 type outputFiles struct {
+	dir   string
 	mu    sync.Mutex
 	files [][2]*os.File // rank -> stdout, stderr
 }
 
 func openOutputDir(dir string, np int) (*outputFiles, error) {
-	o := &outputFiles{files: make([][2]*os.File, np)}
-	for r := range np {
-		d := filepath.Join(dir, "rank."+strconv.Itoa(r))
-		if err := os.MkdirAll(d, 0o755); err != nil {
+	o := &outputFiles{dir: dir}
+	for range np {
+		if err := o.add(); err != nil {
 			o.close()
-			return nil, fmt.Errorf("--output-dir: %w", err)
-		}
-		for i, name := range []string{"stdout", "stderr"} {
-			f, err := os.Create(filepath.Join(d, name))
-			if err != nil {
-				o.close()
-				return nil, fmt.Errorf("--output-dir: %w", err)
-			}
-			o.files[r][i] = f
+			return nil, err
 		}
 	}
 	return o, nil
 }
 
-func (o *outputFiles) write(rank int, isErr bool, line []byte) {
-	if rank < 0 || rank >= len(o.files) {
-		return
+// add creates DIR/rank.N/{stdout,stderr} for the next rank N (in an
+// elastic job, also for each joiner, numbered after the ranks).
+func (o *outputFiles) add() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	d := filepath.Join(o.dir, "rank."+strconv.Itoa(len(o.files)))
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return fmt.Errorf("--output-dir: %w", err)
 	}
+	var fs [2]*os.File
+	for i, name := range []string{"stdout", "stderr"} {
+		f, err := os.Create(filepath.Join(d, name))
+		if err != nil {
+			if fs[0] != nil {
+				fs[0].Close()
+			}
+			return fmt.Errorf("--output-dir: %w", err)
+		}
+		fs[i] = f
+	}
+	o.files = append(o.files, fs)
+	return nil
+}
+
+func (o *outputFiles) write(rank int, isErr bool, line []byte) {
 	buf := make([]byte, 0, len(line)+1)
 	buf = append(append(buf, line...), '\n')
 	o.mu.Lock()
-	o.files[rank][b2i(isErr)].Write(buf)
+	if rank >= 0 && rank < len(o.files) {
+		o.files[rank][b2i(isErr)].Write(buf)
+	}
 	o.mu.Unlock()
 }
 
 func (o *outputFiles) close() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	for _, fs := range o.files {
 		for _, f := range fs {
 			if f != nil {
@@ -384,21 +429,32 @@ func (o *outputFiles) close() {
 }
 
 type rankProc struct {
-	rank   int
+	rank   int    // in an elastic job, the process's number (see elasticRun.label)
 	host   string // "" on a single-host job
 	remote bool
-	cmd    *exec.Cmd
-	stdin  *os.File // remote ranks: the ssh session's stdin
-	tail   *tail
-	out    *rankSink
-	pipes  sync.WaitGroup
-	err    error // from Wait
-	done   chan struct{}
+	// Elastic jobs: where it runs (also on one host), whether it started
+	// as a joiner, its GORUN_LOCAL_RANK, and whether gorun stopped it on
+	// purpose (its host left the discovery list).
+	hostName  string
+	joiner    bool
+	localRank int
+	stopReq   atomic.Bool
+	frozen    atomic.Bool // stopped by a signal and lost: gorun ends it
+	cmd       *exec.Cmd
+	stdin     *os.File // remote ranks: the ssh session's stdin
+	tail      *tail
+	out       *rankSink
+	pipes     sync.WaitGroup
+	err       error // from Wait
+	done      chan struct{}
 }
 
 var missingRE = regexp.MustCompile(`missing ranks \[([0-9 ]*)\]`)
 
 func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, attempt int) error {
+	if job.Elastic != nil {
+		return runElastic(ctx, job, lay, files, attempt)
+	}
 	key := p2p.NewJobKey()
 	departures := &departureLog{lastCall: map[int]uint64{}}
 	rdvLog := job.Logf
@@ -437,7 +493,7 @@ func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, atte
 	}
 	userListenIP := slices.ContainsFunc(job.Env, func(e string) bool { return strings.HasPrefix(e, collective.EnvListenIP+"=") })
 
-	out := newRankSink(job, lay, files)
+	out := newRankSink(job, lay.labels(), lay.rankHosts(), files)
 	if out.showsStatuses() && !slices.ContainsFunc(job.Env, func(e string) bool { return strings.HasPrefix(e, EnvTTY+"=") }) {
 		common = append(common, EnvTTY+"=1")
 	}

@@ -169,6 +169,18 @@ func (f *folder) line(rank int, isErr bool, text []byte) {
 	f.pump()
 }
 
+// add makes room for one more rank, numbered len(labels): a process an
+// elastic job starts later (a joiner) gets the next number.
+func (f *folder) add(label, host string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.labels = append(f.labels, label)
+	f.hosts = append(f.hosts, host)
+	f.queues = append(f.queues, nil)
+	f.open = append(f.open, [2]bool{true, true})
+	f.lastErr = append(f.lastErr, -1)
+}
+
 // setStatus takes a status change of a rank's stream ("" clears it).
 func (f *folder) setStatus(rank int, isErr bool, text string) {
 	f.mu.Lock()
@@ -338,8 +350,9 @@ type rankSink struct {
 	con     *Console
 	verbose bool
 	// exited marks ranks that have exited: a status they left queued is not
-	// drawn.
-	exited []atomic.Bool
+	// drawn. It grows when an elastic job starts a joiner (add).
+	exitedMu sync.Mutex
+	exited   []bool
 	// stopping is set once the job is being stopped from outside; from then
 	// on the ranks' stderr lines are only counted (hidden), not shown (with
 	// Job.Line, which shows them is up to its owner).
@@ -347,21 +360,46 @@ type rankSink struct {
 	hidden   atomic.Int64
 }
 
-func newRankSink(job Job, lay *layout, files *outputFiles) *rankSink {
+// newRankSink takes each rank's output prefix (labels) and host ("" on a
+// one-host job).
+func newRankSink(job Job, labels, hosts []string, files *outputFiles) *rankSink {
 	s := &rankSink{files: files, deliver: job.Line, con: job.Console, verbose: job.Verbose,
-		exited: make([]atomic.Bool, job.NP)}
+		exited: make([]bool, len(labels))}
 	if s.deliver == nil {
 		window := job.FoldWindow
 		if window == 0 {
 			window = DefaultFoldWindow
 		}
-		s.fold = newFolder(job.Console, lay.labels(), lay.rankHosts(), window)
+		s.fold = newFolder(job.Console, labels, hosts, window)
 		s.deliver = s.fold.line
 		if job.Console.Terminal() {
 			s.fold.status = s.drawStatus
 		}
 	}
 	return s
+}
+
+// add makes room for the output of one more rank, numbered after the
+// others (an elastic job's joiner).
+func (s *rankSink) add(label, host string) error {
+	if s.files != nil {
+		if err := s.files.add(); err != nil {
+			return err
+		}
+	}
+	if s.fold != nil {
+		s.fold.add(label, host)
+	}
+	s.exitedMu.Lock()
+	s.exited = append(s.exited, false)
+	s.exitedMu.Unlock()
+	return nil
+}
+
+func (s *rankSink) hasExited(rank int) bool {
+	s.exitedMu.Lock()
+	defer s.exitedMu.Unlock()
+	return rank >= 0 && rank < len(s.exited) && s.exited[rank]
 }
 
 // showsStatuses says whether the ranks' statuses are drawn.
@@ -388,7 +426,7 @@ func statusKey(rank int) string { return "rank/" + strconv.Itoa(rank) + "/" }
 
 func (s *rankSink) drawStatus(rank int, isErr bool, text string) {
 	key := statusKey(rank) + strconv.Itoa(b2i(isErr))
-	if blank(text) || rank >= 0 && rank < len(s.exited) && s.exited[rank].Load() {
+	if blank(text) || s.hasExited(rank) {
 		s.con.setStatus(key, "")
 		return
 	}
@@ -410,9 +448,11 @@ func (s *rankSink) rankExited(rank int) {
 		s.fold.mu.Lock()
 		defer s.fold.mu.Unlock()
 	}
+	s.exitedMu.Lock()
 	if rank >= 0 && rank < len(s.exited) {
-		s.exited[rank].Store(true)
+		s.exited[rank] = true
 	}
+	s.exitedMu.Unlock()
 	if s.showsStatuses() {
 		s.con.clearStatuses(statusKey(rank))
 	}

@@ -35,7 +35,7 @@ func (r *scriptedReader) Read(p []byte) (int, error) {
 // testSink is the output of a one-host job of np ranks, on con.
 func testSink(con *Console, np int) *rankSink {
 	lay := &layout{hosts: []Host{{Name: "localhost", Slots: np}}, pl: placement{host: make([]int, np)}, used: 1}
-	return newRankSink(Job{NP: np, Console: con}, lay, nil)
+	return newRankSink(Job{NP: np, Console: con}, lay.labels(), lay.rankHosts(), nil)
 }
 
 // forwardScript runs a rank's stderr through the forwarder: statuses and

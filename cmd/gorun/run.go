@@ -37,7 +37,19 @@ type runFlags struct {
 	verbose      bool
 	config       string
 	timeline     string
+
+	// Elastic jobs.
+	minNP, maxNP      int
+	discovery         string
+	discoveryInterval time.Duration
+	elasticTimeout    time.Duration
+	heartbeatTimeout  time.Duration
+	cooldown          string
 }
+
+// defaultCooldown is --blacklist-cooldown's default: Horovod's
+// --blacklist-cooldown-range 10 100.
+const defaultCooldown = "10s,100s"
 
 func newRootCmd() *cobra.Command {
 	var f runFlags
@@ -86,6 +98,38 @@ TLS.
 names: np, hosts, hostfile, env: [A=1, B], start-timeout: 60s, ...); flags
 on the command line win.
 
+Elastic jobs (Horovod's grammar): with --min-np below -np, --max-np above
+it, or --host-discovery-script, a rank that fails (or is killed, or whose
+host goes silent for --heartbeat-timeout) does not fail the job: gorun says
+which rank was lost and how, the rendezvous forms a new membership epoch
+with the ranks left, and gorun says which ranks it has, whom it lost and how
+long the reset took. Every rank gets GORUN_ELASTIC=1 and
+GORUN_HEARTBEAT_TIMEOUT; the program must follow the membership changes (see
+the collective package's elastic API). A host on which a rank failed gets no
+new rank for --blacklist-cooldown (10s), doubled with each further failure
+in a row up to the maximum (100s), and forgiven after it ran that maximum
+without one: never banned for good. Then gorun starts a joiner there
+(GORUN_RANK=-1, GORUN_SIZE still -np) in the lost rank's place, so a job on
+fixed hosts (-H, --hostfile, or this host) grows back to -np. With
+--host-discovery-script, the script is run at start (its hosts replace -H;
+without -np, one rank per slot it lists, at most --max-np) and then every
+--discovery-interval (3s), each run bounded by 10s; it prints one
+host:slots line per host. New slots get joiners while the job has fewer
+than --max-np ranks (default: as many as the script lists); the ranks of a
+host it no longer lists, or beyond the slots it lists, are stopped (SIGTERM,
+then SIGKILL after --grace). A run that fails or prints no host is logged,
+and the last list kept. If its first list has only this host, give
+--network-interface for remote hosts it may add later to reach the
+rendezvous. Below --min-np the job waits --elastic-timeout
+(600s) for ranks to join, then fails saying so; it also fails when no rank
+is left. Otherwise it succeeds when the ranks left exit 0; once one has,
+gorun starts no more joiners. Before every rank of the start has
+registered, a failure fails the job as usual. Output prefixes and gorun's
+messages number processes in the order gorun starts them (the starting
+ranks keep their rank; joiners come after), not by their rank in later
+epochs. --max-restarts with an elastic job relaunches it only when it
+fails as a whole.
+
 If PROGRAM is a Go package directory (./examples/mnist, or .), gorun builds
 it once, in its own directory (so a package with its own go.mod builds too),
 into a cache reused from run to run (~/.cache/gorun/build), and runs the
@@ -99,6 +143,10 @@ path yourself).`,
   gorun --hostfile hosts.txt --ssh-port 2222 --ssh-identity-file ~/.ssh/id_ed25519 ./train
         (hosts.txt: one "host slots=N" per line, # comments)
   gorun -np 8 -H node1:4,node2:4 --output-dir logs --max-restarts 2 ./train
+  gorun -np 4 --min-np 2 --max-np 6 ./train
+        (elastic: goes on with 2 to 6 ranks; a lost rank is replaced after its host's cooldown)
+  gorun --min-np 2 --max-np 8 --host-discovery-script ./hosts.sh /shared/bin/train
+        (hosts.sh prints "node1:4" lines; polled every 3s)
   gorun --config job.yaml ./train
   gorun bench -np 4 --sizes 4,1M,64M`,
 		Args: func(_ *cobra.Command, args []string) error {
@@ -115,7 +163,7 @@ path yourself).`,
 					return err
 				}
 			}
-			return runJob(cmd.Context(), f, cmd.Flags().Changed("np"), args)
+			return runJob(cmd.Context(), f, cmd.Flags(), args)
 		},
 	}
 	cmd.Flags().SetInterspersed(false) // flags after PROGRAM belong to PROGRAM
@@ -141,6 +189,13 @@ path yourself).`,
 	fl.BoolVar(&f.verbose, "verbose", false, "say what gorun does: hosts checked, addresses chosen, rendezvous, stop times")
 	fl.StringVar(&f.config, "config", "", "YAML file of flag values (long flag names as keys); command-line flags win")
 	fl.StringVar(&f.timeline, "timeline", "", "write a Chrome trace of every rank's collectives to this file (GORUN_TIMELINE; open in chrome://tracing or Perfetto)")
+	fl.IntVar(&f.minNP, "min-np", 0, "elastic: the fewest ranks the job goes on with (default: -np); below -np makes the job elastic")
+	fl.IntVar(&f.maxNP, "max-np", 0, "elastic: the most ranks the job runs with (default: -np, or the slots the discovery script lists); above -np makes the job elastic")
+	fl.StringVar(&f.discovery, "host-discovery-script", "", "elastic: executable printing the job's hosts as host:slots lines, run at start (its hosts replace -H) and every --discovery-interval")
+	fl.DurationVar(&f.discoveryInterval, "discovery-interval", launcher.DefaultDiscoveryInterval, "elastic: how often the host discovery script is run")
+	fl.DurationVar(&f.elasticTimeout, "elastic-timeout", launcher.DefaultElasticTimeout, "elastic: how long the job may wait below --min-np for ranks to join before it fails")
+	fl.DurationVar(&f.heartbeatTimeout, "heartbeat-timeout", launcher.DefaultHeartbeatTimeout, "elastic: a rank (or host) silent this long is lost (GORUN_HEARTBEAT_TIMEOUT)")
+	fl.StringVar(&f.cooldown, "blacklist-cooldown", defaultCooldown, "elastic: MIN[,MAX]: a host where a rank failed gets no new rank for MIN, doubled per further failure in a row up to MAX (default MAX: 10×MIN); never a permanent ban")
 	cmd.AddCommand(newBenchCmd(), newBenchWorkerCmd())
 	cmd.AddCommand(newCheckpointCmd())
 	return cmd
@@ -233,36 +288,60 @@ func (f runFlags) hostList() ([]launcher.Host, error) {
 	return nil, nil
 }
 
-func (f *runFlags) validate(npSet bool) ([]launcher.Host, error) {
+// validate checks the flags and returns the hosts (nil: this host only)
+// and, for an elastic job, its settings. With a discovery script it runs
+// the script once (bounded) for the hosts to start on.
+func (f *runFlags) validate(ctx context.Context, fl *pflag.FlagSet) ([]launcher.Host, *launcher.Elastic, error) {
+	if err := f.checkElasticFlags(fl); err != nil {
+		return nil, nil, err
+	}
 	hosts, err := f.hostList()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if hosts != nil && !npSet {
+	if f.discovery != "" {
+		if hosts != nil {
+			return nil, nil, errors.New("--host-discovery-script and -H/--hostfile both given: the script's hosts replace -H; use one of them")
+		}
+		if hosts, err = launcher.Discover(ctx, f.discovery, launcher.DefaultDiscoveryTimeout); err != nil {
+			return nil, nil, fmt.Errorf("--host-discovery-script %s: %v (nothing was started)", f.discovery, err)
+		}
+	}
+	if hosts != nil && !fl.Changed("np") {
 		f.np = launcher.TotalSlots(hosts)
+		if f.discovery != "" && f.maxNP > 0 {
+			f.np = min(f.np, f.maxNP)
+		}
 	}
 	if f.np < 1 {
-		return nil, fmt.Errorf("-np must be at least 1, got %d", f.np)
+		return nil, nil, fmt.Errorf("-np must be at least 1, got %d", f.np)
 	}
 	if slots := launcher.TotalSlots(hosts); hosts != nil && slots < f.np {
 		where := "-H " + f.hosts
 		if f.hostfile != "" {
 			where = "--hostfile " + f.hostfile
 		}
-		return nil, fmt.Errorf("-np %d needs %d slots but %s has %d: add hosts or slots (host:slots), or lower -np", f.np, f.np, where, slots)
+		if f.discovery != "" {
+			where = fmt.Sprintf("--host-discovery-script %s lists %s, which", f.discovery, launcher.FormatHosts(hosts))
+		}
+		return nil, nil, fmt.Errorf("-np %d needs %d slots but %s has %d: add hosts or slots (host:slots), or lower -np", f.np, f.np, where, slots)
+	}
+	el, err := f.elastic()
+	if err != nil {
+		return nil, nil, err
 	}
 	if f.maxRestarts < 0 {
-		return nil, fmt.Errorf("--max-restarts must be 0 or more, got %d", f.maxRestarts)
+		return nil, nil, fmt.Errorf("--max-restarts must be 0 or more, got %d", f.maxRestarts)
 	}
 	if f.sshPort < 0 || f.sshPort > 65535 {
-		return nil, fmt.Errorf("--ssh-port %d is not a port number (1-65535)", f.sshPort)
+		return nil, nil, fmt.Errorf("--ssh-port %d is not a port number (1-65535)", f.sshPort)
 	}
 	if f.sshIdentity != "" {
 		if _, err := os.Stat(f.sshIdentity); err != nil {
-			return nil, fmt.Errorf("--ssh-identity-file: %v", err)
+			return nil, nil, fmt.Errorf("--ssh-identity-file: %v", err)
 		}
 	}
-	return hosts, nil
+	return hosts, el, nil
 }
 
 func (f runFlags) envPairs() ([]string, error) {
@@ -284,8 +363,8 @@ func (f runFlags) envPairs() ([]string, error) {
 	return out, nil
 }
 
-func runJob(ctx context.Context, f runFlags, npSet bool, args []string) error {
-	hosts, err := f.validate(npSet)
+func runJob(ctx context.Context, f runFlags, fl *pflag.FlagSet, args []string) error {
+	hosts, el, err := f.validate(ctx, fl)
 	if err != nil {
 		return err
 	}
@@ -324,7 +403,7 @@ func runJob(ctx context.Context, f runFlags, npSet bool, args []string) error {
 	err = launcher.Run(ctx, launcher.Job{
 		NP: f.np, Program: program, Args: args[1:], Env: env,
 		Timeout: f.timeout, StartTimeout: f.startTimeout, Grace: f.grace,
-		MaxRestarts: f.maxRestarts, Verbose: f.verbose,
+		MaxRestarts: f.maxRestarts, Verbose: f.verbose, Elastic: el,
 		Hosts: hosts, NetworkInterface: f.netIf, OutputDir: f.outputDir,
 		SSH: launcher.SSH{
 			Port: f.sshPort, IdentityFile: f.sshIdentity,
@@ -334,6 +413,7 @@ func runJob(ctx context.Context, f runFlags, npSet bool, args []string) error {
 		Console: con, FoldWindow: foldWindow,
 	})
 	var rankErr *launcher.RankError
+	var elasticErr *launcher.ElasticError
 	var hostErr *launcher.HostError
 	var stopped *launcher.StoppedError
 	var stop stopSignal
@@ -344,7 +424,7 @@ func runJob(ctx context.Context, f runFlags, npSet bool, args []string) error {
 	case errors.As(err, &stop): // while checking the hosts
 		con.Logf("%s before any rank started", stop.reason())
 		return exitError(stop.exitCode())
-	case errors.As(err, &rankErr):
+	case errors.As(err, &rankErr), errors.As(err, &elasticErr):
 		con.Logf("job failed: %v", err)
 		return exitError(1)
 	case errors.As(err, &hostErr):

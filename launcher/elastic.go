@@ -1,0 +1,959 @@
+package launcher
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/p2p"
+)
+
+// Defaults of an elastic job (Elastic).
+const (
+	DefaultDiscoveryInterval = 3 * time.Second   // Horovod polls its script every few seconds too
+	DefaultDiscoveryTimeout  = 10 * time.Second  // one run of the discovery script
+	DefaultElasticTimeout    = 600 * time.Second // below MinNP, as Horovod's --elastic-timeout
+	DefaultHeartbeatTimeout  = 3 * time.Second
+	DefaultCooldownBase      = 10 * time.Second // Horovod's --blacklist-cooldown-range 10 100
+	DefaultCooldownMax       = 100 * time.Second
+)
+
+// Elastic makes a job elastic (Job.Elastic): a rank that fails, or a host
+// that goes, costs the job a membership change, not the job. The job
+// starts with Job.NP ranks; when a rank is lost, the rendezvous forms a
+// new membership epoch with the others (which the ranks follow, see
+// p2p.Node.Reconfigure), and gorun starts a joiner (GORUN_RANK=-1) in its
+// place once its host's cooldown is over. Every rank gets GORUN_ELASTIC=1
+// and GORUN_HEARTBEAT_TIMEOUT.
+type Elastic struct {
+	// MinNP is the fewest ranks the job runs with; below it, the
+	// rendezvous waits Timeout for joiners, then aborts the job. 0 = 1.
+	MinNP int
+	// MaxNP is the most ranks it runs with; 0 = NP, or with a
+	// DiscoveryScript, as many as the script lists slots.
+	MaxNP int
+	// DiscoveryScript, if set, is run every DiscoveryInterval (each run
+	// bounded by DiscoveryTimeout) and prints the hosts as "host:slots"
+	// lines (ParseDiscovery). New slots get joiners, up to MaxNP; the
+	// ranks of a host that leaves the list (or of slots it no longer
+	// lists) are stopped. A failed run is logged and the last list kept.
+	// Job.Hosts is then the script's first list.
+	DiscoveryScript   string
+	DiscoveryInterval time.Duration // 0 = DefaultDiscoveryInterval
+	DiscoveryTimeout  time.Duration // 0 = DefaultDiscoveryTimeout
+	Timeout           time.Duration // how long below MinNP; 0 = DefaultElasticTimeout
+	HeartbeatTimeout  time.Duration // a silent rank is lost after this; 0 = DefaultHeartbeatTimeout
+	// A host on which a rank failed gets no new rank for CooldownBase,
+	// doubled with each further failure in a row, up to CooldownMax (see
+	// cooldown). 0 = the defaults.
+	CooldownBase, CooldownMax time.Duration
+}
+
+func (e *Elastic) withDefaults(np int) Elastic {
+	c := *e
+	c.MinNP = cmp.Or(c.MinNP, 1)
+	c.DiscoveryInterval = cmp.Or(c.DiscoveryInterval, DefaultDiscoveryInterval)
+	c.DiscoveryTimeout = cmp.Or(c.DiscoveryTimeout, DefaultDiscoveryTimeout)
+	c.Timeout = cmp.Or(c.Timeout, DefaultElasticTimeout)
+	c.HeartbeatTimeout = cmp.Or(c.HeartbeatTimeout, DefaultHeartbeatTimeout)
+	c.CooldownBase = cmp.Or(c.CooldownBase, DefaultCooldownBase)
+	c.CooldownMax = max(cmp.Or(c.CooldownMax, DefaultCooldownMax), c.CooldownBase)
+	if c.MaxNP == 0 && c.DiscoveryScript == "" {
+		c.MaxNP = np
+	}
+	return c
+}
+
+// maxRendezvousSize is the rendezvous' admission cap when the discovery
+// script, not --max-np, bounds the job: gorun itself starts no more ranks
+// than the script lists slots.
+const maxRendezvousSize = 1 << 16
+
+// cooldown keeps hosts on which ranks failed from getting new ranks for a
+// while, never for good (Horovod's blacklist bans a host for the rest of
+// the job, horovod#3264): a host's first failure costs it base, each
+// further failure in a row doubles that, up to max. Failures while the
+// host is cooling down already are the same incident (a host that dies
+// takes all its ranks at once) and do not count again. A host that runs
+// for max after its cooldown ended without a failure starts from base
+// again. Times are passed in, so tests need no clock.
+type cooldown struct {
+	base, max time.Duration
+	hosts     map[string]*hostCooldown
+}
+
+type hostCooldown struct {
+	failures int       // in a row
+	until    time.Time // no new rank before
+}
+
+func newCooldown(base, max time.Duration) *cooldown {
+	return &cooldown{base: base, max: max, hosts: map[string]*hostCooldown{}}
+}
+
+// failed records a failure on host at now. It returns the host's cooldown
+// from now, its failures in a row, and whether this failure started a new
+// cooldown (false: the host was cooling down already).
+func (c *cooldown) failed(host string, now time.Time) (d time.Duration, failures int, started bool) {
+	h := c.hosts[host]
+	if h == nil {
+		h = &hostCooldown{}
+		c.hosts[host] = h
+	}
+	if now.Before(h.until) {
+		return h.until.Sub(now), h.failures, false
+	}
+	if h.failures > 0 && now.Sub(h.until) >= c.max {
+		h.failures = 0 // healthy for a while: forgiven
+	}
+	h.failures++
+	d = c.base
+	for i := 1; i < h.failures && d < c.max; i++ {
+		d *= 2
+	}
+	d = min(d, c.max)
+	h.until = now.Add(d)
+	return d, h.failures, true
+}
+
+// until is when host may get new ranks again (zero: now).
+func (c *cooldown) until(host string) time.Time {
+	if h := c.hosts[host]; h != nil {
+		return h.until
+	}
+	return time.Time{}
+}
+
+// ordinal is "1st", "2nd", "3rd", "4th", ...
+func ordinal(n int) string {
+	suffix := "th"
+	if n%100 < 11 || n%100 > 13 {
+		switch n % 10 {
+		case 1:
+			suffix = "st"
+		case 2:
+			suffix = "nd"
+		case 3:
+			suffix = "rd"
+		}
+	}
+	return strconv.Itoa(n) + suffix
+}
+
+// Discover runs a host discovery script once, bounded by timeout, and
+// parses what it printed (ParseDiscovery). The error says what went wrong
+// and ends with the script's last stderr line, if any.
+func Discover(ctx context.Context, script string, timeout time.Duration) ([]Host, error) {
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(timeout, DefaultDiscoveryTimeout))
+	defer cancel()
+	cmd := exec.CommandContext(ctx, script)
+	// Its own process group, killed whole on timeout: a script that runs
+	// ssh or sleeps must not outlive its run, nor hold its pipes open.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = time.Second
+	var out, errb limitedBuffer
+	out.max, errb.max = 1<<20, 64<<10
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ctx.Err() == context.DeadlineExceeded {
+		return nil, fmt.Errorf("did not finish within %v%s", cmp.Or(timeout, DefaultDiscoveryTimeout), stderrHint(errb.String()))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%v%s", err, stderrHint(errb.String()))
+	}
+	return ParseDiscovery(out.String())
+}
+
+func stderrHint(s string) string {
+	if l := lastLine(s); l != "" {
+		return ": " + l
+	}
+	return ""
+}
+
+// limitedBuffer keeps the first max bytes written to it.
+type limitedBuffer struct {
+	bytes.Buffer
+	max int
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	if room := b.max - b.Len(); room > 0 {
+		b.Buffer.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+// ElasticError is why an elastic job failed as a whole: the rendezvous
+// aborted it (below --min-np for longer than --elastic-timeout, or a rank
+// aborted it), or no rank was left.
+type ElasticError struct {
+	Cause   string   // the rendezvous' abort cause; "" when no rank was left
+	NP      int      // ranks at start
+	Started int      // processes started, joiners included
+	Lost    []string // "rank 2: killed by signal 9 (SIGKILL)", in order
+	Stopped int      // processes gorun stopped because their host left the discovery list
+	// LastStderr: the last stderr lines of the last rank lost, when no
+	// rank was left.
+	LastStderr []string
+}
+
+func (e *ElasticError) Error() string {
+	var b strings.Builder
+	if e.Cause != "" {
+		fmt.Fprintf(&b, "the rendezvous aborted the elastic job: %s", hostIDRE.ReplaceAllString(e.Cause, "$1"))
+	} else {
+		fmt.Fprintf(&b, "no rank left: of the %d processes the elastic job started, %d were lost", e.Started, len(e.Lost))
+		if e.Stopped > 0 {
+			fmt.Fprintf(&b, " and %d stopped because the discovery script no longer listed their hosts (or slots)", e.Stopped)
+		}
+	}
+	fmt.Fprintf(&b, " (it started with %d ranks", e.NP)
+	if j := e.Started - e.NP; j > 0 {
+		fmt.Fprintf(&b, " and %d joiner%s", j, plural(j))
+	}
+	b.WriteString(")")
+	if len(e.Lost) > 0 {
+		fmt.Fprintf(&b, "; lost: %s", strings.Join(e.Lost, "; "))
+	}
+	if len(e.LastStderr) > 0 {
+		b.WriteString("; the last one's last stderr lines:")
+		for _, l := range e.LastStderr[max(0, len(e.LastStderr)-summaryLines):] {
+			fmt.Fprintf(&b, "\n    %s", l)
+		}
+	}
+	return b.String()
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+// ChangeLine is how gorun reports a membership change of an elastic job:
+// "membership epoch 1: 3 ranks (lost rank 2 on host a: disconnected),
+// reset took 21ms". Ranks are those of the epoch before for the lost, of
+// the new epoch for the joined.
+func ChangeLine(c p2p.Change) string {
+	var parts []string
+	for _, l := range c.Lost {
+		parts = append(parts, fmt.Sprintf("lost rank %d on host %s: %s", l.Rank, hostOfID(l.Host), l.Cause))
+	}
+	for _, j := range c.Joined {
+		parts = append(parts, fmt.Sprintf("joined rank %d on host %s", j.Rank, hostOfID(j.Host)))
+	}
+	if len(parts) == 0 {
+		parts = []string{"same members, links set up again"}
+	}
+	return fmt.Sprintf("membership epoch %d: %d rank%s (%s), reset took %v",
+		c.Epoch, c.Size, plural(c.Size), strings.Join(parts, "; "), roundTook(c.Took))
+}
+
+// roundTook rounds a reset time to what is worth reading: 0.8ms, 12ms,
+// 1.23s.
+func roundTook(d time.Duration) time.Duration {
+	switch {
+	case d < time.Millisecond:
+		return d.Round(100 * time.Microsecond)
+	case d < time.Second:
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(10 * time.Millisecond)
+}
+
+// hostIDRE matches a p2p host ID ("name/net:[4026531833]/boot-id", see
+// p2p.Config.HostID) in the rendezvous' messages: the name is what the user
+// knows the host by.
+var hostIDRE = regexp.MustCompile(`([^\s/(),]+)/net:\[\d+\]/[0-9a-f-]{36}`)
+
+// hostOfID is the host name in a p2p host ID ("name/netns/boot").
+func hostOfID(id string) string {
+	name, _, _ := strings.Cut(id, "/")
+	return cmp.Or(name, "?")
+}
+
+// exitText says how a rank ended, for gorun's messages: "killed by signal
+// 9 (SIGKILL)", "exit status 3", or for a remote rank what ssh passed on.
+func exitText(p *rankProc) string {
+	var ee *exec.ExitError
+	if !p.remote && errors.As(p.err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return fmt.Sprintf("killed by signal %d (%s)", int(ws.Signal()), unix.SignalName(ws.Signal()))
+		}
+	}
+	return status(p)
+}
+
+// elasticRun is one attempt of an elastic job. Its fields are used by the
+// goroutine of runElastic only, except where said.
+type elasticRun struct {
+	ctx    context.Context
+	job    Job
+	el     Elastic
+	lay    *layout
+	out    *rankSink
+	common []string // environment of every rank
+	multi  bool     // output prefixes and messages name hosts
+
+	hosts   []Host // where ranks may run now: -H, or the script's last list
+	procs   []*rankProc
+	running int
+	perHost map[string]int // running processes per host
+	exited  chan *rankProc
+
+	cd         *cooldown
+	registered bool // every rank of epoch 0 registered: joiners may come
+	finishing  bool // a rank exited 0: the job ends, no more joiners
+	finished   int
+	lost       []string
+	lastLost   *rankProc
+	refill     *time.Timer
+	warned     map[string]bool // hosts gorun said it can not use
+	departures *departureLog
+	stops      sync.WaitGroup // stops of single ranks under way
+	// rdvLost counts the members the rendezvous reported lost (OnChange),
+	// ended the processes (once the job runs) that exited non-zero or
+	// that gorun stopped: while more members were lost than processes
+	// ended, some lost member's process still runs, frozen or cut off.
+	rdvLost    atomic.Int64
+	ended      int
+	silentLost atomic.Bool // a member was lost for its silence: look for stopped processes
+}
+
+// runElastic runs one attempt of an elastic job: like runOnce, but a rank
+// that fails once the job runs is logged and replaced rather than failing
+// the job. It returns nil when the ranks left exited 0, an *ElasticError
+// when the rendezvous aborted the job or no rank was left, a *StoppedError
+// when ctx ended, and as runOnce for what goes wrong while the ranks of
+// epoch 0 register (before that the job has nothing to go on with).
+func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, attempt int) error {
+	el := job.Elastic.withDefaults(job.NP)
+	e := &elasticRun{ctx: ctx, job: job, el: el, lay: lay,
+		multi: lay.multiHost() || el.DiscoveryScript != "",
+		hosts: slices.Clone(job.Hosts), perHost: map[string]int{},
+		exited: make(chan *rankProc, 16), cd: newCooldown(el.CooldownBase, el.CooldownMax),
+		warned: map[string]bool{}, departures: &departureLog{lastCall: map[int]uint64{}}}
+	key := p2p.NewJobKey()
+	rdvLog := job.Logf
+	if !job.Verbose {
+		rdvLog = func(format string, args ...any) {
+			if strings.Contains(format, "refused") {
+				job.Logf(format, args...)
+			}
+		}
+	}
+	aborted := make(chan struct{}, 1)
+	changed := make(chan struct{}, 1) // a new epoch was established
+	maxSize := el.MaxNP
+	if maxSize == 0 {
+		maxSize = max(maxRendezvousSize, job.NP)
+	}
+	rdv, err := p2p.StartRendezvous(ctx, p2p.RendezvousConfig{
+		ListenAddr: net.JoinHostPort(lay.listenIP, "0"), Size: job.NP, JobKey: key,
+		Timeout: cmp.Or(job.Timeout, collective.DefaultTimeout), Logf: rdvLog,
+		OnLeave: e.departures.record,
+		OnAbort: func(cause string) {
+			e.departures.aborted(cause)
+			select {
+			case aborted <- struct{}{}:
+			default:
+			}
+		},
+		Elastic: &p2p.ElasticConfig{MinSize: el.MinNP, MaxSize: maxSize, WaitTimeout: el.Timeout, HeartbeatTimeout: el.HeartbeatTimeout},
+		// Called once per new epoch, on a rendezvous goroutine; the
+		// console's Logf only writes a line, and the channel send does not
+		// block.
+		OnChange: func(c p2p.Change) {
+			job.Logf("%s", ChangeLine(c))
+			for _, l := range c.Lost {
+				// One that closed cleanly during a reconfiguration exits
+				// 0: its process is not one to end.
+				if !strings.HasPrefix(l.Cause, "closed") {
+					e.rdvLost.Add(1)
+				}
+				if strings.HasPrefix(l.Cause, "stopped responding") {
+					e.silentLost.Store(true)
+				}
+			}
+			select {
+			case changed <- struct{}{}:
+			default: // one wake-up covers them all
+			}
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("starting the rendezvous: %w", err)
+	}
+	defer rdv.Close()
+	if job.Verbose {
+		job.Logf("rendezvous at %s, starting %d ranks of %s on %d host(s); elastic: --min-np %d, --max-np %s",
+			rdv.Addr(), job.NP, job.Program, lay.used, el.MinNP, maxNPText(el))
+	}
+	e.common = append(slices.Clone(job.Env),
+		collective.EnvSize+"="+strconv.Itoa(job.NP),
+		collective.EnvRendezvous+"="+rdv.Addr(),
+		collective.EnvJobKey+"="+hex.EncodeToString(key),
+		collective.EnvRestartCount+"="+strconv.Itoa(attempt),
+		collective.EnvElastic+"=1",
+		collective.EnvHeartbeatTimeout+"="+el.HeartbeatTimeout.String(),
+	)
+	if job.Timeout > 0 {
+		e.common = append(e.common, collective.EnvTimeout+"="+job.Timeout.String())
+	}
+	if job.Verbose {
+		e.common = append(e.common, collective.EnvVerbose+"=1")
+	}
+	labels, hostLabels := make([]string, job.NP), make([]string, job.NP)
+	for r := range job.NP {
+		labels[r], hostLabels[r] = e.label(r, lay.hosts[lay.pl.host[r]].Name)
+	}
+	e.out = newRankSink(job, labels, hostLabels, files)
+	if e.out.showsStatuses() && !slices.ContainsFunc(job.Env, func(v string) bool { return strings.HasPrefix(v, EnvTTY+"=") }) {
+		e.common = append(e.common, EnvTTY+"=1")
+	}
+	for r := range job.NP {
+		h := lay.hosts[lay.pl.host[r]]
+		if err := e.start(h.Name, r, lay.pl.localRank[r], lay.pl.localSize[lay.pl.host[r]]); err != nil {
+			stopAll(e.procs, job.Grace)
+			e.drain()
+			e.out.finish()
+			return fmt.Errorf("starting rank %d%s: %w", r, onHost(hostLabels[r]), err)
+		}
+	}
+
+	registered := make(chan error, 1)
+	go func() {
+		rctx, cancel := context.WithTimeout(ctx, job.StartTimeout)
+		defer cancel()
+		registered <- rdv.WaitRegistered(rctx)
+	}()
+	dctx, stopDiscovery := context.WithCancel(ctx)
+	var discovered <-chan []Host
+	var discovery sync.WaitGroup
+	if el.DiscoveryScript != "" {
+		ch := make(chan []Host)
+		discovered = ch
+		discovery.Add(1)
+		go func() { defer discovery.Done(); e.discover(dctx, ch) }()
+	}
+	defer func() {
+		stopDiscovery()
+		discovery.Wait()
+	}()
+	e.refill = time.NewTimer(time.Hour)
+	e.refill.Stop()
+	defer e.refill.Stop()
+
+	var failure error
+	var stopped *StoppedError
+	for e.running > 0 && failure == nil {
+		select {
+		case p := <-e.exited:
+			e.running--
+			e.perHost[p.hostName]--
+			if !e.registered && p.err != nil && !p.stopReq.Load() {
+				// Before the first table nobody can go on without it.
+				failure = firstCause(p, e.exited, &e.running)
+				break
+			}
+			e.exitedRank(p)
+		case err := <-registered:
+			if err != nil {
+				if ctx.Err() == nil {
+					failure = startTimeoutError(job, lay, err)
+				}
+				break
+			}
+			e.registered = true
+			e.fill()
+		case <-aborted:
+			failure = e.failed(e.departures.abortCause())
+		case <-changed:
+			if e.silentLost.Swap(false) {
+				e.stopFrozen()
+			}
+			e.endStragglers()
+		case hosts := <-discovered:
+			e.setHosts(hosts)
+		case <-e.refill.C:
+			e.fill()
+		case <-ctx.Done():
+			e.out.stopping.Store(true)
+			stopped = &StoppedError{Cause: context.Cause(ctx), NP: len(e.procs), Stopped: e.running}
+			failure = stopped
+		}
+	}
+	stopDiscovery()
+	if failure != nil {
+		t0 := time.Now()
+		killed := stopAll(e.procs, job.Grace)
+		if stopped != nil {
+			stopped.Killed = killed
+		}
+		if job.Verbose {
+			job.Logf("stopped the remaining ranks in %v", time.Since(t0).Round(time.Millisecond))
+		}
+	}
+	e.drain()
+	e.stops.Wait()
+	e.out.finish()
+	if stopped != nil {
+		stopped.Hidden = int(e.out.hidden.Load())
+	}
+	var re *RankError
+	if errors.As(failure, &re) {
+		if e.out.fold != nil {
+			last := e.out.fold.lastStderr(re.Rank)
+			re.StderrShown = last >= 0 && job.Console.lineCount()-last <= scrollLines
+		}
+		re.LeftEarly = e.departures.leftEarly(e.procs)
+		re.JobCause = e.departures.abortCause()
+	}
+	if failure != nil {
+		return failure
+	}
+	// Every process ended on its own.
+	if cause := e.departures.abortCause(); cause != "" {
+		return e.failed(cause)
+	}
+	if e.finished == 0 {
+		return e.failed("")
+	}
+	if err := e.failed(""); len(err.Lost) > 0 || err.Stopped > 0 || len(e.procs) > job.NP {
+		var b strings.Builder
+		fmt.Fprintf(&b, "elastic job done: %d rank%s finished; %d processes started in all", e.finished, plural(e.finished), len(e.procs))
+		if len(err.Lost) > 0 {
+			fmt.Fprintf(&b, ", %d lost (%s)", len(err.Lost), strings.Join(err.Lost, "; "))
+		}
+		if err.Stopped > 0 {
+			fmt.Fprintf(&b, ", %d stopped as the discovery script dropped their hosts", err.Stopped)
+		}
+		job.Logf("%s", b.String())
+	}
+	return nil
+}
+
+func maxNPText(el Elastic) string {
+	if el.MaxNP == 0 {
+		return "the discovery script's slots"
+	}
+	return strconv.Itoa(el.MaxNP)
+}
+
+// failed is the job's failure as a whole; cause "" means no rank was left.
+func (e *elasticRun) failed(cause string) *ElasticError {
+	err := &ElasticError{Cause: cause, NP: e.job.NP, Started: len(e.procs), Lost: slices.Clone(e.lost)}
+	for _, p := range e.procs {
+		if p.stopReq.Load() {
+			err.Stopped++
+		}
+	}
+	if cause == "" && e.lastLost != nil {
+		err.LastStderr = e.lastLost.tail.lines()
+	}
+	return err
+}
+
+// drain waits for every process started to exit (their goroutines hand
+// them to e.exited, which must be read).
+func (e *elasticRun) drain() {
+	for e.running > 0 {
+		p := <-e.exited
+		e.running--
+		e.perHost[p.hostName]--
+	}
+}
+
+// label is a process's output prefix and host label ("" on one host):
+// processes are numbered in the order gorun starts them, so the ranks of
+// epoch 0 keep their rank as number and joiners come after them. (A rank's
+// number in later epochs is the rendezvous' to give; gorun's messages use
+// the number the process started with.)
+func (e *elasticRun) label(n int, host string) (label, hostLabel string) {
+	if e.multi {
+		return host + ":" + strconv.Itoa(n), host
+	}
+	return strconv.Itoa(n), ""
+}
+
+// name is how gorun's messages name a process: "rank 2" for a rank of
+// epoch 0, "joiner 5" for one started later, and where it runs.
+func (e *elasticRun) name(p *rankProc) string {
+	s := "rank " + strconv.Itoa(p.rank)
+	if p.joiner {
+		s = "joiner " + strconv.Itoa(p.rank)
+	}
+	if e.multi {
+		s += " on host " + p.hostName
+	}
+	if !p.remote && p.cmd != nil && p.cmd.Process != nil {
+		s += fmt.Sprintf(" (pid %d)", p.cmd.Process.Pid)
+	}
+	return s
+}
+
+// start starts a process on host: rank r of epoch 0, or a joiner (r = -1).
+func (e *elasticRun) start(host string, r, localRank, localSize int) error {
+	n := len(e.procs)
+	label, hostLabel := e.label(n, host)
+	if n >= e.job.NP {
+		if err := e.out.add(label, hostLabel); err != nil {
+			return err
+		}
+	}
+	remote := !IsLocalHost(host)
+	env := append(e.common[:len(e.common):len(e.common)],
+		collective.EnvRank+"="+strconv.Itoa(r),
+		collective.EnvLocalRank+"="+strconv.Itoa(localRank),
+		collective.EnvLocalSize+"="+strconv.Itoa(localSize),
+	)
+	p := &rankProc{rank: n, host: hostLabel, hostName: host, joiner: r < 0, localRank: localRank,
+		remote: remote, tail: &tail{max: 20}, out: e.out, done: make(chan struct{})}
+	var err error
+	if remote {
+		err = startRemote(e.job, p, host, e.lay.listenIP, env, e.exited)
+	} else {
+		if e.lay.listenIP != "127.0.0.1" && !slices.ContainsFunc(e.job.Env, func(v string) bool { return strings.HasPrefix(v, collective.EnvListenIP+"=") }) {
+			env = append(env, collective.EnvListenIP+"="+e.lay.listenIP)
+		}
+		err = startLocal(e.job, p, append(os.Environ(), env...), e.exited)
+	}
+	if err != nil {
+		return err
+	}
+	e.procs = append(e.procs, p)
+	e.running++
+	e.perHost[host]++
+	return nil
+}
+
+// exitedRank handles the exit of a process once the job runs.
+func (e *elasticRun) exitedRank(p *rankProc) {
+	if p.err != nil || p.stopReq.Load() {
+		e.ended++
+	}
+	defer e.endStragglers()
+	switch {
+	case p.stopReq.Load():
+		// gorun stopped it (its host left the list): said when stopped.
+		if e.job.Verbose {
+			e.job.Logf("%s ended (%s)", e.name(p), cmp.Or(errText(p), "exit status 0"))
+		}
+	case p.err == nil:
+		e.finished++
+		e.finishing = true
+	case e.departures.abortCause() != "":
+		// The rendezvous aborted the job: the ranks end because of it, and
+		// the summary says why.
+	case e.finishing:
+		// After the first rank finished, a joiner never admitted is sent
+		// away, and a rank that fails then costs no host a cooldown.
+		how := exitText(p)
+		if p.frozen.Load() {
+			how = "ended by gorun"
+		}
+		e.job.Logf("%s ended after the job had begun to finish: %s", e.name(p), how)
+	default:
+		how := exitText(p)
+		if p.frozen.Load() {
+			how = "stopped (SIGSTOP) until the rendezvous lost it, then ended by gorun"
+		}
+		e.lost = append(e.lost, fmt.Sprintf("%s: %s", strings.TrimSuffix(e.name(p), pidSuffix(p)), how))
+		e.lastLost = p
+		if e.running >= e.el.MinNP {
+			e.job.Logf("%s was lost: %s; the job goes on without it (%d still running, --min-np %d)",
+				e.name(p), how, e.running, e.el.MinNP)
+		} else {
+			e.job.Logf("%s was lost: %s; %d still running, below --min-np %d: the job waits up to --elastic-timeout %v for ranks to join, then fails",
+				e.name(p), how, e.running, e.el.MinNP, e.el.Timeout)
+		}
+		d, n, started := e.cd.failed(p.hostName, time.Now())
+		if started && e.wouldRefill(p.hostName) {
+			e.job.Logf("no new rank on host %s for %v (its %s failure in a row; the cooldown doubles with each, up to %v)",
+				p.hostName, d.Round(time.Millisecond), ordinal(n), e.el.CooldownMax)
+		}
+	}
+	e.fill()
+}
+
+func errText(p *rankProc) string {
+	if p.err == nil {
+		return ""
+	}
+	return exitText(p)
+}
+
+func pidSuffix(p *rankProc) string {
+	if p.remote || p.cmd == nil || p.cmd.Process == nil {
+		return ""
+	}
+	return fmt.Sprintf(" (pid %d)", p.cmd.Process.Pid)
+}
+
+// target is how many processes the job should have running: NP on a fixed
+// host list (lost ranks are replaced once their host's cooldown is over,
+// so the job grows back to -np), and with a discovery script every slot it
+// lists; never more than MaxNP.
+func (e *elasticRun) target() int {
+	t := e.job.NP
+	if e.el.DiscoveryScript != "" {
+		t = TotalSlots(e.hosts)
+	}
+	if e.el.MaxNP > 0 {
+		t = min(t, e.el.MaxNP)
+	}
+	return t
+}
+
+// wouldRefill says whether host is still a place for new ranks (for the
+// cooldown message: a host the script removed gets none anyway).
+func (e *elasticRun) wouldRefill(host string) bool {
+	return !e.finishing && slices.ContainsFunc(e.hosts, func(h Host) bool { return h.Name == host })
+}
+
+// fill starts joiners on free slots of hosts not cooling down until the
+// job has target() processes, and arms the refill timer for the end of
+// the earliest cooldown that keeps a free slot empty.
+func (e *elasticRun) fill() {
+	if !e.registered || e.finishing || e.departures.abortCause() != "" || e.ctx.Err() != nil {
+		return
+	}
+	now := time.Now()
+	var wake time.Time
+	for e.running < e.target() {
+		started := false
+		for _, h := range e.hosts {
+			if e.perHost[h.Name] >= h.Slots || !e.usable(h.Name) {
+				continue
+			}
+			if u := e.cd.until(h.Name); now.Before(u) {
+				if wake.IsZero() || u.Before(wake) {
+					wake = u
+				}
+				continue
+			}
+			lr := e.freeLocalRank(h.Name)
+			if err := e.start(h.Name, -1, lr, e.perHost[h.Name]+1); err != nil {
+				e.job.Logf("could not start a joiner on host %s: %v", h.Name, err)
+				if d, n, ok := e.cd.failed(h.Name, now); ok {
+					e.job.Logf("no new rank on host %s for %v (its %s failure in a row)", h.Name, d, ordinal(n))
+				}
+				continue
+			}
+			p := e.procs[len(e.procs)-1]
+			pid := ""
+			if !p.remote {
+				pid = fmt.Sprintf("pid %d, ", p.cmd.Process.Pid)
+			}
+			e.job.Logf("started joiner %d%s (%sGORUN_RANK=-1) in a free slot: %d of the job's %d processes run (it joins when the ranks admit it)",
+				p.rank, onHost(p.host), pid, e.running, e.target())
+			started = true
+			break
+		}
+		if !started {
+			break
+		}
+	}
+	if e.running < e.target() && !wake.IsZero() {
+		e.refill.Reset(time.Until(wake))
+	}
+}
+
+// usable says whether gorun can start ranks on host; if not, it says why
+// once.
+func (e *elasticRun) usable(host string) bool {
+	if IsLocalHost(host) || e.lay.listenIP != "127.0.0.1" {
+		return true
+	}
+	if !e.warned[host] {
+		e.warned[host] = true
+		e.job.Logf("can not start ranks on host %s from the discovery script: the job started on this host only, so its rendezvous listens on 127.0.0.1, which %s can not reach; start the job with --network-interface (or a remote host in the script's first list)", host, host)
+	}
+	return false
+}
+
+// freeLocalRank is the lowest GORUN_LOCAL_RANK no running process on host
+// has.
+func (e *elasticRun) freeLocalRank(host string) int {
+	used := map[int]bool{}
+	for _, p := range e.procs {
+		if p.hostName == host && !isDone(p) {
+			used[p.localRank] = true
+		}
+	}
+	lr := 0
+	for used[lr] {
+		lr++
+	}
+	return lr
+}
+
+func isDone(p *rankProc) bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// setHosts takes a new host list from the discovery script: the ranks of
+// hosts it no longer lists, and those beyond the slots it lists now
+// (newest first), are stopped; free slots get joiners.
+func (e *elasticRun) setHosts(hosts []Host) {
+	old := e.hosts
+	e.hosts = hosts
+	e.job.Logf("--host-discovery-script lists %s (was %s)", FormatHosts(hosts), FormatHosts(old))
+	slots := map[string]int{}
+	for _, h := range hosts {
+		slots[h.Name] = h.Slots
+	}
+	count := map[string]int{}
+	var stop []*rankProc
+	for _, p := range e.procs {
+		if isDone(p) || p.stopReq.Load() {
+			continue
+		}
+		count[p.hostName]++
+	}
+	for i := len(e.procs) - 1; i >= 0; i-- {
+		p := e.procs[i]
+		if isDone(p) || p.stopReq.Load() || count[p.hostName] <= slots[p.hostName] {
+			continue
+		}
+		count[p.hostName]--
+		stop = append(stop, p)
+	}
+	for _, p := range stop {
+		p.stopReq.Store(true)
+		why := "it no longer lists host " + p.hostName
+		if slots[p.hostName] > 0 {
+			why = fmt.Sprintf("it lists %d slot%s on host %s now", slots[p.hostName], plural(slots[p.hostName]), p.hostName)
+		}
+		e.job.Logf("stopping %s: %s (the job goes on without it)", e.name(p), why)
+		e.stops.Add(1)
+		go func() {
+			defer e.stops.Done()
+			stopAll([]*rankProc{p}, e.job.Grace)
+		}()
+	}
+	e.fill()
+}
+
+// stopFrozen ends the processes on this host that are stopped (SIGSTOP,
+// Ctrl-Z: state T in /proc) after the rendezvous lost a member for its
+// silence: the job went on without them, and they would otherwise keep
+// the job from ending. (A frozen process on another host is not seen here:
+// it ends when it runs again and finds itself cut off.)
+func (e *elasticRun) stopFrozen() {
+	for _, p := range e.procs {
+		if p.remote || isDone(p) || p.stopReq.Load() || p.frozen.Load() || !processStopped(p.cmd.Process.Pid) {
+			continue
+		}
+		p.frozen.Store(true)
+		e.job.Logf("%s is stopped (SIGSTOP) and the rendezvous went on without it: ending it", e.name(p))
+		e.stops.Add(1)
+		go func() {
+			defer e.stops.Done()
+			stopAll([]*rankProc{p}, e.job.Grace)
+		}()
+	}
+}
+
+// endStragglers ends what keeps a finishing job from ending: when every
+// process still running can be a member the rendezvous lost that never
+// exited (frozen on another host, or cut off from the rendezvous and
+// stuck), they are stopped. A rank still closing is spared: it is not one
+// of the lost, so it makes the running processes outnumber them.
+func (e *elasticRun) endStragglers() {
+	unaccounted := int(e.rdvLost.Load()) - e.ended
+	if !e.finishing || e.running == 0 || e.running > unaccounted {
+		return
+	}
+	for _, p := range e.procs {
+		if isDone(p) || p.stopReq.Load() || p.frozen.Load() {
+			continue
+		}
+		p.frozen.Store(true)
+		e.job.Logf("%s still runs after the job finished, and the rendezvous lost %d member%s whose process never exited (frozen or cut off): ending it",
+			e.name(p), unaccounted, plural(unaccounted))
+		e.stops.Add(1)
+		go func() {
+			defer e.stops.Done()
+			stopAll([]*rankProc{p}, e.job.Grace)
+		}()
+	}
+}
+
+// processStopped says whether pid is stopped by a signal (state T) or by
+// a tracer (t).
+func processStopped(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't')
+}
+
+// discover runs the discovery script every interval and hands each list
+// that differs from the last one on; a failed run is logged (once until
+// the script works again) and changes nothing.
+func (e *elasticRun) discover(ctx context.Context, out chan<- []Host) {
+	last := slices.Clone(e.hosts)
+	lastErr := ""
+	t := time.NewTicker(e.el.DiscoveryInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		hosts, err := Discover(ctx, e.el.DiscoveryScript, e.el.DiscoveryTimeout)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			if msg := err.Error(); msg != lastErr {
+				e.job.Logf("--host-discovery-script %s failed: %s; keeping the hosts it listed last (%s) and trying again every %v",
+					e.el.DiscoveryScript, msg, FormatHosts(last), e.el.DiscoveryInterval)
+				lastErr = msg
+			}
+			continue
+		}
+		if lastErr != "" {
+			e.job.Logf("--host-discovery-script %s works again", e.el.DiscoveryScript)
+			lastErr = ""
+		}
+		if slices.Equal(hosts, last) {
+			continue
+		}
+		last = hosts
+		select {
+		case out <- hosts:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
