@@ -21,7 +21,7 @@ import (
 	"github.com/gorun/gorun/p2p"
 )
 
-var gorunBin, testprogBin, rankprogBin, elasticprogBin string
+var gorunBin, testprogBin, rankprogBin, elasticprogBin, elastictrainBin string
 
 // TestMain builds gorun and the test rank programs once for every test here.
 func TestMain(m *testing.M) {
@@ -30,9 +30,9 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	gorunBin, testprogBin, rankprogBin = filepath.Join(dir, "gorun"), filepath.Join(dir, "testprog"), filepath.Join(dir, "rankprog")
-	elasticprogBin = filepath.Join(dir, "elasticprog")
+	elasticprogBin, elastictrainBin = filepath.Join(dir, "elasticprog"), filepath.Join(dir, "elastictrain")
 	for bin, pkg := range map[string]string{gorunBin: ".", testprogBin: "../../internal/testprog", rankprogBin: "./testdata/rankprog",
-		elasticprogBin: "../../internal/elasticprog"} {
+		elasticprogBin: "../../internal/elasticprog", elastictrainBin: "../../internal/elastictrain"} {
 		args := []string{"build", "-o", bin}
 		// rankprog has nothing to race, and starts faster without.
 		if raceEnabled && bin != rankprogBin {
