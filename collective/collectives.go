@@ -144,7 +144,9 @@ func (c *Comm) prepare(ctx context.Context, call ring.Call, opts []CallOption, r
 	c.seq++
 	h.call.Seq = c.seq
 	h.run = func(ctx context.Context) error { return run(ctx, h.call) }
-	if mayInline && c.pending == 0 {
+	if mayInline && c.pending == 0 && !c.reconfiguring {
+		// Nobody else waits for execMu holding mu (see Comm.mu), and only
+		// a call already inline can hold it now: it needs no mu to end.
 		c.execMu.Lock()
 		return h, true
 	}
@@ -476,8 +478,11 @@ type Stats struct {
 	ring.Stats                // bytes and messages this rank put on the wire
 }
 
-// Stats returns this rank's counters so far.
+// Stats returns this rank's counters so far. In an elastic job they count
+// over every membership epoch: the wire counters of the rings of earlier
+// epochs are kept when the ring is rebuilt.
 func (c *Comm) Stats() Stats {
+	v := c.cur()
 	return Stats{
 		Collectives: c.stats.collectives.Load(),
 		Bytes:       c.stats.bytes.Load(),
@@ -485,6 +490,20 @@ func (c *Comm) Stats() Stats {
 		QueueTime:   time.Duration(c.stats.queueNanos.Load()),
 		WaitTime:    time.Duration(c.stats.waitNanos.Load()),
 		Stalls:      c.stats.stalls.Load(),
-		Stats:       c.cur().ring.Stats(),
+		Stats:       v.wireStats(),
 	}
+}
+
+// wireStats is the view's ring's traffic plus that of the rings of the
+// earlier epochs (none yet while the epoch's ring was not formed).
+func (v *commView) wireStats() ring.Stats {
+	s := v.base
+	if v.ring != nil {
+		r := v.ring.Stats()
+		s.PayloadBytesSent += r.PayloadBytesSent
+		s.HeaderBytesSent += r.HeaderBytesSent
+		s.MessagesSent += r.MessagesSent
+		s.PayloadBytesRecv += r.PayloadBytesRecv
+	}
+	return s
 }

@@ -47,19 +47,33 @@ type Comm struct {
 	life   context.Context
 	cancel context.CancelCauseFunc
 
-	mu      sync.Mutex // guards seq, closed, pending and the order of sends to queue
-	seq     uint64
-	closed  bool
-	pending int        // calls queued for the worker and not finished
-	execMu  sync.Mutex // held while a collective runs on the ring
-	queue   chan *Handle
-	stopped chan struct{} // closed when the worker has exited
+	// Lock order: mu is never held while waiting for execMu, except by
+	// prepare's inline path when no reconfiguration is under way; a
+	// reconfiguration sets reconfiguring (under mu) before it takes
+	// execMu, and then takes mu inside it (adopt), so prepare queues
+	// instead while it runs.
+	mu            sync.Mutex // guards seq, closed, pending, reconfiguring and the order of sends to queue
+	seq           uint64
+	closed        bool
+	reconfiguring bool       // quiesce/reconfigure/grow hold or wait for execMu: calls queue, never inline
+	pending       int        // calls queued for the worker and not finished
+	execMu        sync.Mutex // held while a collective runs on the ring
+
+	// closing ends (first thing in Close) the waits of a reconfiguration,
+	// so that Close does not wait for a membership that may take
+	// --elastic-timeout to form.
+	closing     context.Context
+	closeCancel context.CancelCauseFunc
+	queue       chan *Handle
+	stopped     chan struct{} // closed when the worker has exited
 
 	stats struct {
 		collectives, bytes, nanos atomic.Uint64
 		queueNanos, waitNanos     atomic.Uint64
 		stalls                    atomic.Uint64
 	}
+
+	testReconfigHook func() // tests: called by grow and reconfigure once quiesced (holding execMu)
 
 	tl             *Timeline // nil: no timeline
 	ownTL          bool      // opened from GORUN_TIMELINE: Close closes it
@@ -253,6 +267,7 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		c.stallThreshold = min(DefaultStallThreshold, c.timeout/2)
 	}
 	c.life, c.cancel = context.WithCancelCause(context.Background())
+	c.closing, c.closeCancel = context.WithCancelCause(context.Background())
 	defer func() {
 		if err != nil {
 			c.shutdown(err)
@@ -404,6 +419,9 @@ func (c *Comm) Close() error {
 	c.closed = true
 	close(c.queue)
 	c.mu.Unlock()
+	if c.closeCancel != nil {
+		c.closeCancel(ErrClosed) // a reconfiguration under way gives up now
+	}
 	<-c.stopped
 	c.execMu.Lock() // a synchronous call running inline finishes first
 	defer c.execMu.Unlock()
@@ -413,6 +431,9 @@ func (c *Comm) Close() error {
 // shutdown releases the network resources; it runs once the worker is idle
 // (Close) or was never started (a failed Init).
 func (c *Comm) shutdown(cause error) error {
+	if c.closeCancel != nil {
+		c.closeCancel(cause)
+	}
 	var failed error
 	if c.life.Err() != nil {
 		// Only a failure of the job: a member of an elastic job that closes

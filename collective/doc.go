@@ -105,7 +105,19 @@
 // Commit also agrees, with one tiny allreduce, on whether joiners wait: if
 // so every member admits them and they receive the state before Commit
 // returns. A Reducer with GlobalBatch follows every change by itself,
-// splitting the global batch unevenly when it must (MicroBatches). A
+// splitting the global batch unevenly when it must (MicroBatches); a rank
+// whose share of a batch is empty (fewer samples than ranks) still hands
+// its gradients over, and they count as zeros. Comm.Stats counts over
+// every membership epoch.
+//
+// The start belongs to the elastic path too: RunElastic's first reset
+// copies the replicated state from rank 0 to every rank (no separate
+// BroadcastParameters), and a joiner (Comm.Joiner; not Epoch, which is
+// above 0 on an initial member when a rank was lost during Init) gets it
+// there. State read from disk at the start, such as a checkpoint, is read
+// by every initial member alike before RunElastic; to survive a loss while
+// reading it, read it in a RunElastic of its own (with an empty
+// ElasticState), which re-forms the job and calls it again. A
 // *CutOffError (this rank lost the rendezvous) and an abort of the job
 // (fewer members than --min-np for too long) are final. On a Comm that is
 // not elastic, RunElastic runs the loop once and Commit does nothing, so

@@ -72,6 +72,11 @@ func (e ElasticEvent) String() string {
 // this rank was (usually none; a lost rank whose buddy was lost with it
 // leaves nothing): fold them in or ignore them. It is not called at the
 // start of the job, where the live state is the state.
+//
+// RestoreUnique may be called more than once with the same arguments: a
+// reset that fails after it (another member lost meanwhile) is run again.
+// So it must set the state from its arguments (own plus adopted), never
+// add them to the state it holds, or adopted state would count twice.
 type UniqueState interface {
 	SaveUnique() ([]byte, error)
 	RestoreUnique(own []byte, adopted [][]byte) error
@@ -169,7 +174,9 @@ func (s *ElasticState) register(name string, v any) error {
 		it.get = func() []int64 { return []int64{int64(math.Float64bits(*p))} }
 		it.set = func(w []int64) { *p = math.Float64frombits(uint64(w[0])) }
 	case *ElasticSampler:
-		it.kind = fmt.Sprintf("sampler(%d)", p.n)
+		// The seed too: ranks with different seeds would draw different
+		// permutations and use samples twice or never.
+		it.kind = fmt.Sprintf("sampler(%d, seed %d)", p.n, p.seed)
 		it.get = func() []int64 { return []int64{p.epoch, p.cursor} }
 		it.set = func(w []int64) { p.epoch, p.cursor = w[0], w[1] }
 	case []float32, []float64, []int32, []int64, *tensor.Dense:

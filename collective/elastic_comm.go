@@ -51,6 +51,26 @@ func WithElastic(heartbeat time.Duration) Option {
 // Elastic reports whether the Comm is a member of an elastic job.
 func (c *Comm) Elastic() bool { return c.elastic }
 
+// Joiner reports whether this process joined a running elastic job (it
+// started with rank -1: GORUN_RANK=-1, or WithRank(-1, n)) instead of
+// starting with it. A joiner holds no state of its own: it gets the state
+// from a live rank at its first reset in RunElastic, and must not restore
+// a checkpoint or make the start-up collectives of the initial members.
+// It stays true once the joiner is admitted. Epoch is no substitute: an
+// initial member's Init returns in a later epoch when a member was lost
+// during the start.
+func (c *Comm) Joiner() bool { return c.joiner }
+
+// PendingJoiners is how many processes, as far as this rank has heard,
+// wait to join the elastic job at its next Commit (0 in a job that is not
+// elastic). The ranks hear of them at different times; Commit agrees.
+func (c *Comm) PendingJoiners() int {
+	if !c.elastic || c.node == nil {
+		return 0
+	}
+	return c.node.PendingJoiners()
+}
+
 // Epoch is the membership epoch the Comm is in: 0 at the start of a job
 // (always, in a fixed-size job), one more at every reconfiguration.
 func (c *Comm) Epoch() int { return c.cur().epoch }
@@ -66,6 +86,7 @@ type commView struct {
 	end               context.CancelCauseFunc // nil in a fixed-size job
 	lost              []p2p.LostMember        // since the previous epoch
 	joined            []int
+	base              ring.Stats // the wire traffic of the rings of earlier epochs
 }
 
 // endErr is why the epoch ended, or nil.
@@ -87,7 +108,9 @@ func (c *Comm) staleErr(h *Handle) error {
 	v := h.view
 	err := v.endErr()
 	if err == nil && v != c.cur() {
-		err = fmt.Errorf("membership epoch %d ended before the call ran", v.epoch)
+		// Replaced while it was queued (e.g. joiners admitted at a commit
+		// the caller raced with): a membership change all the same.
+		err = &MembershipChangeError{Rank: v.rank, Epoch: v.epoch, Next: c.cur().epoch, Reason: "membership epoch ended before the call ran"}
 	}
 	if err == nil {
 		return nil
@@ -133,18 +156,25 @@ func (c *Comm) membershipCause(v *commView, err error) error {
 // or runs before the worker starts, so no call is in flight.
 func (c *Comm) adopt(pv p2p.View) error {
 	done := c.node.Done()
+	prev := c.cur()
 	var tr ring.Transport
 	if pv.Size > 1 {
 		tr = c.node.Transport()
 	}
-	v := &commView{rank: pv.Rank, size: pv.Size, epoch: pv.Epoch, lost: pv.Lost, joined: pv.Joined}
+	// No call runs (execMu), so the old ring's counters are final: keep
+	// them, or Stats would go back to zero at every reconfiguration.
+	v := &commView{rank: pv.Rank, size: pv.Size, epoch: pv.Epoch, lost: pv.Lost, joined: pv.Joined, base: prev.wireStats()}
 	v.ctx, v.end = context.WithCancelCause(context.Background())
 	if pv.Size > 1 && tr == nil {
 		// The epoch ended while it formed: the next reconfiguration
 		// follows into the newer one.
-		v.end(c.node.Err())
+		err := c.node.Err()
+		if err == nil {
+			err = &MembershipChangeError{Rank: pv.Rank, Epoch: pv.Epoch, Next: pv.Epoch + 1, Reason: "membership epoch ended while it formed"}
+		}
+		v.end(err)
 	} else {
-		rg, err := ring.New(ring.Config{Rank: pv.Rank, Size: pv.Size, ChunkBytes: c.chunkBytes, Phase: c.phase, Epoch: ring.EpochOf(pv.Epoch)}, tr)
+		rg, err := ring.New(ring.Config{Rank: pv.Rank, Size: pv.Size, ChunkBytes: c.chunkBytes, Phase: c.phase, Epoch: ring.EpochOf(pv.Epoch), Elastic: true}, tr)
 		if err != nil {
 			return fmt.Errorf("gorun: rank %d: membership epoch %d: %w", pv.Rank, pv.Epoch, err)
 		}
@@ -177,10 +207,14 @@ func (c *Comm) adopt(pv p2p.View) error {
 }
 
 // quiesce waits until no call is queued or running and returns holding
-// execMu, so nothing runs on the ring until the caller unlocks it. Calls
+// execMu, so nothing runs on the ring until the caller releases it with
+// unquiesce; calls made meanwhile are queued. Calls
 // of an ended epoch fail at once, so this is short; it is bounded by ctx
 // and the collective timeout anyway.
 func (c *Comm) quiesce(ctx context.Context) error {
+	if c.closing.Err() != nil {
+		return ErrClosed
+	}
 	t := time.NewTimer(c.timeout)
 	defer t.Stop()
 	for {
@@ -190,20 +224,50 @@ func (c *Comm) quiesce(ctx context.Context) error {
 			return ErrClosed
 		}
 		if c.pending == 0 {
-			c.execMu.Lock()
+			// From here on calls queue instead of taking execMu inline
+			// (which they would do holding mu, the opposite order of
+			// adopt's): see Comm.mu. A call already inline ends without
+			// mu.
+			c.reconfiguring = true
 			c.mu.Unlock()
+			c.execMu.Lock()
 			return nil
 		}
 		n := c.pending
 		c.mu.Unlock()
 		select {
 		case <-c.drained:
+		case <-c.closing.Done():
+			return ErrClosed
 		case <-ctx.Done():
 			return fmt.Errorf("gorun: rank %d: waiting for %d queued calls to finish before reconfiguring: %w", c.Rank(), n, context.Cause(ctx))
 		case <-t.C:
 			return fmt.Errorf("gorun: rank %d: %d queued calls did not finish within the %v collective timeout before reconfiguring", c.Rank(), n, c.timeout)
 		}
 	}
+}
+
+// unquiesce ends what quiesce started: the queued calls may run.
+func (c *Comm) unquiesce() {
+	c.execMu.Unlock()
+	c.mu.Lock()
+	c.reconfiguring = false
+	c.mu.Unlock()
+}
+
+// closable is ctx that also ends when Close is called, so a
+// reconfiguration (which may wait up to --elastic-timeout for members)
+// does not hold Close up.
+func (c *Comm) closable(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(c.closing, func() { cancel(ErrClosed) })
+	return ctx, func() { stop(); cancel(nil) }
+}
+
+// closedNow says Close cut a reconfiguration short: its error is
+// ErrClosed, not a failure of the job (the Comm just leaves).
+func (c *Comm) closedNow() bool {
+	return c.closing.Err() != nil && errors.Is(context.Cause(c.closing), ErrClosed)
 }
 
 // reconfigure moves the Comm into the next membership epoch once the
@@ -215,10 +279,15 @@ func (c *Comm) reconfigure(ctx context.Context) (old, now *commView, err error) 
 	if !c.elastic {
 		return nil, nil, fmt.Errorf("gorun: rank %d: the job is not elastic (launch with gorun --min-np/--max-np, or WithElastic)", c.Rank())
 	}
+	ctx, stop := c.closable(ctx)
+	defer stop()
 	if err := c.quiesce(ctx); err != nil {
 		return nil, nil, err
 	}
-	defer c.execMu.Unlock()
+	defer c.unquiesce()
+	if c.testReconfigHook != nil {
+		c.testReconfigHook()
+	}
 	old = c.cur()
 	if c.life.Err() != nil {
 		return old, old, c.unusable(context.Cause(c.life))
@@ -234,6 +303,9 @@ func (c *Comm) reconfigure(ctx context.Context) (old, now *commView, err error) 
 		old.end(err)
 	}
 	pv, err := c.node.Reconfigure(ctx)
+	if err != nil && c.closedNow() {
+		return old, nil, fmt.Errorf("gorun: rank %d: closed while re-forming the job: %w", old.rank, ErrClosed)
+	}
 	if err != nil {
 		c.cancel(err)
 		return old, nil, fmt.Errorf("gorun: rank %d: re-forming the job after a membership change: %w", old.rank, err)
@@ -251,12 +323,20 @@ func (c *Comm) reconfigure(ctx context.Context) (old, now *commView, err error) 
 // returns the view before and after; they are the same when nobody was
 // admitted.
 func (c *Comm) grow(ctx context.Context) (old, now *commView, err error) {
+	ctx, stop := c.closable(ctx)
+	defer stop()
 	if err := c.quiesce(ctx); err != nil {
 		return nil, nil, err
 	}
-	defer c.execMu.Unlock()
+	defer c.unquiesce()
+	if c.testReconfigHook != nil {
+		c.testReconfigHook()
+	}
 	old = c.cur()
 	pv, err := c.node.Grow(ctx)
+	if err != nil && c.closedNow() {
+		return old, nil, fmt.Errorf("gorun: rank %d: closed while admitting joiners: %w", old.rank, ErrClosed)
+	}
 	if err != nil {
 		c.cancel(err)
 		return old, nil, fmt.Errorf("gorun: rank %d: admitting joiners: %w", old.rank, err)

@@ -93,11 +93,14 @@ func (u *counter) SaveUnique() ([]byte, error) {
 func (u *counter) RestoreUnique(own []byte, adopted [][]byte) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	// Set from the arguments, never added to (a repeated reset calls it
+	// again with the same ones).
 	if own == nil {
 		u.val, u.fresh = 5000, true
 	} else {
 		u.val = int64(binary.LittleEndian.Uint64(own))
 	}
+	u.adopted = nil
 	for _, a := range adopted {
 		u.adopted = append(u.adopted, int64(binary.LittleEndian.Uint64(a)))
 	}
@@ -313,18 +316,26 @@ func TestElasticCrashOneOfFour(t *testing.T) {
 	for i, c := range tj.j.Comms {
 		tj.run(c, 1, int64(1000*(i+1)))
 	}
-	// Rank, Size and Epoch are read from another goroutine while they
-	// change (the race detector watches).
+	// Rank, Size, Epoch and Stats are read from another goroutine while
+	// they change (the race detector watches); the wire counters never go
+	// back (they did, to 0, at every reconfiguration).
 	stop := make(chan struct{})
 	var readers sync.WaitGroup
 	readers.Add(1)
 	go func() {
 		defer readers.Done()
+		last := make([]Stats, len(tj.j.Comms))
 		for {
-			for _, c := range tj.j.Comms {
+			for i, c := range tj.j.Comms {
 				if r, s := c.Rank(), c.Size(); r < 0 || r >= s || c.Epoch() < 0 {
 					t.Errorf("rank %d of %d in epoch %d", r, s, c.Epoch())
 				}
+				st := c.Stats()
+				if st.PayloadBytesSent < last[i].PayloadBytesSent || st.MessagesSent < last[i].MessagesSent ||
+					st.HeaderBytesSent < last[i].HeaderBytesSent || st.PayloadBytesRecv < last[i].PayloadBytesRecv {
+					t.Errorf("member %d: wire counters went back from %+v to %+v (epoch %d)", i, last[i].Stats, st.Stats, c.Epoch())
+				}
+				last[i] = st
 			}
 			select {
 			case <-stop:
@@ -851,7 +862,10 @@ func TestResidualsRestoreAndAdopt(t *testing.T) {
 // A rank stopped as by SIGSTOP is dropped after the heartbeat bound, and
 // the others go on, exact, long before the collective timeout.
 func TestElasticFrozenRank(t *testing.T) {
-	const hb = time.Second
+	// The default bound: a shorter one could take a rank of a loaded CI
+	// machine (-race, 2 shared cores) for frozen (see
+	// TestElasticNoFalseAlarmUnderLoad).
+	const hb = DefaultHeartbeatTimeout
 	tj := startToyJob(t, 3, 1, 30, 6, WithElastic(hb))
 	release := make(chan struct{})
 	frozen := make(chan func(), 1) // the thaw of the frozen rank
@@ -901,5 +915,283 @@ func TestElasticFrozenRank(t *testing.T) {
 		t.Errorf("the frozen rank went on after it was dropped")
 	} else {
 		t.Logf("the frozen rank, thawed: %v", m.err)
+	}
+}
+
+// A second goroutine making a synchronous collective while Commit admits a
+// joiner (grow holds the ring, waiting in the node's Grow) must neither
+// deadlock nor run: the call is queued, and fails with a
+// *MembershipChangeError once the epoch it was numbered in is replaced.
+// Before the fix, the call took the Comm's mutex and then waited for the
+// ring's, and grow, holding the ring's, waited for the mutex to adopt the
+// new epoch: both hung for good.
+func TestElasticSyncCallDuringGrow(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	j, err := StartLocal(ctx, 2, WithElastic(0), WithElasticLimits(1, 3), WithTimeout(20*time.Second), WithLogger(t.Logf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	joined := make(chan *Comm, 1)
+	go func() {
+		c, err := j.Join(ctx)
+		if err != nil {
+			t.Errorf("joiner: %v", err)
+		}
+		joined <- c
+	}()
+	for _, c := range j.Comms {
+		for c.node.PendingJoiners() == 0 {
+			select {
+			case <-ctx.Done():
+				t.Fatal("no joiner announced")
+			case <-time.After(10 * time.Millisecond): // a counter the pings update
+			}
+		}
+	}
+	c0 := j.Comms[0]
+	side := make(chan error, 1)
+	c0.testReconfigHook = func() {
+		go func() { side <- c0.Allreduce(ctx, []int64{1}, Sum, Name("side call")) }()
+		// Until the side call is queued (fixed), or surely blocked.
+		deadline := time.Now().Add(500 * time.Millisecond)
+		for time.Now().Before(deadline) {
+			c0.mu.Lock()
+			n := c0.pending
+			c0.mu.Unlock()
+			if n > 0 {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	sts := make([]*ElasticState, 2)
+	done := make(chan error, 3)
+	for r, c := range j.Comms {
+		sts[r] = NewElasticState(c)
+		if err := sts[r].Register("p", []int64{int64(r), 7}); err != nil {
+			t.Fatal(err)
+		}
+		go func() { done <- sts[r].Commit(ctx) }()
+	}
+	var jc *Comm
+	select {
+	case jc = <-joined:
+	case <-ctx.Done():
+		t.Fatal("the joiner was not admitted: deadlock?")
+	}
+	if jc == nil {
+		t.FailNow()
+	}
+	jst := NewElasticState(jc)
+	if err := jst.Register("p", make([]int64, 2)); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- RunElastic(ctx, jc, jst, func(context.Context) error { return nil }) }()
+	for range 3 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-ctx.Done():
+			t.Fatal("Commit/reset did not finish: deadlock between a sync call and grow")
+		}
+	}
+	select {
+	case err := <-side:
+		var mc *MembershipChangeError
+		if !errors.As(err, &mc) {
+			t.Fatalf("side call: %v, want a *MembershipChangeError", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the side call never returned")
+	}
+	c0.testReconfigHook = nil
+	if !jc.Joiner() || c0.Joiner() || j.Comms[1].Joiner() {
+		t.Errorf("Joiner: %v for the joiner, %v and %v for the members; want true, false, false", jc.Joiner(), c0.Joiner(), j.Comms[1].Joiner())
+	}
+	if jc.Size() != 3 || c0.Size() != 3 || c0.Epoch() != 1 {
+		t.Fatalf("sizes %d/%d, epoch %d; want 3 ranks in epoch 1", jc.Size(), c0.Size(), c0.Epoch())
+	}
+}
+
+// A view whose ring was never formed (its epoch ended while it formed)
+// has no traffic of its own: Stats gives the earlier epochs' counters and
+// does not panic; a call queued in an epoch that was replaced, though not
+// ended, fails as a membership change.
+func TestElasticViewWithoutRing(t *testing.T) {
+	base := ring.Stats{PayloadBytesSent: 10, HeaderBytesSent: 56, MessagesSent: 1, PayloadBytesRecv: 10}
+	c := &Comm{}
+	v1 := &commView{rank: 1, size: 3, epoch: 4, ctx: context.Background()}
+	c.view.Store(&commView{rank: 0, size: 2, epoch: 5, base: base, ctx: context.Background()})
+	if got := c.Stats().Stats; got != base {
+		t.Fatalf("Stats of a view without a ring: %+v, want %+v", got, base)
+	}
+	err := c.staleErr(&Handle{view: v1, call: ring.Call{Kind: ring.Allreduce, Seq: 3}})
+	var mc *MembershipChangeError
+	if !errors.As(err, &mc) || mc.Epoch != 4 || mc.Next != 5 {
+		t.Fatalf("a call of a replaced epoch: %v, want a *MembershipChangeError from epoch 4 to 5", err)
+	}
+}
+
+// No false alarm on a loaded machine: with the default heartbeat bound, a
+// job whose process is saturated (GOMAXPROCS busy goroutines and forced
+// GCs, for more than two heartbeat periods) while its ranks keep calling
+// collectives and committing sees no membership change.
+func TestElasticNoFalseAlarmUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for more than two heartbeat periods")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const n = 3
+	j, err := StartLocal(ctx, n, WithElastic(0), WithTimeout(30*time.Second), WithLogger(t.Logf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	load := 2*DefaultHeartbeatTimeout + time.Second
+	end := time.Now().Add(load)
+	var busy sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		busy.Add(1)
+		go func() {
+			defer busy.Done()
+			x := 1.0
+			for i := 0; time.Now().Before(end); i++ {
+				x = x*1.0000001 + 1e-9
+				if i%1_000_000 == 0 {
+					_ = make([]byte, 1<<20) // garbage for the collector
+				}
+			}
+			_ = x
+		}()
+	}
+	busy.Add(1)
+	go func() {
+		defer busy.Done()
+		for time.Now().Before(end) {
+			runtime.GC()
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	errs := onEach(j.Comms, func(c *Comm) error {
+		st := NewElasticState(c)
+		p := make([]float32, 1<<14)
+		if err := st.Register("p", p); err != nil {
+			return err
+		}
+		return RunElastic(ctx, c, st, func(ctx context.Context) error {
+			for steps := 0; ; steps++ {
+				// Every rank stops at the same step: the first after the
+				// load that rank 0 saw end.
+				stop := []int64{0}
+				if c.Rank() == 0 && time.Now().After(end) {
+					stop[0] = 1
+				}
+				if err := c.Allreduce(ctx, stop, Max); err != nil {
+					return err
+				}
+				if stop[0] == 1 {
+					return nil
+				}
+				if err := c.Allreduce(ctx, p, Sum); err != nil {
+					return err
+				}
+				if err := st.Commit(ctx); err != nil {
+					return err
+				}
+				time.Sleep(time.Duration(steps%3) * 100 * time.Millisecond) // idle gaps too
+			}
+		})
+	})
+	busy.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+	for r, c := range j.Comms {
+		if c.Epoch() != 0 || c.Size() != n {
+			t.Errorf("rank %d: epoch %d, size %d: a false alarm under load", r, c.Epoch(), c.Size())
+		}
+	}
+}
+
+// Close while the Comm waits, below the job's minimum size, for members
+// (up to the rendezvous's 600 s): it returns at once, not when the wait
+// ends, and later calls fail with ErrClosed.
+func TestElasticCloseDuringReconfigure(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	j, err := StartLocal(ctx, 2, WithElastic(0), WithElasticLimits(2, 2), WithTimeout(30*time.Second), WithLogger(t.Logf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	c := j.Comms[0]
+	j.Crash(j.Comms[1])
+	if err := c.Allreduce(ctx, []int64{1}, Sum); !isMembershipChange(err) {
+		t.Fatalf("allreduce after the crash: %v, want a membership change", err)
+	}
+	reconf := make(chan error, 1)
+	go func() {
+		_, _, err := c.reconfigure(ctx)
+		reconf <- err
+	}()
+	for { // until the reconfiguration holds the ring
+		c.mu.Lock()
+		r := c.reconfiguring
+		c.mu.Unlock()
+		if r {
+			break
+		}
+		select {
+		case err := <-reconf:
+			t.Fatalf("reconfigure returned below the minimum size: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	start := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for the reconfiguration (below the minimum size)")
+	}
+	t.Logf("Close took %v", time.Since(start))
+	if err := <-reconf; !errors.Is(err, ErrClosed) {
+		t.Errorf("reconfigure: %v, want ErrClosed", err)
+	}
+	if err := c.Barrier(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("a call after Close: %v, want ErrClosed", err)
+	}
+}
+
+// Samplers with different seeds would draw different permutations: the
+// registration check refuses them at the start, as it does other
+// differences of the registered state.
+func TestElasticSamplerSeedMismatch(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	j, err := StartLocal(ctx, 2, WithElastic(0), WithTimeout(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	errs := onEach(j.Comms, func(c *Comm) error {
+		st := NewElasticState(c)
+		if err := st.Register("sampler", NewElasticSampler(100, uint64(7+c.Rank()))); err != nil {
+			return err
+		}
+		return RunElastic(ctx, c, st, func(context.Context) error { return nil })
+	})
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "registered different state") {
+			t.Errorf("rank %d: %v, want the registration mismatch", r, err)
+		}
 	}
 }

@@ -44,7 +44,12 @@ type ReducerOptions struct {
 	// micro-batches of LocalBatch samples (the last one possibly smaller;
 	// MicroBatches lists them), and each micro-batch's gradient, the mean
 	// over its samples, is weighted by its sample count, so Step leaves the
-	// exact mean over the global batch. It is always on for an elastic
+	// exact mean over the global batch. A rank whose share is empty (a
+	// global batch smaller than Size, e.g. a short last batch) has one
+	// micro-batch of 0 samples: it still hands its gradients over (the
+	// allreduce needs every rank), and they count as zeros whatever they
+	// hold, so a NaN from a mean over no samples does not reach the
+	// result. It is always on for an elastic
 	// Comm, whose size changes under the Reducer: after every membership
 	// change the Reducer re-plans its micro-batches for the new rank and
 	// size, and lays out and checks its buckets again, by itself, at its
@@ -545,6 +550,14 @@ func (r *Reducer) ready(ctx context.Context, i int) error {
 		start := time.Now()
 		dst := b.buf[e.off : e.off+len(e.gv.bytes)]
 		switch {
+		case r.weighted && r.plan[r.micro] == 0:
+			// An empty share (a global batch smaller than Size): the
+			// "mean over 0 samples" the caller computed may be NaN, and
+			// NaN*0 is NaN, which the Sum would spread to every rank.
+			// The rank contributes zeros; the caller's buffer is untouched.
+			if r.micro == 0 {
+				clear(dst)
+			}
 		case r.weighted:
 			// An uneven split: the micro-batch's mean gradient counts as
 			// many times as it has samples.

@@ -598,3 +598,91 @@ func memJob(t testing.TB, n int) []*Comm {
 	})
 	return comms
 }
+
+// A global batch smaller than Size (a short last batch): the ranks with an
+// empty share still take part, and their gradient buffers, whatever they
+// hold (a mean over 0 samples is 0/0 = NaN in most frameworks), count as
+// zeros: every rank ends with the mean over the samples that exist.
+func TestReducerEmptyShare(t *testing.T) {
+	const n, local = 3, 2
+	comms := memJob(t, n)
+	sampleGrad := func(i, e int) float64 { return float64(i*5+e) + 0.5 }
+	steps := []int{6, 2, 1, 5} // shares (2,2,2), (0,1,1), (0,0,1), (1,2,2)
+	got := make([][][]float64, len(steps))
+	for s := range got {
+		got[s] = make([][]float64, n)
+	}
+	errs := onEach(comms, func(c *Comm) error {
+		red, err := NewReducer(c, ReducerOptions{GlobalBatch: steps[0], LocalBatch: local, UnevenSplit: true})
+		if err != nil {
+			return err
+		}
+		gw, gb := make([]float32, 3), make([]float64, 2)
+		if err := red.Register("w", nil, gw); err != nil {
+			return err
+		}
+		if err := red.Register("b", nil, gb); err != nil {
+			return err
+		}
+		for s, global := range steps {
+			if err := red.SetGlobalBatch(global); err != nil {
+				return err
+			}
+			lo, _ := Share(global, c.Rank(), c.Size())
+			for _, m := range red.MicroBatches() {
+				var mean [5]float64
+				for e := range mean {
+					mean[e] = math.NaN() // what 0/0 gives when m == 0
+					if m > 0 {
+						mean[e] = 0
+					}
+				}
+				for i := lo; i < lo+m; i++ {
+					for e := range mean {
+						mean[e] += sampleGrad(i, e) / float64(m)
+					}
+				}
+				lo += m
+				for e := range gw {
+					gw[e] = float32(mean[e])
+				}
+				copy(gb, mean[3:])
+				if err := red.Backward(context.Background()); err != nil {
+					return err
+				}
+			}
+			if err := red.Step(context.Background()); err != nil {
+				return err
+			}
+			for _, x := range gw {
+				got[s][c.Rank()] = append(got[s][c.Rank()], float64(x))
+			}
+			got[s][c.Rank()] = append(got[s][c.Rank()], gb...)
+		}
+		return nil
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", i, err)
+		}
+	}
+	for s, global := range steps {
+		var want [5]float64
+		for i := range global {
+			for e := range want {
+				want[e] += sampleGrad(i, e) / float64(global)
+			}
+		}
+		for r := range n {
+			for e := range want {
+				tol := 1e-12
+				if e < 3 {
+					tol = 1e-5 * math.Abs(want[e]) // float32
+				}
+				if d := got[s][r][e] - want[e]; !(math.Abs(d) <= tol) {
+					t.Fatalf("global batch %d: rank %d: mean %v, want %v", global, r, got[s][r], want)
+				}
+			}
+		}
+	}
+}

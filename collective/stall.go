@@ -40,7 +40,7 @@ func (c *Comm) watchStall(h *Handle, start time.Time) func() {
 		}
 		c.stats.stalls.Add(1)
 		c.warnf("%s", c.stallMessage(h, start))
-		c.trace().instant(c.Rank(), laneCollectives, "stall warning", map[string]any{"seq": h.call.Seq, "call": h.call.String()})
+		c.trace().instant(h.rank(), laneCollectives, "stall warning", map[string]any{"seq": h.call.Seq, "call": h.call.String()})
 		mu.Lock()
 		t.Reset(d)
 		mu.Unlock()
@@ -56,7 +56,7 @@ func (c *Comm) watchStall(h *Handle, start time.Time) func() {
 func (c *Comm) stallMessage(h *Handle, start time.Time) string {
 	waited := time.Since(start).Round(time.Millisecond)
 	msg := fmt.Sprintf("gorun: stall warning: rank %d has waited %v in call #%d %s (after %v in the queue); the collective timeout is %v",
-		c.Rank(), waited, h.call.Seq, h.call, start.Sub(h.queued).Round(time.Millisecond), c.timeout)
+		h.rank(), waited, h.call.Seq, h.call, start.Sub(h.queued).Round(time.Millisecond), c.timeout)
 	if c.node == nil {
 		return msg
 	}
@@ -120,17 +120,32 @@ func (c *Comm) traceCall(h *Handle, start, end time.Time, err error) {
 	if tl == nil {
 		return
 	}
-	id := fmt.Sprintf("r%d-%d", c.Rank(), h.call.Seq) // async ids are global: qualify by rank
+	// Async ids are global: qualify the sequence number by the rank the
+	// call was numbered with, and, in an elastic job, by its membership
+	// epoch (numbers restart and ranks are renumbered at every epoch).
+	rank := h.rank()
+	id := fmt.Sprintf("r%d-%d", rank, h.call.Seq)
+	if h.view != nil && h.view.epoch > 0 {
+		id = fmt.Sprintf("e%d-r%d-%d", h.view.epoch, rank, h.call.Seq)
+	}
 	name := h.call.Kind.Name()
 	if h.call.Name != "" {
 		name += " " + h.call.Name
 	}
 	if start.Sub(h.queued) > 0 {
-		tl.async(c.Rank(), laneQueue, "queue", "queued: "+name, id, h.queued, start, nil)
+		tl.async(rank, laneQueue, "queue", "queued: "+name, id, h.queued, start, nil)
 	}
 	args := map[string]any{"seq": h.call.Seq, "call": h.call.String(), "queued_us": start.Sub(h.queued).Microseconds()}
 	if err != nil {
 		args["error"] = err.Error()
 	}
-	tl.span(c.Rank(), laneCollectives, name, start, end, args)
+	tl.span(rank, laneCollectives, name, start, end, args)
+}
+
+// rank is the rank the call was numbered with (that of its epoch).
+func (h *Handle) rank() int {
+	if h.view != nil {
+		return h.view.rank
+	}
+	return h.comm.Rank()
 }

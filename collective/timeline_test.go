@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/gorun/gorun/ring"
 )
 
 type event struct {
@@ -185,5 +188,44 @@ func TestTimelineFilePerRank(t *testing.T) {
 	}
 	if !pids[0] || !pids[1] {
 		t.Fatalf("merged trace lacks a rank: %v", pids)
+	}
+}
+
+// The async (queue) events of calls of different membership epochs never
+// share an id, though sequence numbers restart and ranks are renumbered at
+// every epoch; a call is drawn on the track of the rank it was numbered
+// with (the Comm's rank may have changed since).
+func TestTimelineIDsAcrossEpochs(t *testing.T) {
+	var buf strings.Builder
+	tl := NewTimeline(&buf)
+	c := &Comm{tl: tl}
+	c.view.Store(&commView{rank: 0, size: 2, epoch: 2, ctx: context.Background()})
+	now := time.Now()
+	for _, v := range []*commView{{rank: 1, size: 3, epoch: 0}, {rank: 1, size: 2, epoch: 2}} {
+		h := &Handle{call: ring.Call{Kind: ring.Barrier, Seq: 3}, view: v, comm: c, queued: now.Add(-time.Millisecond)}
+		c.traceCall(h, now, now.Add(time.Millisecond), nil)
+	}
+	if err := tl.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var evs []struct {
+		Ph  string `json:"ph"`
+		ID  string `json:"id"`
+		Pid int    `json:"pid"`
+	}
+	if err := json.Unmarshal([]byte(buf.String()), &evs); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, e := range evs {
+		if e.Ph == "b" {
+			ids = append(ids, e.ID)
+			if e.Pid != 1 {
+				t.Errorf("event %s on rank %d's track, want rank 1's (the call's)", e.ID, e.Pid)
+			}
+		}
+	}
+	if fmt.Sprint(ids) != "[r1-3 e2-r1-3]" {
+		t.Errorf("queue ids %v, want [r1-3 e2-r1-3]", ids)
 	}
 }

@@ -15,7 +15,7 @@ import (
 func TestOldEpochRefused(t *testing.T) {
 	for _, count := range []int{1 << 16, 2048, 16} { // pipelined, sequential, tiny
 		ts := NewMemRing(2)
-		r0, err := New(Config{Rank: 0, Size: 2, Epoch: 4}, ts[0])
+		r0, err := New(Config{Rank: 0, Size: 2, Epoch: 4, Elastic: true}, ts[0])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -40,7 +40,7 @@ func TestOldEpochRefused(t *testing.T) {
 	rs := make([]*Ring, n)
 	for i := range rs {
 		var err error
-		if rs[i], err = New(Config{Rank: i, Size: n, Epoch: 7}, ts[i]); err != nil {
+		if rs[i], err = New(Config{Rank: i, Size: n, Epoch: 7, Elastic: true}, ts[i]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -70,5 +70,31 @@ func TestShift(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// A ring that is not elastic (a fixed-size job, epoch 0) has no epochs:
+// nonzero bytes 53-55 are the reserved field of the format before epochs,
+// and the error says so, not that a newer membership exists.
+func TestFixedRingReservedField(t *testing.T) {
+	for _, count := range []int{1 << 16, 2048, 16} { // pipelined, sequential, tiny
+		ts := NewMemRing(2)
+		r0, err := New(Config{Rank: 0, Size: 2}, ts[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		hdr := make([]byte, HeaderSize)
+		EncodeHeader(hdr, &Header{Kind: Allreduce, Op: Sum, DType: Float32, Seq: 1, Count: uint64(count), Sender: 1, Epoch: 5, Length: 64})
+		if err := ts[1].(*MemTransport).SendTo(testCtx(t), 0, hdr); err != nil {
+			t.Fatal(err)
+		}
+		err = r0.Allreduce(testCtx(t), Call{Seq: 1, Kind: Allreduce, Op: Sum, DType: Float32, Count: count}, make([]byte, count*4))
+		var ee *EpochError
+		if !errors.Is(err, ErrReservedHeader) || errors.As(err, &ee) || strings.Contains(err.Error(), "membership") {
+			t.Fatalf("count %d: got %v, want the nonzero reserved header field error", count, err)
+		}
+	}
+	if _, err := New(Config{Rank: 0, Size: 1, Epoch: 3}, nil); err == nil {
+		t.Fatal("a nonzero epoch on a ring that is not elastic was accepted")
 	}
 }

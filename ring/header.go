@@ -85,6 +85,11 @@ func (h *Header) Call() Call {
 	return Call{Kind: h.Kind, Seq: h.Seq, Op: h.Op, DType: h.DType, Count: int(h.Count), Root: int(h.Root), Codec: h.Codec}
 }
 
+// ErrReservedHeader is the error of a ring that is not elastic (a
+// fixed-size job) for a message whose epoch bytes (53-55) are not zero:
+// for it they are the reserved field of the format before epochs.
+var ErrReservedHeader = errors.New("ring: nonzero reserved header field")
+
 // ErrShortHeader is returned by DecodeHeader for fewer than HeaderSize bytes.
 var ErrShortHeader = errors.New("ring: short header")
 

@@ -44,7 +44,7 @@ func TestHeaderEpochZeroUnchanged(t *testing.T) {
 	if EpochOf(1<<24+5) != 5 || EpochOf(MaxEpoch) != MaxEpoch {
 		t.Fatalf("EpochOf does not wrap at 24 bits")
 	}
-	if _, err := New(Config{Rank: 0, Size: 1, Epoch: MaxEpoch + 1}, nil); err == nil {
+	if _, err := New(Config{Rank: 0, Size: 1, Epoch: MaxEpoch + 1, Elastic: true}, nil); err == nil {
 		t.Fatal("an epoch beyond 24 bits was accepted")
 	}
 }

@@ -55,6 +55,12 @@ type Config struct {
 	// ever mixed into this one. 0, the value of a fixed-size job, sends
 	// exactly the bytes sent before epochs existed.
 	Epoch uint32
+	// Elastic says the ring belongs to a job whose membership changes, so
+	// a message of another epoch means a peer of another membership. A
+	// ring that is not elastic must have Epoch 0, and a message with
+	// nonzero epoch bytes is reported as it was before epochs existed: a
+	// nonzero reserved header field (a peer of another version, or noise).
+	Elastic bool
 }
 
 // Ring runs collectives over a Transport connecting Rank to Rank+1 (send)
@@ -69,6 +75,7 @@ type Ring struct {
 	rank, size int
 	prev, next int
 	epoch      uint32
+	elastic    bool
 	chunkBytes int
 	t          Transport
 	phase      func(Call, string, time.Time, time.Time)
@@ -111,6 +118,8 @@ func New(cfg Config, t Transport) (*Ring, error) {
 		return nil, errors.New("ring: nil transport")
 	case cfg.Epoch > MaxEpoch:
 		return nil, fmt.Errorf("ring: epoch %d does not fit the header's 24 bits (wrap it with EpochOf)", cfg.Epoch)
+	case cfg.Epoch != 0 && !cfg.Elastic:
+		return nil, fmt.Errorf("ring: epoch %d on a ring that is not elastic (set Config.Elastic)", cfg.Epoch)
 	}
 	cb := cfg.ChunkBytes
 	if cb == 0 {
@@ -122,6 +131,7 @@ func New(cfg Config, t Transport) (*Ring, error) {
 		prev:       (cfg.Rank + cfg.Size - 1) % cfg.Size,
 		next:       (cfg.Rank + 1) % cfg.Size,
 		epoch:      cfg.Epoch,
+		elastic:    cfg.Elastic,
 		chunkBytes: cb,
 		t:          t,
 		phase:      cfg.Phase,
@@ -141,10 +151,14 @@ func (r *Ring) Size() int { return r.size }
 func (r *Ring) Epoch() uint32 { return r.epoch }
 
 // checkEpoch refuses a message whose header names another membership epoch
-// than this ring's.
+// than this ring's. A ring that is not elastic has no epochs: there the
+// three bytes are the reserved field they were, and must be zero.
 func (r *Ring) checkEpoch(h *Header, c Call, from int) error {
 	if h.Epoch == r.epoch {
 		return nil
+	}
+	if !r.elastic {
+		return fmt.Errorf("%s #%d: rank %d: recv from rank %d: %w", c.Kind, c.Seq, r.rank, from, ErrReservedHeader)
 	}
 	return &EpochError{Call: c, Rank: r.rank, From: from, Local: r.epoch, Remote: h.Epoch}
 }

@@ -145,6 +145,20 @@ func resetLines(ev collective.ElasticEvent, plan BatchPlan, gstep, epoch, steps,
 	return lines
 }
 
+// startLines describe a reset during the start (the checkpoint restore),
+// before any step: who was lost and how many ranks go on.
+func startLines(ev collective.ElasticEvent) []string {
+	var lines []string
+	for _, l := range ev.Lost {
+		host, _, _ := strings.Cut(l.Host, "/")
+		lines = append(lines, fmt.Sprintf("elastic: lost rank %d (host %s, %s) during the start; restoring the checkpoint again with %d ranks", l.Rank, host, l.Cause, ev.NewSize))
+	}
+	if len(lines) == 0 {
+		lines = append(lines, fmt.Sprintf("elastic: the job was re-formed (%d -> %d ranks) during the start; restoring the checkpoint again", ev.OldSize, ev.NewSize))
+	}
+	return lines
+}
+
 // crashSelf is --fail-at-step in an elastic job: the rank vanishes as a
 // process killed with kill -9 does (no Close, no exit status to report),
 // and the job goes on without it.

@@ -8,8 +8,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"regexp"
+	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -213,6 +213,14 @@ func TestElasticLosesARank(t *testing.T) {
 		if len(p.res.History) != elasticEpochs || p.res.History[elasticEpochs-1].Ranks != 3 {
 			t.Errorf("survivor %d: history of %d epochs, want %d, the last with 3 ranks", i, len(p.res.History), elasticEpochs)
 		}
+		// The bytes of the epoch of the reset count the rings of both
+		// membership epochs (they underflowed to ~1.8e19 when the Comm's
+		// counters restarted with the new ring).
+		for _, r := range p.res.History {
+			if r.WireBytes == 0 || r.WireBytes > whole[0].res.History[r.Epoch-1].WireBytes*2 {
+				t.Errorf("survivor %d: epoch %d sent %d bytes on the wire; the uninterrupted job's rank 0 sent %d", i, r.Epoch, r.WireBytes, whole[0].res.History[r.Epoch-1].WireBytes)
+			}
+		}
 	}
 	checkSamplesOnce(t, procs, steps)
 	// Every epoch's summary counted every sample, that of the loss too:
@@ -335,7 +343,6 @@ func TestElasticJoiner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var admitted atomic.Bool
 	procs := make([]*process, 3)
 	start := func(i int, comm *collective.Comm, wg *sync.WaitGroup) {
 		p := &process{steps: map[int]stepRecord{}}
@@ -345,8 +352,15 @@ func TestElasticJoiner(t *testing.T) {
 				p.steps[gstep] = stepRecord{c.Epoch(), append([]int(nil), idx...)}
 			},
 			afterStep: func(c *collective.Comm, gstep int) error {
-				if gstep >= 5 && !admitted.Load() {
-					time.Sleep(100 * time.Millisecond) // until the joiner is in
+				// From step 5 the members wait, before their commit, until
+				// they have heard of the joiner (or it is in): the commit
+				// then admits it.
+				for gstep >= 5 && c.Size() < 3 && c.PendingJoiners() == 0 {
+					select {
+					case <-ctx.Done():
+						return fmt.Errorf("step %d: no joiner announced: %w", gstep, context.Cause(ctx))
+					case <-time.After(5 * time.Millisecond): // polling a counter the heartbeats update
+					}
 				}
 				return nil
 			},
@@ -365,7 +379,6 @@ func TestElasticJoiner(t *testing.T) {
 	if err != nil {
 		t.Fatalf("joiner: %v", err)
 	}
-	admitted.Store(true)
 	start(2, c, &wg)
 	wg.Wait()
 	for i, p := range procs {
@@ -461,5 +474,68 @@ func TestElasticPlan(t *testing.T) {
 	}
 	if _, err := elasticPlan(&Config{Accumulate: 4}, 8, 3); err == nil {
 		t.Error("8 samples over 3 ranks × 4 micro-batches: no error")
+	}
+}
+
+// A rank lost during the start of an elastic job that resumes from a
+// checkpoint: the others restore the checkpoint again with the ranks that
+// are left and go on from its step, never from step 0 (and never stop).
+// Before, the start's broadcast and restore ran outside RunElastic, so the
+// survivors failed; and a member whose Init returned in a later epoch took
+// itself for a joiner and skipped the restore.
+func TestElasticLossDuringStart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	run := func(n, epochs int, crash bool) []*process {
+		job, err := collective.StartLocal(ctx, n, collective.WithElastic(0), collective.WithElasticLimits(2, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer job.Close()
+		cfg, err := parseFlags([]string{"--epochs", fmt.Sprint(epochs), "--progress", "off", "--checkpoint-dir", dir, "--checkpoint-every", "16"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		comms := job.Comms
+		if crash {
+			job.Crash(comms[n-1]) // lost before it makes any call
+			comms = comms[:n-1]
+		}
+		procs := make([]*process, len(comms))
+		var wg sync.WaitGroup
+		for i, comm := range comms {
+			p := &process{steps: map[int]stepRecord{}}
+			procs[i] = p
+			h := hooks{load: loadSubset, stdout: &p.out, stderr: &p.out}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p.res, p.err = train(ctx, cfg, comm, time.Now(), h)
+			}()
+		}
+		wg.Wait()
+		for i, p := range procs {
+			if p.err != nil {
+				t.Fatalf("process %d: %v\n%s", i, p.err, p.out.String())
+			}
+		}
+		return procs
+	}
+	run(3, 1, false) // a checkpoint at step 16, the end of epoch 1
+	procs := run(3, 2, true)
+	out := procs[0].out.String()
+	t.Logf("rank 0's output:\n%s", out)
+	if !strings.Contains(out, "at step 16 of 32") {
+		t.Errorf("the survivors did not resume from the checkpoint's step 16")
+	}
+	if !regexp.MustCompile(`(?m)^elastic: lost rank 2 \(host [^,]+, [^)]+\) during the start; restoring the checkpoint again with 2 ranks$`).MatchString(out) {
+		t.Errorf("rank 0's output does not say that rank 2 was lost during the start")
+	}
+	for i, p := range procs {
+		h := p.res.History
+		if len(h) != 2 || h[1].Ranks != 2 || p.res.Hash != procs[0].res.Hash {
+			t.Errorf("process %d: %d epochs (want 2, the second with 2 ranks), parameters %s (process 0: %s)", i, len(h), p.res.Hash, procs[0].res.Hash)
+		}
 	}
 }

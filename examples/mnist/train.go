@@ -102,11 +102,13 @@ type runResult struct {
 func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.Time, h hooks) (*runResult, error) {
 	rank, size := comm.Rank(), comm.Size()
 	// In an elastic job a process started to replace a lost rank (or to
-	// grow the job) is admitted at a commit of the running job, in a later
-	// membership epoch: it makes none of the collectives of the start
-	// below, and gets the whole state from a live rank in RunElastic.
+	// grow the job) is admitted at a commit of the running job: it makes
+	// none of the collectives of the start below, and gets the whole state
+	// from a live rank in RunElastic. (Not "Epoch() > 0": an initial
+	// member's Init returns in epoch 1 when a rank died during the start,
+	// and it must still restore the checkpoint.)
 	elastic := comm.Elastic()
-	joiner := elastic && comm.Epoch() > 0
+	joiner := elastic && comm.Joiner()
 	out := newOutput(cfg, rank, size)
 	if h.stdout != nil {
 		out.stdout = h.stdout
@@ -190,11 +192,14 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 	if err != nil {
 		return nil, err
 	}
-	if !joiner {
+	if !elastic {
 		if err := red.BroadcastParameters(ctx, 0); err != nil {
 			return nil, err
 		}
 	}
+	// (An elastic job's start-up broadcast is RunElastic's first reset,
+	// which a lost rank does not stop: it copies the state from rank 0,
+	// after the checkpoint restore below, to every rank.)
 	opt, err := NewOptimizer(cfg.Optimizer, cfg.LR, cfg.Momentum, params)
 	if err != nil {
 		return nil, err
@@ -222,10 +227,33 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 		return nil, err
 	}
 	gstep := 0 // optimizer steps done in the run
-	if !joiner {
-		if gstep, err = ck.restore(ctx, comm); err != nil {
-			return nil, err
-		}
+	var st *collective.ElasticState
+	restore := func(ctx context.Context) (err error) {
+		gstep, err = ck.restore(ctx, comm)
+		return err
+	}
+	switch {
+	case joiner: // it gets the restored state from a live rank
+	case elastic && ck.mgr != nil:
+		// Every initial member restores the checkpoint, identically. A
+		// member lost meanwhile fails the restore's collectives with a
+		// membership change: the others re-form the job and restore
+		// again, with the ranks that are left, rather than stop (or start
+		// from step 0).
+		st = collective.NewElasticState(comm) // the held size is the start's
+		rst := collective.NewElasticState(comm)
+		rst.OnReset(func(ctx context.Context, ev collective.ElasticEvent) error {
+			for _, l := range startLines(ev) {
+				out.printf("%s\n", l)
+			}
+			return nil
+		})
+		err = collective.RunElastic(ctx, comm, rst, restore)
+	default:
+		err = restore(ctx)
+	}
+	if err != nil {
+		return nil, err
 	}
 	if total := cfg.Epochs * steps; gstep >= total {
 		out.finishedRun(cfg.CheckpointDir, gstep, total, history)
@@ -254,7 +282,6 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 	global := plan.Global
 	var (
 		sampler *collective.ElasticSampler
-		st      *collective.ElasticState
 		res     = &runResult{Steps: steps}
 		// Rank 0's cost of the commits, against that of the steps.
 		commits               int
@@ -263,7 +290,9 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 	if elastic {
 		sampler = collective.NewElasticSampler(train.Len(), cfg.Seed)
 		seekSampler(sampler, epoch, gstep%steps, global)
-		st = collective.NewElasticState(comm)
+		if st == nil {
+			st = collective.NewElasticState(comm)
+		}
 		for i, p := range params {
 			if err := st.Register(names[i], p); err != nil {
 				return nil, err
