@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -64,6 +63,12 @@ type Elastic struct {
 	// doubled with each further failure in a row, up to CooldownMax (see
 	// cooldown). 0 = the defaults.
 	CooldownBase, CooldownMax time.Duration
+	// JobKeyFile, if set, holds the job key (hex), so that a rank started
+	// by hand (GORUN_RANK=-1, GORUN_JOB_KEY_FILE) can join the running
+	// job: it is read if it exists (it must not be readable by others),
+	// else created, mode 0600, with a new key. gorun then prints the
+	// environment such a joiner needs.
+	JobKeyFile string
 }
 
 func (e *Elastic) withDefaults(np int) Elastic {
@@ -173,8 +178,18 @@ func Discover(ctx context.Context, script string, timeout time.Duration) ([]Host
 	out.max, errb.max = 1<<20, 64<<10
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
+	if cmd.Process != nil {
+		// Whatever the script left behind (a background child, an ssh
+		// master) goes with it: it must not pile up, one per interval.
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
 	if ctx.Err() == context.DeadlineExceeded {
 		return nil, fmt.Errorf("did not finish within %v%s", cmp.Or(timeout, DefaultDiscoveryTimeout), stderrHint(errb.String()))
+	}
+	if errors.Is(err, exec.ErrWaitDelay) && cmd.ProcessState != nil && cmd.ProcessState.Success() {
+		// It exited 0 but left a process holding its output open: what it
+		// printed before it exited is the list (the leftover is killed).
+		err = nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%v%s", err, stderrHint(errb.String()))
@@ -214,13 +229,22 @@ type ElasticError struct {
 	// LastStderr: the last stderr lines of the last rank lost, when no
 	// rank was left.
 	LastStderr []string
+	// LateFailed: processes that failed after the job had begun to finish
+	// (a rank exited 0), which fails it as it would a fixed-size job;
+	// Finished ranks had exited 0.
+	LateFailed []string
+	Finished   int
 }
 
 func (e *ElasticError) Error() string {
 	var b strings.Builder
-	if e.Cause != "" {
+	switch {
+	case e.Cause != "":
 		fmt.Fprintf(&b, "the rendezvous aborted the elastic job: %s", hostIDRE.ReplaceAllString(e.Cause, "$1"))
-	} else {
+	case len(e.LateFailed) > 0:
+		fmt.Fprintf(&b, "%s failed after the job had begun to finish, when %d rank%s had exited 0: as in a fixed-size job, that fails the job",
+			strings.Join(e.LateFailed, " and "), e.Finished, plural(e.Finished))
+	default:
 		fmt.Fprintf(&b, "no rank left: of the %d processes the elastic job started, %d were lost", e.Started, len(e.Lost))
 		if e.Stopped > 0 {
 			fmt.Fprintf(&b, " and %d stopped because the discovery script no longer listed their hosts (or slots)", e.Stopped)
@@ -331,14 +355,42 @@ type elasticRun struct {
 	warned     map[string]bool // hosts gorun said it can not use
 	departures *departureLog
 	stops      sync.WaitGroup // stops of single ranks under way
-	// rdvLost counts the members the rendezvous reported lost (OnChange),
-	// ended the processes (once the job runs) that exited non-zero or
-	// that gorun stopped: while more members were lost than processes
-	// ended, some lost member's process still runs, frozen or cut off.
-	rdvLost    atomic.Int64
-	ended      int
-	silentLost atomic.Bool // a member was lost for its silence: look for stopped processes
+	rdvMembers func() int     // the rendezvous' Members
+	// The rendezvous' reports (OnProc, OnChange), queued by its
+	// goroutines for the run's goroutine, which handles them in order
+	// (handleRdv); rdvWake says there are some.
+	rdvMu      sync.Mutex
+	rdvQueue   []rdvReport
+	rdvWake    chan struct{}
+	lastEpoch  int         // the last established epoch logged
+	empty      *time.Timer // finishing with no member left: end the rest after --grace
+	emptyArmed bool
+	// lateFailed: processes that failed after the job had begun to
+	// finish (as a fixed-size job, that fails the job).
+	lateFailed []string
 }
+
+// rdvReport is one of the rendezvous' reports: a process event or an
+// established epoch.
+type rdvReport struct {
+	proc   *p2p.ProcEvent
+	change *p2p.Change
+}
+
+func (e *elasticRun) report(r rdvReport) {
+	e.rdvMu.Lock()
+	e.rdvQueue = append(e.rdvQueue, r)
+	e.rdvMu.Unlock()
+	select {
+	case e.rdvWake <- struct{}{}:
+	default:
+	}
+}
+
+// EnvProcID is gorun's identity of a process of an elastic job (its
+// number, as in its output prefix), which p2p sends in its hello so that
+// the rendezvous' reports name exactly that process.
+const EnvProcID = "GORUN_PROC_ID"
 
 // runElastic runs one attempt of an elastic job: like runOnce, but a rank
 // that fails once the job runs is logged and replaced rather than failing
@@ -352,8 +404,15 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 		multi: lay.multiHost() || el.DiscoveryScript != "",
 		hosts: slices.Clone(job.Hosts), perHost: map[string]int{},
 		exited: make(chan *rankProc, 16), cd: newCooldown(el.CooldownBase, el.CooldownMax),
-		warned: map[string]bool{}, departures: &departureLog{lastCall: map[int]uint64{}}}
+		warned: map[string]bool{}, departures: &departureLog{lastCall: map[int]uint64{}},
+		rdvWake: make(chan struct{}, 1)}
 	key := p2p.NewJobKey()
+	if el.JobKeyFile != "" {
+		var err error
+		if key, err = jobKeyFile(el.JobKeyFile); err != nil {
+			return err
+		}
+	}
 	rdvLog := job.Logf
 	if !job.Verbose {
 		rdvLog = func(format string, args ...any) {
@@ -363,7 +422,6 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 		}
 	}
 	aborted := make(chan struct{}, 1)
-	changed := make(chan struct{}, 1) // a new epoch was established
 	maxSize := el.MaxNP
 	if maxSize == 0 {
 		maxSize = max(maxRendezvousSize, job.NP)
@@ -380,34 +438,25 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 			}
 		},
 		Elastic: &p2p.ElasticConfig{MinSize: el.MinNP, MaxSize: maxSize, WaitTimeout: el.Timeout, HeartbeatTimeout: el.HeartbeatTimeout},
-		// Called once per new epoch, on a rendezvous goroutine; the
-		// console's Logf only writes a line, and the channel send does not
-		// block.
-		OnChange: func(c p2p.Change) {
-			job.Logf("%s", ChangeLine(c))
-			for _, l := range c.Lost {
-				// One that closed cleanly during a reconfiguration exits
-				// 0: its process is not one to end.
-				if !strings.HasPrefix(l.Cause, "closed") {
-					e.rdvLost.Add(1)
-				}
-				if strings.HasPrefix(l.Cause, "stopped responding") {
-					e.silentLost.Store(true)
-				}
-			}
-			select {
-			case changed <- struct{}{}:
-			default: // one wake-up covers them all
-			}
-		},
+		// Called on rendezvous goroutines (OnProc under its lock):
+		// queued for the run's goroutine, never blocking.
+		OnChange: func(c p2p.Change) { e.report(rdvReport{change: &c}) },
+		OnProc:   func(ev p2p.ProcEvent) { e.report(rdvReport{proc: &ev}) },
 	})
 	if err != nil {
 		return fmt.Errorf("starting the rendezvous: %w", err)
 	}
 	defer rdv.Close()
+	e.rdvMembers = rdv.Members
 	if job.Verbose {
 		job.Logf("rendezvous at %s, starting %d ranks of %s on %d host(s); elastic: --min-np %d, --max-np %s",
 			rdv.Addr(), job.NP, job.Program, lay.used, el.MinNP, maxNPText(el))
+	}
+	if el.JobKeyFile != "" {
+		job.Logf("to add a rank by hand (it joins at the next commit boundary, up to --max-np %s): GORUN_ELASTIC=1 GORUN_RANK=-1 GORUN_SIZE=%d GORUN_RENDEZVOUS=%s GORUN_JOB_KEY_FILE=%s GORUN_HEARTBEAT_TIMEOUT=%v %s",
+			maxNPText(el), job.NP, rdv.Addr(), el.JobKeyFile, el.HeartbeatTimeout, job.Program)
+	} else if job.Verbose {
+		job.Logf("give --job-key-file FILE to let ranks started by hand join this job")
 	}
 	e.common = append(slices.Clone(job.Env),
 		collective.EnvSize+"="+strconv.Itoa(job.NP),
@@ -463,12 +512,17 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 	e.refill = time.NewTimer(time.Hour)
 	e.refill.Stop()
 	defer e.refill.Stop()
+	e.empty = time.NewTimer(time.Hour)
+	e.empty.Stop()
+	defer e.empty.Stop()
 
 	var failure error
 	var stopped *StoppedError
 	for e.running > 0 && failure == nil {
 		select {
 		case p := <-e.exited:
+			// What the rendezvous said before the exit counts for it.
+			e.handleRdv()
 			e.running--
 			e.perHost[p.hostName]--
 			if !e.registered && p.err != nil && !p.stopReq.Load() {
@@ -488,18 +542,17 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 			e.fill()
 		case <-aborted:
 			failure = e.failed(e.departures.abortCause())
-		case <-changed:
-			if e.silentLost.Swap(false) {
-				e.stopFrozen()
-			}
-			e.endStragglers()
+		case <-e.rdvWake:
+			e.handleRdv()
+		case <-e.empty.C:
+			e.endRemaining()
 		case hosts := <-discovered:
 			e.setHosts(hosts)
 		case <-e.refill.C:
 			e.fill()
 		case <-ctx.Done():
 			e.out.stopping.Store(true)
-			stopped = &StoppedError{Cause: context.Cause(ctx), NP: len(e.procs), Stopped: e.running}
+			stopped = &StoppedError{Cause: context.Cause(ctx), NP: e.running, Stopped: e.running, Joiners: e.waitingJoiners(nil)}
 			failure = stopped
 		}
 	}
@@ -536,6 +589,11 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 	if cause := e.departures.abortCause(); cause != "" {
 		return e.failed(cause)
 	}
+	if len(e.lateFailed) > 0 {
+		err := e.failed("")
+		err.Finished, err.LateFailed = e.finished, slices.Clone(e.lateFailed)
+		return err
+	}
 	if e.finished == 0 {
 		return e.failed("")
 	}
@@ -551,6 +609,38 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 		job.Logf("%s", b.String())
 	}
 	return nil
+}
+
+// jobKeyFile reads the job key from path, or creates path (mode 0600)
+// with a new one.
+func jobKeyFile(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		key := p2p.NewJobKey()
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("--job-key-file: %w", err)
+		}
+		_, err = fmt.Fprintln(f, hex.EncodeToString(key))
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return nil, fmt.Errorf("--job-key-file: %w", err)
+		}
+		return key, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--job-key-file: %w", err)
+	}
+	if st, err := os.Stat(path); err == nil && st.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("--job-key-file %s is readable by others (mode %v): chmod 600 %s", path, st.Mode().Perm(), path)
+	}
+	key, err := hex.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil || len(key) < 16 {
+		return nil, fmt.Errorf("--job-key-file %s does not hold a hex key of at least 32 digits: remove it and gorun writes a new one", path)
+	}
+	return key, nil
 }
 
 func maxNPText(el Elastic) string {
@@ -626,6 +716,7 @@ func (e *elasticRun) start(host string, r, localRank, localSize int) error {
 		collective.EnvRank+"="+strconv.Itoa(r),
 		collective.EnvLocalRank+"="+strconv.Itoa(localRank),
 		collective.EnvLocalSize+"="+strconv.Itoa(localSize),
+		EnvProcID+"="+strconv.Itoa(n),
 	)
 	p := &rankProc{rank: n, host: hostLabel, hostName: host, joiner: r < 0, localRank: localRank,
 		remote: remote, tail: &tail{max: 20}, out: e.out, done: make(chan struct{})}
@@ -649,43 +740,57 @@ func (e *elasticRun) start(host string, r, localRank, localSize int) error {
 
 // exitedRank handles the exit of a process once the job runs.
 func (e *elasticRun) exitedRank(p *rankProc) {
-	if p.err != nil || p.stopReq.Load() {
-		e.ended++
-	}
 	defer e.endStragglers()
+	byGorun := p.frozen.Load() // ended by gorun: its exit status is gorun's doing
 	switch {
 	case p.stopReq.Load():
 		// gorun stopped it (its host left the list): said when stopped.
 		if e.job.Verbose {
 			e.job.Logf("%s ended (%s)", e.name(p), cmp.Or(errText(p), "exit status 0"))
 		}
-	case p.err == nil:
+	case p.err == nil && !byGorun:
 		e.finished++
 		e.finishing = true
 	case e.departures.abortCause() != "":
 		// The rendezvous aborted the job: the ranks end because of it, and
 		// the summary says why.
 	case e.finishing:
-		// After the first rank finished, a joiner never admitted is sent
-		// away, and a rank that fails then costs no host a cooldown.
-		how := exitText(p)
-		if p.frozen.Load() {
-			how = "ended by gorun"
+		// After the first rank finished, a rank that fails fails the job
+		// (as in a fixed-size job), unless gorun ended it, the rendezvous
+		// sent it away (a joiner never admitted), or the rendezvous had
+		// lost it before the job began to finish. None costs a host a
+		// cooldown: no new rank comes any more.
+		how := cmp.Or(errText(p), "exit status 0")
+		switch {
+		case byGorun:
+			e.job.Logf("%s ended after the job had begun to finish: ended by gorun", e.name(p))
+		case p.sentAway:
+			e.job.Logf("%s ended after the job had begun to finish: %s (a joiner the rendezvous sent away)", e.name(p), how)
+		case p.rdvLost && !p.lostAfterLeave:
+			e.job.Logf("%s ended after the job had begun to finish: %s (the rendezvous had lost it before: %s)", e.name(p), how, p.rdvLostCause)
+		default:
+			e.lateFailed = append(e.lateFailed, fmt.Sprintf("%s (%s)", strings.TrimSuffix(e.name(p), pidSuffix(p)), how))
+			e.lastLost = p
+			e.job.Logf("%s failed after the job had begun to finish: %s; the job fails", e.name(p), how)
 		}
-		e.job.Logf("%s ended after the job had begun to finish: %s", e.name(p), how)
 	default:
-		how := exitText(p)
-		if p.frozen.Load() {
+		how := cmp.Or(errText(p), "exit status 0")
+		if byGorun {
 			how = "stopped (SIGSTOP) until the rendezvous lost it, then ended by gorun"
 		}
 		e.lost = append(e.lost, fmt.Sprintf("%s: %s", strings.TrimSuffix(e.name(p), pidSuffix(p)), how))
 		e.lastLost = p
-		if e.running >= e.el.MinNP {
-			e.job.Logf("%s was lost: %s; the job goes on without it (%d still running, --min-np %d)",
-				e.name(p), how, e.running, e.el.MinNP)
+		members := e.membersRunning()
+		still := fmt.Sprintf("%d still running", members)
+		if j := e.waitingJoiners(p); j > 0 {
+			still += fmt.Sprintf(" and %d joiner%s not admitted yet", j, plural(j))
+		}
+		if members >= e.el.MinNP {
+			e.job.Logf("%s was lost: %s; the job goes on without it (%s, --min-np %d)",
+				e.name(p), how, still, e.el.MinNP)
 		} else {
-			e.job.Logf("%s was lost: %s; %d still running, below --min-np %d: the job waits up to --elastic-timeout %v for ranks to join, then fails",
-				e.name(p), how, e.running, e.el.MinNP, e.el.Timeout)
+			e.job.Logf("%s was lost: %s; %s, below --min-np %d: the job waits up to --elastic-timeout %v for ranks to join, then fails",
+				e.name(p), how, still, e.el.MinNP, e.el.Timeout)
 		}
 		d, n, started := e.cd.failed(p.hostName, time.Now())
 		if started && e.wouldRefill(p.hostName) {
@@ -694,6 +799,161 @@ func (e *elasticRun) exitedRank(p *rankProc) {
 		}
 	}
 	e.fill()
+}
+
+// stopping says whether gorun is ending p on purpose.
+func stopping(p *rankProc) bool { return p.stopReq.Load() || p.frozen.Load() }
+
+// membersRunning counts the running processes that are members of the
+// job: ranks of epoch 0 and admitted joiners, not those gorun is ending.
+func (e *elasticRun) membersRunning() int {
+	n := 0
+	for _, p := range e.procs {
+		if !isDone(p) && !stopping(p) && !p.rdvLost && (!p.joiner || p.admitted) {
+			n++
+		}
+	}
+	return n
+}
+
+// waitingJoiners counts the running joiners not admitted yet (but
+// except).
+func (e *elasticRun) waitingJoiners(except *rankProc) int {
+	n := 0
+	for _, p := range e.procs {
+		if p != except && !isDone(p) && !stopping(p) && p.joiner && !p.admitted && !p.sentAway {
+			n++
+		}
+	}
+	return n
+}
+
+// procOf is the process whose GORUN_PROC_ID is id (nil: none of this
+// run's, e.g. a joiner started by hand).
+func (e *elasticRun) procOf(id string) *rankProc {
+	n, err := strconv.Atoi(id)
+	if err != nil || n < 0 || n >= len(e.procs) || strconv.Itoa(n) != id {
+		return nil
+	}
+	return e.procs[n]
+}
+
+// handleRdv handles the rendezvous' reports queued so far, in order.
+func (e *elasticRun) handleRdv() {
+	e.rdvMu.Lock()
+	q := e.rdvQueue
+	e.rdvQueue = nil
+	e.rdvMu.Unlock()
+	for _, r := range q {
+		if c := r.change; c != nil {
+			// Name hosts as gorun does (the -H or script name, not the
+			// host's own name).
+			for i := range c.Lost {
+				if p := e.procOf(c.Lost[i].Proc); p != nil {
+					c.Lost[i].Host = p.hostName
+				}
+			}
+			for i := range c.Joined {
+				if p := e.procOf(c.Joined[i].Proc); p != nil {
+					c.Joined[i].Host = p.hostName
+					p.admitted = true
+				}
+			}
+			line := ChangeLine(*c)
+			if skipped := c.Epoch - e.lastEpoch - 1; skipped > 0 {
+				if skipped == 1 {
+					line += fmt.Sprintf(" (epoch %d was overtaken by a further change before it was established)", c.Epoch-1)
+				} else {
+					line += fmt.Sprintf(" (epochs %d to %d were overtaken by further changes before they were established)", e.lastEpoch+1, c.Epoch-1)
+				}
+			}
+			e.lastEpoch = max(e.lastEpoch, c.Epoch)
+			e.job.Logf("%s", line)
+			continue
+		}
+		ev := r.proc
+		p := e.procOf(ev.Member.Proc)
+		if p == nil {
+			continue
+		}
+		switch {
+		case ev.Kind == p2p.ProcLeft, ev.Kind == p2p.ProcLost && strings.HasPrefix(ev.Cause, "closed"):
+			// It closed cleanly (maybe while the others re-formed): it
+			// ends on its own, and may take its time (a final save).
+			p.left = true
+		case ev.Kind == p2p.ProcLost:
+			p.rdvLost, p.rdvLostCause, p.lostAfterLeave = true, ev.Cause, ev.AfterLeave
+			if strings.HasPrefix(ev.Cause, "stopped responding") {
+				e.endIfStopped(p)
+			}
+		case ev.Kind == p2p.ProcSentAway:
+			p.sentAway = true
+		}
+	}
+	e.endStragglers()
+}
+
+// endIfStopped ends p, which the rendezvous lost for its silence, if it is
+// a process on this host that is stopped (SIGSTOP, Ctrl-Z, a tracer:
+// state T or t in /proc): the job went on without it, and it would
+// otherwise keep the job from ending. (A frozen process on another host
+// is not seen here: it ends when it runs again and finds itself cut off,
+// or when the job finishes, see endStragglers.)
+func (e *elasticRun) endIfStopped(p *rankProc) {
+	if p.remote || isDone(p) || stopping(p) || !processStopped(p.cmd.Process.Pid) {
+		return
+	}
+	e.end(p, fmt.Sprintf("%s is stopped (SIGSTOP) and the rendezvous went on without it: ending it", e.name(p)))
+}
+
+// end stops p in the background (SIGTERM, SIGKILL after --grace), as
+// ended by gorun, saying why.
+func (e *elasticRun) end(p *rankProc, why string) {
+	p.frozen.Store(true)
+	e.job.Logf("%s", why)
+	e.stops.Add(1)
+	go func() {
+		defer e.stops.Done()
+		stopAll([]*rankProc{p}, e.job.Grace)
+	}()
+}
+
+// endStragglers ends what keeps a finishing job from ending: a process
+// the rendezvous lost that still runs (frozen on another host, or cut off
+// from the rendezvous and stuck) is ended now; once the rendezvous has no
+// member left, whatever still runs --grace later and never left it
+// cleanly (a joiner that came too late, a process that never registered)
+// is ended then.
+func (e *elasticRun) endStragglers() {
+	if !e.finishing || e.running == 0 {
+		return
+	}
+	for _, p := range e.procs {
+		if isDone(p) || stopping(p) || !p.rdvLost {
+			continue
+		}
+		e.end(p, fmt.Sprintf("%s still runs after the job began to finish, though the rendezvous lost it (%s): ending it", e.name(p), p.rdvLostCause))
+	}
+	if !e.emptyArmed && e.rdvMembers() == 0 && e.anyToEnd() {
+		e.emptyArmed = true
+		e.empty.Reset(e.job.Grace)
+	}
+}
+
+func (e *elasticRun) anyToEnd() bool {
+	return slices.ContainsFunc(e.procs, func(p *rankProc) bool { return !isDone(p) && !stopping(p) && !p.left })
+}
+
+// endRemaining ends every process still running --grace after the
+// finishing job's last member left the rendezvous (but those that left it
+// cleanly: they end on their own).
+func (e *elasticRun) endRemaining() {
+	for _, p := range e.procs {
+		if isDone(p) || stopping(p) || p.left {
+			continue
+		}
+		e.end(p, fmt.Sprintf("%s still runs %v after the job's last member left the rendezvous (--grace): ending it", e.name(p), e.job.Grace))
+	}
 }
 
 func errText(p *rankProc) string {
@@ -755,8 +1015,13 @@ func (e *elasticRun) fill() {
 			lr := e.freeLocalRank(h.Name)
 			if err := e.start(h.Name, -1, lr, e.perHost[h.Name]+1); err != nil {
 				e.job.Logf("could not start a joiner on host %s: %v", h.Name, err)
-				if d, n, ok := e.cd.failed(h.Name, now); ok {
+				d, n, ok := e.cd.failed(h.Name, now)
+				if ok {
 					e.job.Logf("no new rank on host %s for %v (its %s failure in a row)", h.Name, d, ordinal(n))
+				}
+				// Try again when its cooldown is over.
+				if u := e.cd.until(h.Name); wake.IsZero() || u.Before(wake) {
+					wake = u
 				}
 				continue
 			}
@@ -858,51 +1123,6 @@ func (e *elasticRun) setHosts(hosts []Host) {
 		}()
 	}
 	e.fill()
-}
-
-// stopFrozen ends the processes on this host that are stopped (SIGSTOP,
-// Ctrl-Z: state T in /proc) after the rendezvous lost a member for its
-// silence: the job went on without them, and they would otherwise keep
-// the job from ending. (A frozen process on another host is not seen here:
-// it ends when it runs again and finds itself cut off.)
-func (e *elasticRun) stopFrozen() {
-	for _, p := range e.procs {
-		if p.remote || isDone(p) || p.stopReq.Load() || p.frozen.Load() || !processStopped(p.cmd.Process.Pid) {
-			continue
-		}
-		p.frozen.Store(true)
-		e.job.Logf("%s is stopped (SIGSTOP) and the rendezvous went on without it: ending it", e.name(p))
-		e.stops.Add(1)
-		go func() {
-			defer e.stops.Done()
-			stopAll([]*rankProc{p}, e.job.Grace)
-		}()
-	}
-}
-
-// endStragglers ends what keeps a finishing job from ending: when every
-// process still running can be a member the rendezvous lost that never
-// exited (frozen on another host, or cut off from the rendezvous and
-// stuck), they are stopped. A rank still closing is spared: it is not one
-// of the lost, so it makes the running processes outnumber them.
-func (e *elasticRun) endStragglers() {
-	unaccounted := int(e.rdvLost.Load()) - e.ended
-	if !e.finishing || e.running == 0 || e.running > unaccounted {
-		return
-	}
-	for _, p := range e.procs {
-		if isDone(p) || p.stopReq.Load() || p.frozen.Load() {
-			continue
-		}
-		p.frozen.Store(true)
-		e.job.Logf("%s still runs after the job finished, and the rendezvous lost %d member%s whose process never exited (frozen or cut off): ending it",
-			e.name(p), unaccounted, plural(unaccounted))
-		e.stops.Add(1)
-		go func() {
-			defer e.stops.Done()
-			stopAll([]*rankProc{p}, e.job.Grace)
-		}()
-	}
 }
 
 // processStopped says whether pid is stopped by a signal (state T) or by

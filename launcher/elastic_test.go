@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -102,13 +104,45 @@ func TestDiscover(t *testing.T) {
 		t.Errorf("failing script: %v", err)
 	}
 	// A hung script, and what it started, are killed at the time bound.
+	pidFile := filepath.Join(t.TempDir(), "child")
 	start := time.Now()
-	_, err = Discover(ctx, script(t, "sleep 60 & sleep 60\n"), 300*time.Millisecond)
+	_, err = Discover(ctx, script(t, "sleep 60 & echo $! >"+pidFile+"; sleep 60\n"), 300*time.Millisecond)
 	if err == nil || !strings.Contains(err.Error(), "did not finish within 300ms") {
 		t.Errorf("hung script: %v", err)
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("hung script returned after %v", d)
+	}
+	checkGone(t, pidFile)
+	// A script that exits 0 but leaves a child holding its output open
+	// worked: its list counts, and the child is killed.
+	hosts, err = Discover(ctx, script(t, "echo localhost:2; sleep 100 & echo $! >"+pidFile+"\n"), 5*time.Second)
+	if err != nil || FormatHosts(hosts) != "localhost:2" {
+		t.Errorf("script leaving a background child: %v, %v", hosts, err)
+	}
+	checkGone(t, pidFile)
+}
+
+// checkGone checks that the process whose pid is in file has ended.
+func checkGone(t *testing.T, file string) {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil || strings.Contains(string(st), ") Z ") {
+			return // gone, or a zombie for init to reap
+		}
+		if time.Now().After(deadline) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatalf("the script's child %d still runs", pid)
+		}
 	}
 }
 
@@ -127,36 +161,236 @@ func TestChangeLine(t *testing.T) {
 	}
 }
 
-// A finishing job whose only process left is one the rendezvous lost
-// (frozen on another host, say) ends it; a process that may be a rank
-// still closing is spared.
-func TestEndStragglers(t *testing.T) {
+// sleeper is a process for the elasticRun tests: sleep 60 in its own
+// process group, numbered n.
+func sleeper(t *testing.T, n int) *rankProc {
 	cmd := exec.Command("sleep", "60")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &rankProc{rank: 3, cmd: cmd, done: make(chan struct{})}
+	p := &rankProc{rank: n, cmd: cmd, done: make(chan struct{})}
 	go func() { p.err = cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() { cmd.Process.Kill(); <-p.done })
+	return p
+}
+
+// exited is a process for the elasticRun tests that ran sh -c script.
+func exited(t *testing.T, n int, script string) *rankProc {
+	cmd := exec.Command("sh", "-c", script)
+	p := &rankProc{rank: n, cmd: cmd, done: make(chan struct{})}
+	p.err = cmd.Run()
+	close(p.done)
+	return p
+}
+
+func testRun(logs *[]string, procs ...*rankProc) *elasticRun {
+	return &elasticRun{job: Job{Grace: 200 * time.Millisecond, Logf: func(f string, a ...any) { *logs = append(*logs, fmt.Sprintf(f, a...)) }},
+		procs: procs, running: len(procs), departures: &departureLog{lastCall: map[int]uint64{}},
+		cd: newCooldown(time.Minute, time.Hour), el: Elastic{MinNP: 1}, rdvWake: make(chan struct{}, 1),
+		perHost: map[string]int{}}
+}
+
+// A finishing job ends a process the rendezvous lost (by its
+// GORUN_PROC_ID) at once, spares the others while the rendezvous has
+// members, and ends whatever still runs --grace after it has none.
+func TestEndStragglers(t *testing.T) {
+	p0, p1, p2 := sleeper(t, 0), sleeper(t, 1), sleeper(t, 2)
 	var logs []string
-	e := &elasticRun{job: Job{Grace: time.Second, Logf: func(f string, a ...any) { logs = append(logs, fmt.Sprintf(f, a...)) }},
-		procs: []*rankProc{p}, running: 2, finishing: true}
-	e.rdvLost.Store(1)
-	e.endStragglers() // 2 running, 1 lost: one of them may be closing
-	if len(logs) != 0 || p.frozen.Load() {
-		t.Fatalf("ended a process that may be a rank still closing: %q", logs)
+	e := testRun(&logs, p0, p1, p2)
+	// p2 left the job cleanly: it ends on its own (a final save), never
+	// by gorun.
+	e.report(rdvReport{proc: &p2p.ProcEvent{Kind: p2p.ProcLeft, Member: p2p.Member{Proc: "2"}}})
+	e.empty = time.NewTimer(time.Hour)
+	e.empty.Stop()
+	members := 1
+	e.rdvMembers = func() int { return members }
+	e.report(rdvReport{proc: &p2p.ProcEvent{Kind: p2p.ProcLost, Member: p2p.Member{Proc: "1"}, Cause: "stopped responding: no heartbeat within 3s"}})
+	e.handleRdv()
+	if len(logs) != 0 || p1.frozen.Load() {
+		t.Fatalf("ended a lost process that is not stopped before the job finishes: %q", logs)
 	}
-	e.running = 1
+	e.finishing = true
 	e.endStragglers()
 	e.stops.Wait()
-	select {
-	case <-p.done:
-	default:
-		t.Fatal("the straggler still runs")
+	if !isDone(p1) || isDone(p0) || p0.frozen.Load() {
+		t.Fatalf("p1 done %v, p0 done %v frozen %v; logs %q", isDone(p1), isDone(p0), p0.frozen.Load(), logs)
 	}
-	want := fmt.Sprintf("rank 3 (pid %d) still runs after the job finished, and the rendezvous lost 1 member whose process never exited (frozen or cut off): ending it", cmd.Process.Pid)
+	want := fmt.Sprintf("rank 1 (pid %d) still runs after the job began to finish, though the rendezvous lost it (stopped responding: no heartbeat within 3s): ending it", p1.cmd.Process.Pid)
 	if len(logs) != 1 || logs[0] != want {
 		t.Errorf("logs %q, want %q", logs, want)
+	}
+	e.endStragglers()
+	if e.emptyArmed {
+		t.Fatal("armed the end of the job while the rendezvous has a member")
+	}
+	members = 0
+	e.endStragglers()
+	select {
+	case <-e.empty.C:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the job's end was not armed once the rendezvous had no member")
+	}
+	e.endRemaining()
+	e.stops.Wait()
+	if !isDone(p0) || !p0.frozen.Load() {
+		t.Fatal("the last process still runs")
+	}
+	if isDone(p2) || p2.frozen.Load() {
+		t.Error("ended a process that had left the job cleanly")
+	}
+	want = fmt.Sprintf("rank 0 (pid %d) still runs 200ms after the job's last member left the rendezvous (--grace): ending it", p0.cmd.Process.Pid)
+	if len(logs) != 2 || logs[1] != want {
+		t.Errorf("logs %q, want %q", logs, want)
+	}
+}
+
+// After a rank exited 0, a process that fails fails the job, unless gorun
+// ended it, the rendezvous sent it away, or the rendezvous had lost it
+// before the job began to finish; one gorun ended never counts as
+// finished, whatever its exit status.
+func TestExitedRankAfterFinishing(t *testing.T) {
+	var logs []string
+	frozen0 := exited(t, 0, "exit 0")
+	frozen0.frozen.Store(true)
+	e := testRun(&logs, frozen0)
+	e.running = 0 // they have all exited
+	e.exitedRank(frozen0)
+	if e.finished != 0 || e.finishing || len(e.lost) != 1 {
+		t.Fatalf("a process gorun ended that exited 0: finished %d, lost %q", e.finished, e.lost)
+	}
+	ok := exited(t, 1, "exit 0")
+	e.procs = append(e.procs, ok)
+	e.exitedRank(ok)
+	if e.finished != 1 || !e.finishing {
+		t.Fatal("exit 0 did not finish")
+	}
+	for _, c := range []struct {
+		name string
+		set  func(p *rankProc)
+		fail bool
+	}{
+		{"plain", func(*rankProc) {}, true},
+		{"ended by gorun, exit 0", func(p *rankProc) { p.frozen.Store(true); p.err = nil }, false},
+		{"ended by gorun", func(p *rankProc) { p.frozen.Store(true) }, false},
+		{"sent away", func(p *rankProc) { p.sentAway = true }, false},
+		{"lost before", func(p *rankProc) { p.rdvLost, p.rdvLostCause = true, "disconnected" }, false},
+		{"lost after a rank left", func(p *rankProc) { p.rdvLost, p.lostAfterLeave = true, true }, true},
+	} {
+		p := exited(t, len(e.procs), "exit 3")
+		c.set(p)
+		e.procs = append(e.procs, p)
+		before := len(e.lateFailed)
+		e.exitedRank(p)
+		if failed := len(e.lateFailed) > before; failed != c.fail {
+			t.Errorf("%s: failed the job %v, want %v; logs %q", c.name, failed, c.fail, logs)
+		}
+		if e.finished != 1 {
+			t.Errorf("%s: %d finished", c.name, e.finished)
+		}
+	}
+	err := &ElasticError{NP: 2, Started: 8, Finished: 1, LateFailed: e.lateFailed}
+	want := "rank 2 (exit status 3) and rank 7 (exit status 3) failed after the job had begun to finish, when 1 rank had exited 0: as in a fixed-size job, that fails the job (it started with 2 ranks and 6 joiners)"
+	if err.Error() != want {
+		t.Errorf("ElasticError = %q\nwant %q", err.Error(), want)
+	}
+	if !slices.ContainsFunc(logs, func(l string) bool {
+		return strings.HasPrefix(l, "rank 2 (pid ") && strings.HasSuffix(l, ") failed after the job had begun to finish: exit status 3; the job fails")
+	}) {
+		t.Errorf("logs: %q", logs)
+	}
+}
+
+// A change that comes after epochs the launcher never saw established
+// says so, and names hosts as gorun does (by the process's
+// GORUN_PROC_ID), not by the host's own name.
+func TestChangeLineOvertakenAndHostNames(t *testing.T) {
+	var logs []string
+	p0, p1 := exited(t, 0, "exit 0"), exited(t, 1, "exit 0")
+	p0.hostName, p1.hostName = "localhost", "127.0.0.1"
+	p1.joiner = true
+	e := testRun(&logs, p0, p1)
+	e.rdvMembers = func() int { return 1 }
+	e.lastEpoch = 4
+	id := "vm/net:[4026531833]/31992e43-f71a-4d22-905e-4ee387870537"
+	e.report(rdvReport{change: &p2p.Change{Epoch: 7, Size: 2, Took: 30 * time.Millisecond,
+		Lost:   []p2p.LostMember{{Member: p2p.Member{Rank: 2, Host: id, Proc: "0"}, Cause: "disconnected"}},
+		Joined: []p2p.Member{{Rank: 1, Host: id, Proc: "1"}}}})
+	e.handleRdv()
+	want := "membership epoch 7: 2 ranks (lost rank 2 on host localhost: disconnected; joined rank 1 on host 127.0.0.1), reset took 30ms (epochs 5 to 6 were overtaken by further changes before they were established)"
+	if len(logs) != 1 || logs[0] != want {
+		t.Errorf("logs %q\nwant %q", logs, want)
+	}
+	if !p1.admitted {
+		t.Error("the joiner is not marked admitted")
+	}
+}
+
+// --output-dir with restarts: processes use the directories of their
+// number, and none is created that no process writes.
+func TestOutputFilesEnsure(t *testing.T) {
+	dir := t.TempDir()
+	o, err := openOutputDir(dir, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.close()
+	for _, n := range []int{3, 2, 3} { // a second attempt's joiners reuse the first's
+		if err := o.ensure(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ents, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, ",") != "rank.0,rank.1,rank.2,rank.3" {
+		t.Errorf("--output-dir has %v", names)
+	}
+}
+
+// Before a restart, the discovery script is run again: the job restarts
+// on the hosts it lists now, with no more ranks than slots.
+func TestRediscover(t *testing.T) {
+	job := Job{NP: 3, Hosts: []Host{{Name: "localhost", Slots: 3}}, Logf: func(string, ...any) {},
+		Elastic: &Elastic{MinNP: 1, DiscoveryScript: script(t, "echo localhost:2\n")}}
+	lay, err := rediscover(context.Background(), &job, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if job.NP != 2 || FormatHosts(job.Hosts) != "localhost:2" || FormatHosts(lay.hosts) != "localhost:2" {
+		t.Errorf("after rediscover: -np %d on %s (layout %s)", job.NP, FormatHosts(job.Hosts), FormatHosts(lay.hosts))
+	}
+	job.Elastic.MinNP = 3
+	if _, err := rediscover(context.Background(), &job, 3); err == nil || !strings.Contains(err.Error(), "below --min-np 3") {
+		t.Errorf("below --min-np: %v", err)
+	}
+}
+
+// A joiner that could not be started gives its host a cooldown, and the
+// refill timer is armed for its end, so the slot is tried again.
+func TestFillRetriesAfterStartFailure(t *testing.T) {
+	var logs []string
+	e := testRun(&logs)
+	e.running = 0
+	e.job.NP, e.job.Program = 1, filepath.Join(t.TempDir(), "missing")
+	e.cd = newCooldown(50*time.Millisecond, time.Second)
+	e.hosts = []Host{{Name: "localhost", Slots: 1}}
+	e.lay = &layout{listenIP: "127.0.0.1"}
+	e.registered = true
+	e.ctx = context.Background()
+	e.exited = make(chan *rankProc, 1)
+	e.refill = time.NewTimer(time.Hour)
+	e.refill.Stop()
+	e.fill()
+	select {
+	case <-e.refill.C:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the refill timer was not armed after the start failed; logs %q", logs)
+	}
+	if len(logs) != 2 || !strings.HasPrefix(logs[0], "could not start a joiner on host localhost: ") ||
+		logs[1] != "no new rank on host localhost for 50ms (its 1st failure in a row)" {
+		t.Errorf("logs %q", logs)
 	}
 }

@@ -160,6 +160,7 @@ type StoppedError struct {
 	NP      int   // ranks in the job
 	Stopped int   // ranks that were still running and were stopped
 	Killed  int   // of them, how many needed SIGKILL after the grace period
+	Joiners int   // elastic jobs: of them, joiners not admitted yet
 	// Hidden is how many lines the ranks wrote to stderr while being stopped
 	// (the abort errors the stop itself causes), left out of the output
 	// (--output-dir keeps them; --verbose shows them).
@@ -182,6 +183,9 @@ func (e *StoppedError) Outcome() string {
 		fmt.Fprintf(&b, "all %d ranks stopped", e.NP)
 	default:
 		fmt.Fprintf(&b, "%d of %d ranks were still running and stopped", e.Stopped, e.NP)
+	}
+	if e.Joiners > 0 {
+		fmt.Fprintf(&b, " (%d of them joiner%s not admitted yet)", e.Joiners, plural(e.Joiners))
 	}
 	if e.Killed > 0 {
 		fmt.Fprintf(&b, " (%d killed after the grace period)", e.Killed)
@@ -246,12 +250,50 @@ func Run(ctx context.Context, job Job) error {
 		case <-ctx.Done():
 		}
 	}()
+	lay, err := makeLayout(ctx, &job)
+	if err != nil {
+		return err
+	}
+	np := job.NP // a restart may have fewer ranks if fewer slots are listed
+	var files *outputFiles
+	if job.OutputDir != "" {
+		if files, err = openOutputDir(job.OutputDir, job.NP); err != nil {
+			return err
+		}
+		defer files.close()
+	}
+	for attempt := 0; ; attempt++ {
+		err = runOnce(ctx, job, lay, files, attempt)
+		if err == nil || ctx.Err() != nil || attempt >= job.MaxRestarts {
+			return err
+		}
+		var he *HostError
+		if errors.As(err, &he) {
+			return err
+		}
+		job.Logf("restart %d of %d (GORUN_RESTART_COUNT=%d) after failure: %v", attempt+1, job.MaxRestarts, attempt+1, err)
+		if e := job.Elastic; e != nil && e.DiscoveryScript != "" {
+			// Restart where the script says the hosts are now, not on its
+			// first list.
+			if l, err := rediscover(ctx, &job, np); err != nil {
+				job.Logf("--host-discovery-script %s before the restart: %v; restarting on the hosts it listed last (%s)", e.DiscoveryScript, err, FormatHosts(job.Hosts))
+			} else {
+				lay = l
+			}
+		}
+	}
+}
+
+// makeLayout places job's ranks on its hosts (localhost if none), checks
+// the remote hosts over ssh and picks the address the rendezvous listens
+// on. It may set job.WorkDir.
+func makeLayout(ctx context.Context, job *Job) (*layout, error) {
 	if len(job.Hosts) == 0 {
 		job.Hosts = []Host{{Name: "localhost", Slots: job.NP}}
 	}
 	pl, err := place(job.Hosts, job.NP)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	lay := &layout{hosts: job.Hosts, pl: pl, remote: make([]bool, len(job.Hosts))}
 	// Only hosts that get a rank take part.
@@ -270,18 +312,18 @@ func Run(ctx context.Context, job Job) error {
 		// Remote hosts may come later from the script: they must reach
 		// the rendezvous.
 		if lay.listenIP, err = interfaceIP(job.NetworkInterface); err != nil {
-			return err
+			return nil, err
 		}
 		if job.WorkDir == "" {
 			if job.WorkDir, err = os.Getwd(); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
 	if len(remotes) > 0 {
 		if job.WorkDir == "" {
 			if job.WorkDir, err = os.Getwd(); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		if job.Verbose {
@@ -290,7 +332,7 @@ func Run(ctx context.Context, job Job) error {
 		t0 := time.Now()
 		infos, err := checkHosts(ctx, job.SSH, remotes)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if job.Verbose {
 			job.Logf("all %d remote hosts reachable (%v)", len(remotes), time.Since(t0).Round(time.Millisecond))
@@ -303,30 +345,13 @@ func Run(ctx context.Context, job Job) error {
 			lay.listenIP, why, err = chooseLauncherIP(infos, remotes)
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if job.Verbose {
 			job.Logf("rendezvous and local ranks use %s (%s); remote ranks listen on the address their host reaches it from", lay.listenIP, why)
 		}
 	}
-	var files *outputFiles
-	if job.OutputDir != "" {
-		if files, err = openOutputDir(job.OutputDir, job.NP); err != nil {
-			return err
-		}
-		defer files.close()
-	}
-	for attempt := 0; ; attempt++ {
-		err = runOnce(ctx, job, lay, files, attempt)
-		if err == nil || ctx.Err() != nil || attempt >= job.MaxRestarts {
-			return err
-		}
-		var he *HostError
-		if errors.As(err, &he) {
-			return err
-		}
-		job.Logf("restart %d of %d (GORUN_RESTART_COUNT=%d) after failure: %v", attempt+1, job.MaxRestarts, attempt+1, err)
-	}
+	return lay, nil
 }
 
 // layout is where the ranks of a job run.
@@ -371,6 +396,32 @@ type outputFiles struct {
 	files [][2]*os.File // rank -> stdout, stderr
 }
 
+// rediscover runs the discovery script again and lays the job out on the
+// hosts it lists: np ranks (the job's -np), or as many as it lists slots
+// if fewer (never below --min-np). job is changed only if that works.
+func rediscover(ctx context.Context, job *Job, np int) (*layout, error) {
+	e := job.Elastic
+	hosts, err := Discover(ctx, e.DiscoveryScript, e.DiscoveryTimeout)
+	if err != nil {
+		return nil, err
+	}
+	j := *job
+	j.Hosts = hosts
+	j.NP = min(np, TotalSlots(hosts))
+	if j.NP < max(e.MinNP, 1) {
+		return nil, fmt.Errorf("it lists %s, %d slots, below --min-np %d", FormatHosts(hosts), TotalSlots(hosts), max(e.MinNP, 1))
+	}
+	lay, err := makeLayout(ctx, &j)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.Equal(hosts, job.Hosts) {
+		job.Logf("restarting on the hosts --host-discovery-script lists now: %s, %d rank%s (was %s)", FormatHosts(hosts), j.NP, plural(j.NP), FormatHosts(job.Hosts))
+	}
+	*job = j
+	return lay, nil
+}
+
 func openOutputDir(dir string, np int) (*outputFiles, error) {
 	o := &outputFiles{dir: dir}
 	for range np {
@@ -382,8 +433,24 @@ func openOutputDir(dir string, np int) (*outputFiles, error) {
 	return o, nil
 }
 
-// add creates DIR/rank.N/{stdout,stderr} for the next rank N (in an
-// elastic job, also for each joiner, numbered after the ranks).
+// ensure makes sure DIR/rank.N exists for every N <= n (an elastic job's
+// process n; a restarted job's processes use the files of the attempt
+// before, which has the same numbers).
+func (o *outputFiles) ensure(n int) error {
+	for {
+		o.mu.Lock()
+		have := len(o.files)
+		o.mu.Unlock()
+		if have > n {
+			return nil
+		}
+		if err := o.add(); err != nil {
+			return err
+		}
+	}
+}
+
+// add creates DIR/rank.N/{stdout,stderr} for the next rank N.
 func (o *outputFiles) add() error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -439,14 +506,22 @@ type rankProc struct {
 	joiner    bool
 	localRank int
 	stopReq   atomic.Bool
-	frozen    atomic.Bool // stopped by a signal and lost: gorun ends it
-	cmd       *exec.Cmd
-	stdin     *os.File // remote ranks: the ssh session's stdin
-	tail      *tail
-	out       *rankSink
-	pipes     sync.WaitGroup
-	err       error // from Wait
-	done      chan struct{}
+	frozen    atomic.Bool // ended by gorun: stopped by a signal and lost, or a straggler
+	// What the rendezvous said of it (elastic jobs; by GORUN_PROC_ID;
+	// used by runElastic's goroutine only).
+	rdvLost        bool   // lost as a member
+	rdvLostCause   string // why
+	lostAfterLeave bool   // lost after a member had left cleanly
+	sentAway       bool   // a joiner refused, or sent away before admission
+	admitted       bool   // a joiner admitted to an established epoch
+	left           bool   // left the job cleanly (its Close): it ends on its own
+	cmd            *exec.Cmd
+	stdin          *os.File // remote ranks: the ssh session's stdin
+	tail           *tail
+	out            *rankSink
+	pipes          sync.WaitGroup
+	err            error // from Wait
+	done           chan struct{}
 }
 
 var missingRE = regexp.MustCompile(`missing ranks \[([0-9 ]*)\]`)

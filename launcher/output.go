@@ -383,7 +383,10 @@ func newRankSink(job Job, labels, hosts []string, files *outputFiles) *rankSink 
 // others (an elastic job's joiner).
 func (s *rankSink) add(label, host string) error {
 	if s.files != nil {
-		if err := s.files.add(); err != nil {
+		s.exitedMu.Lock()
+		n := len(s.exited)
+		s.exitedMu.Unlock()
+		if err := s.files.ensure(n); err != nil {
 			return err
 		}
 	}

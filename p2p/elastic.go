@@ -76,6 +76,7 @@ type Member struct {
 	ID   peer.ID // stable for the member's life
 	Host string  // its HostID
 	Addr string  // where the rendezvous saw its control connection come from
+	Proc string  // the launcher's id of its process (Config.ProcID), "" if none
 }
 
 // LostMember is a member that left without a clean Close.
@@ -526,7 +527,7 @@ func lostFromWire(items []lostItem) []LostMember {
 	var out []LostMember
 	for _, it := range items {
 		id, _ := peer.Decode(it.ID)
-		out = append(out, LostMember{Member: Member{Rank: it.Rank, ID: id, Host: it.Host, Addr: it.Addr}, Cause: it.Cause})
+		out = append(out, LostMember{Member: Member{Rank: it.Rank, ID: id, Host: it.Host, Addr: it.Addr, Proc: it.Proc}, Cause: it.Cause})
 	}
 	return out
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -79,6 +80,10 @@ type Config struct {
 	// quarter of it); 0 = 3s. It must match the rendezvous'. Without
 	// Elastic, Timeout is the heartbeat bound, as it always was.
 	HeartbeatTimeout time.Duration
+	// ProcID is the launcher's identity of this process, sent in the
+	// hello so that the rendezvous' reports (RendezvousConfig.OnProc,
+	// Change) name it; "" = $GORUN_PROC_ID, which gorun sets.
+	ProcID string
 }
 
 // Peer describes one rank of the job.
@@ -219,6 +224,12 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if cfg.HostID == "" {
 		cfg.HostID = detectHostID()
+	}
+	if cfg.ProcID == "" {
+		cfg.ProcID = os.Getenv("GORUN_PROC_ID")
+	}
+	if len(cfg.ProcID) > maxProcID {
+		return nil, fmt.Errorf("p2p: ProcID of %d bytes, at most %d", len(cfg.ProcID), maxProcID)
 	}
 	_, rzID, err := rendezvousIdentity(cfg.JobKey)
 	if err != nil {
@@ -459,7 +470,7 @@ func (n *Node) register(ctx context.Context, rzAddrs []ma.Multiaddr) error {
 		Elastic: elasticHello(n.cfg),
 		Proof:   registerProof(n.cfg.JobKey, ch.Nonce, n.h.ID().String(), n.cfg.Rank),
 		Addrs:   addrs,
-		HostID:  n.hostID, Unix: n.unixName, TCPPort: n.tcpPort, TLSPort: n.tlsPort}
+		HostID:  n.hostID, Unix: n.unixName, TCPPort: n.tcpPort, TLSPort: n.tlsPort, Proc: n.cfg.ProcID}
 	if err := writeMsg(s, hello); err != nil {
 		return fail(err)
 	}

@@ -52,6 +52,38 @@ type RendezvousConfig struct {
 	// member acknowledged the new table), for the launcher's log. It runs
 	// on a rendezvous goroutine and must not block.
 	OnChange func(Change)
+	// OnProc, if set, is told what becomes of each process in an elastic
+	// job as it happens, by the process id its hello carried
+	// (Config.ProcID): so a launcher knows exactly which of its processes
+	// the rendezvous lost, let go or sent away, before the epoch that
+	// follows is established (if it ever is). It is called with the
+	// rendezvous' lock held: it must not block nor call the Rendezvous.
+	OnProc func(ProcEvent)
+}
+
+// ProcEventKind is what became of a process (ProcEvent).
+type ProcEventKind int
+
+const (
+	// ProcLost: a member was lost (disconnected, stopped responding,
+	// unreachable, or closed during a reconfiguration).
+	ProcLost ProcEventKind = iota + 1
+	// ProcLeft: a member left cleanly (Close) in an established epoch.
+	ProcLeft
+	// ProcSentAway: a joiner was refused, or sent away before it was
+	// admitted (the job ended or has no member left to admit it).
+	ProcSentAway
+)
+
+// ProcEvent is what RendezvousConfig.OnProc is told.
+type ProcEvent struct {
+	Kind   ProcEventKind
+	Member Member // Rank: in the newest epoch (-1 for a joiner not admitted)
+	Cause  string // ProcLost: as LostMember.Cause; ProcSentAway: why
+	// AfterLeave: a member had already left the job cleanly when this
+	// happened (the job was finishing).
+	AfterLeave bool
+	Members    int // members left after it
 }
 
 // Rendezvous is the membership and control service of one job.
@@ -100,11 +132,12 @@ type rzConn struct {
 	// left, so its own end is a consequence of that departure.
 	behind bool
 	// Elastic mode, under Rendezvous.mu.
-	joiner     bool // registered as a joiner
-	member     bool // in the current epoch's table (or a survivor waiting for one)
-	ackEpoch   int  // the last epoch whose table it acked
-	stableRank int  // its rank in the last established epoch, -1 if none
-	growReq    bool // asked to grow the current epoch
+	joiner     bool   // registered as a joiner
+	member     bool   // in the current epoch's table (or a survivor waiting for one)
+	ackEpoch   int    // the last epoch whose table it acked
+	stableRank int    // its rank in the last established epoch, -1 if none
+	growReq    bool   // asked to grow the current epoch
+	proc       string // its hello's Proc (Config.ProcID)
 }
 
 func (c *rzConn) send(m *msg, timeout time.Duration) error {
@@ -220,6 +253,31 @@ func (r *Rendezvous) Addr() string { return r.addr }
 // PeerID returns the rendezvous' libp2p peer ID (derived from the job key).
 func (r *Rendezvous) PeerID() peer.ID { return r.id }
 
+// Members returns how many members an elastic job has now (after the
+// start: those of the newest epoch, or the survivors waiting for one);
+// Size before the start, and in a fixed-size job.
+func (r *Rendezvous) Members() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cfg.Elastic == nil || !r.tableSent {
+		return r.cfg.Size
+	}
+	return len(r.el.members)
+}
+
+// procEventLocked tells OnProc about ev.
+func (r *Rendezvous) procEventLocked(ev ProcEvent) {
+	if r.cfg.OnProc == nil || r.cfg.Elastic == nil {
+		return
+	}
+	ev.AfterLeave = r.el.leftClean
+	ev.Members = len(r.el.members)
+	if !r.tableSent {
+		ev.Members = r.cfg.Size
+	}
+	r.cfg.OnProc(ev)
+}
+
 // WaitRegistered waits until all Size ranks registered.
 func (r *Rendezvous) WaitRegistered(ctx context.Context) error {
 	select {
@@ -333,7 +391,7 @@ func (r *Rendezvous) handle(s network.Stream) {
 		s.Reset()
 		return
 	}
-	c := &rzConn{id: rank, rank: rank, s: s, addr: raddr, joiner: m.Joiner, stableRank: -1, ackEpoch: -1, item: tableItem{
+	c := &rzConn{id: rank, rank: rank, s: s, addr: raddr, joiner: m.Joiner, stableRank: -1, ackEpoch: -1, proc: m.Proc, item: tableItem{
 		Rank: m.Rank, ID: remote.String(), Addrs: m.Addrs, HostID: m.HostID, Unix: m.Unix, TCPPort: m.TCPPort, TLSPort: m.TLSPort,
 	}}
 	// Hold c's write lock from the moment c becomes visible in regs until
@@ -347,6 +405,11 @@ func (r *Rendezvous) handle(s network.Stream) {
 			who = "joiner " + remote.String()
 		}
 		r.cfg.Logf("rendezvous: refused %s from %s: %v", who, raddr, err)
+		if m.Joiner {
+			r.mu.Lock()
+			r.procEventLocked(ProcEvent{Kind: ProcSentAway, Member: r.memberOf(c, -1), Cause: err.Error()})
+			r.mu.Unlock()
+		}
 		c.send(&msg{T: tError, Text: err.Error()}, to)
 		s.CloseWrite()
 		// Let the error reach the client before the reset (bounded).
@@ -635,6 +698,9 @@ func (r *Rendezvous) leaving(c *rzConn, lastCall uint64) {
 		return
 	}
 	c.leaving, c.lastCall = true, lastCall
+	if r.cfg.Elastic != nil && c.member {
+		r.el.leftClean = true // the job is finishing
+	}
 	aborted := r.aborted || r.closed
 	rank := c.rank
 	r.mu.Unlock()

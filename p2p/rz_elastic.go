@@ -33,7 +33,8 @@ type rzElastic struct {
 	changeStart time.Time // when the change from the last established epoch began
 	waiting     bool      // below MinSize, waiting for joiners
 	waitSince   time.Time
-	nextID      int // regs key of the next joiner
+	nextID      int  // regs key of the next joiner
+	leftClean   bool // a member left the job cleanly: it is finishing
 	// linkCheck is epoch+1 of the epoch whose broken link is being looked
 	// at (0: none); relinked is the pair whose link broke, and the epoch
 	// that re-formed the ring because of it.
@@ -109,12 +110,30 @@ func (r *Rendezvous) registerJoinerLocked(c *rzConn) error {
 		return errors.New("this job is not elastic: a joiner (rank -1) can not join it")
 	case r.aborted:
 		return errors.New("job already aborted")
+	case r.tableSent && len(r.el.members) == 0:
+		// Nobody could admit it, nor give it the job's state.
+		return errors.New("the job has no members left (its last member finished or was lost): there is nobody to join")
 	}
 	c.id = r.el.nextID
 	r.el.nextID++
 	r.regs[c.id] = c
 	r.el.pending = append(r.el.pending, c)
 	return nil
+}
+
+// sendAwayPendingLocked aborts the joiners not admitted yet once the job
+// has no member left: nobody will admit them (nor has the state to give
+// them).
+func (r *Rendezvous) sendAwayPendingLocked(out *outbox, why string) {
+	el := &r.el
+	if len(el.members) > 0 {
+		return
+	}
+	for _, p := range el.pending {
+		out.add(p, &msg{T: tAbort, Text: why})
+		r.procEventLocked(ProcEvent{Kind: ProcSentAway, Member: r.memberOf(p, -1), Cause: why})
+	}
+	el.pending = nil
 }
 
 // joinerRegistered forms the waiting epoch if the job was below MinSize.
@@ -321,14 +340,14 @@ func (r *Rendezvous) elasticAck(c *rzConn, epoch int) {
 }
 
 func (r *Rendezvous) memberOf(c *rzConn, rank int) Member {
-	m := Member{Rank: rank, Host: c.item.HostID, Addr: c.addr}
+	m := Member{Rank: rank, Host: c.item.HostID, Addr: c.addr, Proc: c.proc}
 	m.ID, _ = peerIDOf(c.item)
 	return m
 }
 
 // lostItemLocked describes c as lost (rank: in the newest epoch).
 func lostItemLocked(c *rzConn, cause string) lostItem {
-	return lostItem{Rank: c.rank, ID: c.item.ID, Host: c.item.HostID, Addr: c.addr, Cause: cause}
+	return lostItem{Rank: c.rank, ID: c.item.ID, Host: c.item.HostID, Addr: c.addr, Cause: cause, Proc: c.proc}
 }
 
 // dropLocked takes c out of the members and records it for the next View.
@@ -337,6 +356,7 @@ func (r *Rendezvous) dropLocked(c *rzConn, cause string) lostItem {
 	c.member = false
 	el.members = slices.DeleteFunc(el.members, func(o *rzConn) bool { return o == c })
 	li := lostItemLocked(c, cause)
+	r.procEventLocked(ProcEvent{Kind: ProcLost, Member: r.memberOf(c, li.Rank), Cause: cause})
 	if c.stableRank >= 0 {
 		v := li
 		v.Rank = c.stableRank
@@ -363,6 +383,7 @@ func (r *Rendezvous) elasticLost(c *rzConn, err error, left bool) {
 		r.cfg.Logf("rendezvous: joiner %s (%s) went before it was admitted: %v", c.item.ID, c.addr, err)
 		return
 	}
+	const noMembers = "the job has no members left (its last member finished or was lost) before this joiner was admitted"
 	if !c.member {
 		r.mu.Unlock()
 		return
@@ -371,22 +392,25 @@ func (r *Rendezvous) elasticLost(c *rzConn, err error, left bool) {
 	if left && !el.goSent {
 		// It closed (after a membership change, most likely) while the
 		// others form an epoch that counts on it: they go on without it.
+		el.leftClean = true
 		li := r.dropLocked(c, "closed during a reconfiguration")
+		pre := &outbox{}
+		r.sendAwayPendingLocked(pre, noMembers)
 		out = r.changeLocked(fmt.Sprintf("rank %d (%s) closed during a reconfiguration", li.Rank, c.addr), []lostItem{li})
 		r.mu.Unlock()
+		r.deliver(pre)
 		r.deliver(out)
 		return
 	}
 	if left {
 		c.member = false
 		el.members = slices.DeleteFunc(el.members, func(o *rzConn) bool { return o == c })
-		if len(el.members) == 0 && len(el.pending) > 0 {
-			// The job is over: nobody will admit the joiners.
-			out = &outbox{}
-			for _, p := range el.pending {
-				out.add(p, &msg{T: tAbort, Text: "the job ended before this joiner was admitted"})
-			}
-		}
+		el.leftClean = true
+		r.procEventLocked(ProcEvent{Kind: ProcLeft, Member: r.memberOf(c, c.rank)})
+		// The job is over once nobody is left: nobody will admit the
+		// joiners.
+		out = &outbox{}
+		r.sendAwayPendingLocked(out, "the job ended before this joiner was admitted")
 		r.mu.Unlock()
 		r.deliver(out)
 		return
@@ -397,8 +421,11 @@ func (r *Rendezvous) elasticLost(c *rzConn, err error, left bool) {
 		cause = fmt.Sprintf("stopped responding: no heartbeat within %v", r.hb)
 	}
 	li := r.dropLocked(c, cause)
+	pre := &outbox{}
+	r.sendAwayPendingLocked(pre, noMembers)
 	out = r.changeLocked(fmt.Sprintf("rank %d (%s) %s", li.Rank, c.addr, cause), []lostItem{li})
 	r.mu.Unlock()
+	r.deliver(pre)
 	r.deliver(out)
 }
 

@@ -21,6 +21,9 @@ const maxFrame = 4 << 20
 // data handshakes), so a stranger can not make us allocate much.
 const maxSmallFrame = 64 << 10
 
+// maxProcID bounds a hello's process id (Config.ProcID).
+const maxProcID = 128
+
 // Message types.
 const (
 	tChallenge = "challenge" // server -> client: nonce
@@ -80,6 +83,11 @@ type msg struct {
 	Pending int        `json:"pending,omitempty"` // ping: joiners waiting to be admitted
 	Lost    []lostItem `json:"lost,omitempty"`    // reconfig, table: members that are gone
 	Joined  []int      `json:"joined,omitempty"`  // table: ranks (in the new epoch) of the members that joined
+	// Proc, in a hello: the launcher's identity of the process
+	// (Config.ProcID, GORUN_PROC_ID), so that the rendezvous' reports
+	// name the launcher's processes exactly. Not authenticated beyond the
+	// job key; for messages and bookkeeping only.
+	Proc string `json:"proc,omitempty"`
 }
 
 // lostItem is a member that left the job without a clean Close.
@@ -89,6 +97,7 @@ type lostItem struct {
 	Host  string `json:"host"`
 	Addr  string `json:"addr"`
 	Cause string `json:"cause"`
+	Proc  string `json:"proc,omitempty"` // its hello's Proc
 }
 
 // tableItem is one rank's entry of the job table.
@@ -170,6 +179,9 @@ func (m *msg) check() error {
 		}
 		if m.Rank < 0 || m.Link < 0 {
 			return fmt.Errorf("bad %s: negative rank", m.T)
+		}
+		if len(m.Proc) > maxProcID {
+			return fmt.Errorf("bad %s: process id of %d bytes (at most %d)", m.T, len(m.Proc), maxProcID)
 		}
 		if !validPort(m.TCPPort) || !validPort(m.TLSPort) {
 			return fmt.Errorf("bad %s: tcp port %d / tls port %d", m.T, m.TCPPort, m.TLSPort)

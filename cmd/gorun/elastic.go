@@ -42,10 +42,17 @@ func (f *runFlags) checkElasticFlags(fl *pflag.FlagSet) error {
 		}
 	}
 	if f.heartbeatTimeout < 100*time.Millisecond {
-		return fmt.Errorf("--heartbeat-timeout %v is too short for a rank to answer in (pings go out every quarter of it, and a GC pause must not look like a lost rank): use 1s or more", f.heartbeatTimeout)
+		return fmt.Errorf("--heartbeat-timeout %v is too short for a rank to answer in (pings go out every quarter of it, and a GC pause must not look like a lost rank): use at least 100ms (the default, 3s, is safe on a loaded machine)", f.heartbeatTimeout)
 	}
 	if _, _, err := parseCooldown(f.cooldown); err != nil {
 		return err
+	}
+	if f.jobKeyFile != "" {
+		path, err := filepath.Abs(f.jobKeyFile)
+		if err != nil {
+			return err
+		}
+		f.jobKeyFile = path
 	}
 	if f.discovery != "" {
 		path, err := discoveryPath(f.discovery)
@@ -112,7 +119,11 @@ func parseCooldown(s string) (base, limit time.Duration, err error) {
 
 // elastic returns the job's elastic settings once -np is known, nil for a
 // fixed-size job (which must not be given elastic-only flags).
-func (f *runFlags) elastic() (*launcher.Elastic, error) {
+func (f *runFlags) elastic(fl *pflag.FlagSet) (*launcher.Elastic, error) {
+	if f.minNP > f.np && f.discovery != "" && !fl.Changed("np") {
+		// -np came from the script's slots: say so, not "raise -np".
+		return nil, fmt.Errorf("--min-np %d is above the %d slot%s --host-discovery-script %s lists: the job could never start; list more slots, or lower --min-np", f.minNP, f.np, plural(f.np), f.discovery)
+	}
 	if f.minNP > f.np {
 		return nil, fmt.Errorf("--min-np %d is above -np %d: the job could never start; lower --min-np or raise -np", f.minNP, f.np)
 	}
@@ -124,10 +135,11 @@ func (f *runFlags) elastic() (*launcher.Elastic, error) {
 			name string
 			set  bool
 		}{
-			{"--discovery-interval", f.discoveryInterval != launcher.DefaultDiscoveryInterval},
-			{"--elastic-timeout", f.elasticTimeout != launcher.DefaultElasticTimeout},
-			{"--heartbeat-timeout", f.heartbeatTimeout != launcher.DefaultHeartbeatTimeout},
-			{"--blacklist-cooldown", f.cooldown != defaultCooldown},
+			{"--discovery-interval", fl.Changed("discovery-interval")},
+			{"--elastic-timeout", fl.Changed("elastic-timeout")},
+			{"--heartbeat-timeout", fl.Changed("heartbeat-timeout")},
+			{"--blacklist-cooldown", fl.Changed("blacklist-cooldown")},
+			{"--job-key-file", fl.Changed("job-key-file")},
 		} {
 			if c.set {
 				return nil, fmt.Errorf("%s applies to elastic jobs only: make the job elastic with --min-np below -np (%d), --max-np above it, or --host-discovery-script", c.name, f.np)
@@ -146,6 +158,13 @@ func (f *runFlags) elastic() (*launcher.Elastic, error) {
 	return &launcher.Elastic{
 		MinNP: minNP, MaxNP: f.maxNP, DiscoveryScript: f.discovery,
 		DiscoveryInterval: f.discoveryInterval, Timeout: f.elasticTimeout, HeartbeatTimeout: f.heartbeatTimeout,
-		CooldownBase: base, CooldownMax: limit,
+		CooldownBase: base, CooldownMax: limit, JobKeyFile: f.jobKeyFile,
 	}, nil
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
 }

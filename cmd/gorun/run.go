@@ -44,6 +44,7 @@ type runFlags struct {
 	discoveryInterval time.Duration
 	elasticTimeout    time.Duration
 	heartbeatTimeout  time.Duration
+	jobKeyFile        string
 	cooldown          string
 }
 
@@ -128,7 +129,12 @@ registered, a failure fails the job as usual. Output prefixes and gorun's
 messages number processes in the order gorun starts them (the starting
 ranks keep their rank; joiners come after), not by their rank in later
 epochs. --max-restarts with an elastic job relaunches it only when it
-fails as a whole.
+fails as a whole (with --host-discovery-script, on the hosts the script
+lists then). Once a rank has exited 0, a rank that fails fails the job, as
+in a fixed-size job; once the rendezvous has no member left, what still
+runs is stopped after --grace. With --job-key-file FILE, gorun prints the
+environment with which a rank started by hand (GORUN_RANK=-1) joins the
+job, up to --max-np.
 
 If PROGRAM is a Go package directory (./examples/mnist, or .), gorun builds
 it once, in its own directory (so a package with its own go.mod builds too),
@@ -190,11 +196,12 @@ path yourself).`,
 	fl.StringVar(&f.config, "config", "", "YAML file of flag values (long flag names as keys); command-line flags win")
 	fl.StringVar(&f.timeline, "timeline", "", "write a Chrome trace of every rank's collectives to this file (GORUN_TIMELINE; open in chrome://tracing or Perfetto)")
 	fl.IntVar(&f.minNP, "min-np", 0, "elastic: the fewest ranks the job goes on with (default: -np); below -np makes the job elastic")
-	fl.IntVar(&f.maxNP, "max-np", 0, "elastic: the most ranks the job runs with (default: -np, or the slots the discovery script lists); above -np makes the job elastic")
+	fl.IntVar(&f.maxNP, "max-np", 0, "elastic: the most ranks the job runs with (default: -np, or the slots the discovery script lists); above -np makes the job elastic. Without --host-discovery-script gorun itself starts no more than -np ranks: the room above is for ranks started by hand (--job-key-file)")
 	fl.StringVar(&f.discovery, "host-discovery-script", "", "elastic: executable printing the job's hosts as host:slots lines, run at start (its hosts replace -H) and every --discovery-interval")
 	fl.DurationVar(&f.discoveryInterval, "discovery-interval", launcher.DefaultDiscoveryInterval, "elastic: how often the host discovery script is run")
 	fl.DurationVar(&f.elasticTimeout, "elastic-timeout", launcher.DefaultElasticTimeout, "elastic: how long the job may wait below --min-np for ranks to join before it fails")
 	fl.DurationVar(&f.heartbeatTimeout, "heartbeat-timeout", launcher.DefaultHeartbeatTimeout, "elastic: a rank (or host) silent this long is lost (GORUN_HEARTBEAT_TIMEOUT)")
+	fl.StringVar(&f.jobKeyFile, "job-key-file", "", "elastic: keep the job key in FILE (created mode 0600 if missing) and print the environment with which a rank started by hand joins the job (GORUN_RANK=-1 GORUN_JOB_KEY_FILE=FILE ...)")
 	fl.StringVar(&f.cooldown, "blacklist-cooldown", defaultCooldown, "elastic: MIN[,MAX]: a host where a rank failed gets no new rank for MIN, doubled per further failure in a row up to MAX (default MAX: 10×MIN); never a permanent ban")
 	cmd.AddCommand(newBenchCmd(), newBenchWorkerCmd())
 	cmd.AddCommand(newCheckpointCmd())
@@ -326,7 +333,7 @@ func (f *runFlags) validate(ctx context.Context, fl *pflag.FlagSet) ([]launcher.
 		}
 		return nil, nil, fmt.Errorf("-np %d needs %d slots but %s has %d: add hosts or slots (host:slots), or lower -np", f.np, f.np, where, slots)
 	}
-	el, err := f.elastic()
+	el, err := f.elastic(fl)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -3,7 +3,7 @@
 // it tests the launcher and the membership layer alone.
 //
 // It joins the job described by gorun's environment (GORUN_RENDEZVOUS,
-// GORUN_JOB_KEY, GORUN_RANK, -1 for a joiner, GORUN_SIZE,
+// GORUN_JOB_KEY or GORUN_JOB_KEY_FILE, GORUN_RANK, -1 for a joiner, GORUN_SIZE,
 // GORUN_HEARTBEAT_TIMEOUT, GORUN_TIMEOUT, GORUN_LISTEN_IP) as an elastic
 // member and runs steps: each step is an int64 Sum allreduce of
 // [1, joiners waiting, stop requested, step], whose result it checks (the
@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gorun/gorun/collective"
@@ -42,12 +43,21 @@ import (
 func main() {
 	untilFile := flag.String("until-file", "", "exit 0 (every member, at the same step) once this file exists")
 	stepTime := flag.Duration("step-time", 10*time.Millisecond, "compute time each step stands for")
+	flag.DurationVar(&joinerDelay, "joiner-delay", 0, "a joiner (GORUN_RANK=-1) waits this long before it joins (a slow start)")
+	flag.IntVar(&failRank, "fail-after-done", -1, "the process started as this GORUN_RANK exits 3 after it finished and closed cleanly (once --fail-when exists)")
+	flag.StringVar(&failWhen, "fail-when", "", "with --fail-after-done: wait for this file before failing")
 	flag.Parse()
 	if err := run(*untilFile, *stepTime); err != nil {
 		fmt.Fprintf(os.Stderr, "elasticprog: %v\n", err)
 		os.Exit(1)
 	}
 }
+
+var (
+	joinerDelay time.Duration
+	failRank    = -1
+	failWhen    string
+)
 
 func envDuration(name string, def time.Duration) (time.Duration, error) {
 	v := os.Getenv(name)
@@ -73,7 +83,15 @@ func run(untilFile string, stepTime time.Duration) error {
 		return fmt.Errorf("GORUN_RANK: %v", err)
 	}
 	size, _ := strconv.Atoi(os.Getenv(collective.EnvSize))
-	key, err := hexKey(os.Getenv(collective.EnvJobKey))
+	keyText := os.Getenv(collective.EnvJobKey)
+	if f := os.Getenv(collective.EnvJobKeyFile); keyText == "" && f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		keyText = strings.TrimSpace(string(b))
+	}
+	key, err := hexKey(keyText)
 	if err != nil {
 		return err
 	}
@@ -86,6 +104,9 @@ func run(untilFile string, stepTime time.Duration) error {
 		return err
 	}
 	fmt.Printf("elasticprog: pid %d, GORUN_RANK=%d\n", os.Getpid(), rank)
+	if rank < 0 {
+		time.Sleep(joinerDelay)
+	}
 	cfg := p2p.Config{Rank: rank, Size: size, JobKey: key, Rendezvous: os.Getenv(collective.EnvRendezvous),
 		ListenIP: os.Getenv(collective.EnvListenIP), DataPlane: os.Getenv(collective.EnvDataPlane),
 		Timeout: timeout, Elastic: true, HeartbeatTimeout: hb}
@@ -128,7 +149,17 @@ func run(untilFile string, stepTime time.Duration) error {
 		m.step++
 		if res[2] > 0 {
 			fmt.Printf("elasticprog: done at step %d in epoch %d as rank %d of %d\n", m.step, node.Epoch(), node.Rank(), node.Size())
-			return node.Close()
+			if err := node.Close(); err != nil || rank != failRank || rank < 0 {
+				return err
+			}
+			for failWhen != "" {
+				if _, err := os.Stat(failWhen); err == nil {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			fmt.Fprintf(os.Stderr, "elasticprog: failing after it finished (--fail-after-done %d)\n", failRank)
+			os.Exit(3)
 		}
 		if res[1] > 0 {
 			epoch := node.Epoch()

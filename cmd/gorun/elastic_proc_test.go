@@ -1,0 +1,118 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// startElasticWith is startElastic with elasticprog flags after
+// --until-file.
+func startElasticWith(t *testing.T, gorunArgs, progArgs []string) *elasticJob {
+	t.Helper()
+	dir := t.TempDir()
+	stop := filepath.Join(dir, "stop")
+	args := append(append(gorunArgs, elasticprogBin, "--until-file", stop), progArgs...)
+	return &elasticJob{gorunProc: startGorun(t, dir, nil, args...), dir: dir, stop: stop}
+}
+
+// A joiner that registers after the job's last member left is refused by
+// the rendezvous (nobody can admit it), and gorun ends, with the job's
+// success, instead of waiting for it forever.
+func TestElasticJoinerAfterLastMember(t *testing.T) {
+	j := startElasticWith(t, []string{"-np", "3", "--min-np", "2", "--blacklist-cooldown", "1s", "--grace", "10s"},
+		[]string{"--joiner-delay", "2s"})
+	j.waitOutput(t, "elasticprog: epoch 0: ", 3, time.Minute)
+	j.kill9(t, "2")
+	j.waitErr(t, "gorun: started joiner 3 ", 1, 30*time.Second)
+	// The members finish while the joiner is still starting.
+	if code := j.finish(t); code != 0 {
+		t.Errorf("exit %d, want 0", code)
+	}
+	errOut := j.err.String()
+	mustMatch(t, `(?m)^gorun: joiner 3 \(pid \d+\) ended after the job had begun to finish: exit status 1 \(a joiner the rendezvous sent away\)$`, errOut)
+	mustMatch(t, `(?m)^\[3\] .*the job has no members left \(its last member finished or was lost\): there is nobody to join`, errOut+j.out.String())
+	t.Logf("gorun said:\n%s", errOut)
+}
+
+// A member that fails after another rank exited 0 fails the elastic job,
+// as it would a fixed-size one.
+func TestElasticFailsAfterFinish(t *testing.T) {
+	dir := t.TempDir()
+	release := filepath.Join(dir, "release")
+	j := startElasticWith(t, []string{"-np", "3", "--min-np", "2"}, []string{"--fail-after-done", "1", "--fail-when", release})
+	j.waitOutput(t, "elasticprog: epoch 0: ", 3, time.Minute)
+	if err := os.WriteFile(j.stop, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	j.waitOutput(t, "elasticprog: done at step ", 3, time.Minute)
+	// Rank 1 fails once the others have exited 0.
+	pids := j.pids()
+	for deadline := time.Now().Add(time.Minute); processRunning(pids["0"]) || processRunning(pids["2"]); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("ranks 0 and 2 did not exit")
+		}
+	}
+	if err := os.WriteFile(release, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := j.end(t); code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	errOut := j.err.String()
+	mustMatch(t, `(?m)^gorun: rank 1 \(pid \d+\) failed after the job had begun to finish: exit status 3; the job fails$`, errOut)
+	mustMatch(t, `(?m)^gorun: job failed: rank 1 \(exit status 3\) failed after the job had begun to finish, when 2 ranks had exited 0: as in a fixed-size job, that fails the job \(it started with 3 ranks\)`, errOut)
+	t.Logf("gorun said:\n%s", errOut)
+}
+
+var handJoinRE = regexp.MustCompile(`(?m)^gorun: to add a rank by hand \(it joins at the next commit boundary, up to --max-np 3\): (GORUN_ELASTIC=1 GORUN_RANK=-1 GORUN_SIZE=2 GORUN_RENDEZVOUS=\S+ GORUN_JOB_KEY_FILE=(\S+) GORUN_HEARTBEAT_TIMEOUT=3s) (\S+)$`)
+
+// With --job-key-file, gorun writes the job key to a 0600 file and prints
+// the environment with which a rank started by hand joins; one started so
+// is admitted, and the job (which gorun keeps at -np itself) grows to 3.
+func TestElasticJoinerByHand(t *testing.T) {
+	keyFile := filepath.Join(t.TempDir(), "job.key")
+	j := startElastic(t, "-np", "2", "--min-np", "1", "--max-np", "3", "--job-key-file", keyFile)
+	j.waitOutput(t, "elasticprog: epoch 0: ", 2, time.Minute)
+	m := handJoinRE.FindStringSubmatch(j.err.String())
+	if m == nil {
+		t.Fatalf("no line matching %s in:\n%s", handJoinRE, j.err)
+	}
+	if m[2] != keyFile || m[3] != elasticprogBin {
+		t.Errorf("key file %q, program %q", m[2], m[3])
+	}
+	if st, err := os.Stat(keyFile); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("key file: %v, %v", st, err)
+	}
+	cmd := exec.Command(elasticprogBin, "--until-file", j.stop)
+	cmd.Env = append(os.Environ(), strings.Fields(m[1])...)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var waitErr error
+	done := make(chan struct{})
+	go func() { waitErr = cmd.Wait(); close(done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-done })
+	j.waitErr(t, "gorun: membership epoch 1: 3 ranks (joined rank 2 on host ", 1, time.Minute)
+	j.waitOutput(t, "elasticprog: epoch 1: ", 2, 30*time.Second)
+	if code := j.finish(t); code != 0 {
+		t.Errorf("exit %d, want 0", code)
+	}
+	select {
+	case <-done:
+		if waitErr != nil || !strings.Contains(out.String(), "elasticprog: done at step ") {
+			t.Errorf("the rank started by hand: %v\nstdout:\n%s\nstderr:\n%s", waitErr, &out, &errb)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("the rank started by hand did not end with the job")
+	}
+	t.Logf("gorun said:\n%s", j.err)
+}
