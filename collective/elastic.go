@@ -12,6 +12,7 @@ import (
 
 	"gorgonia.org/tensor"
 
+	"github.com/gorun/gorun/p2p"
 	"github.com/gorun/gorun/ring"
 )
 
@@ -102,10 +103,14 @@ type ElasticState struct {
 	ownBlob    []byte
 	buddyBlob  []byte // the predecessor's unique bytes at that commit
 	buddyOf    string // the predecessor's peer ID then
-	lost       []LostMember
-	sendBuf    []byte
-	recvBufs   [2][]byte
-	words      []int64 // scalars packed for a broadcast
+	// commitPeers: the members at that commit (re-read once per epoch),
+	// which give the lost members of an event their ranks then.
+	commitPeers []p2p.Peer
+	peersEpoch  int
+	lost        []LostMember
+	sendBuf     []byte
+	recvBufs    [2][]byte
+	words       []int64 // scalars packed for a broadcast
 
 	testHook func(stage string) // tests: called at the stages of a reset
 }
@@ -321,12 +326,40 @@ func (s *ElasticState) keepUnique(own, pred []byte) {
 	s.buddyBlob = pred
 	s.commitSize = s.comm.Size()
 	s.buddyOf = ""
-	if v := s.comm.cur(); v.size > 1 {
-		peers := s.comm.node.Peers()
+	v := s.comm.cur()
+	if v.size <= 1 {
+		s.commitPeers = nil
+	} else if s.commitPeers == nil || s.peersEpoch != v.epoch {
+		s.commitPeers, s.peersEpoch = s.comm.node.Peers(), v.epoch
+	}
+	if peers := s.commitPeers; v.size > 1 {
 		if p := (v.rank - 1 + v.size) % v.size; p < len(peers) {
 			s.buddyOf = peers[p].ID.String()
 		}
 	}
+}
+
+// lostThen lists each lost member once, with its rank at the last commit
+// (peers): losses come from every reconfiguration since, each numbered in
+// the epoch before it, which the commit may predate.
+func lostThen(lost []LostMember, peers []p2p.Peer) []LostMember {
+	var out []LostMember
+	seen := map[string]bool{}
+	for _, l := range lost {
+		id := l.ID.String()
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		for _, p := range peers {
+			if p.ID == l.ID {
+				l.Rank = p.Rank
+				break
+			}
+		}
+		out = append(out, l)
+	}
+	return out
 }
 
 // shift sends blob to the next rank and returns the previous rank's, as
@@ -379,6 +412,7 @@ func (s *ElasticState) shift(ctx context.Context, blob []byte, maxLen int) ([]by
 func (s *ElasticState) reset(ctx context.Context, initial bool, start time.Time) error {
 	c := s.comm
 	v := c.cur()
+	peersThen := s.commitPeers // keepUnique below moves on to this epoch's
 	hook := func(stage string) {
 		if s.testHook != nil {
 			s.testHook(stage)
@@ -409,6 +443,12 @@ func (s *ElasticState) reset(ctx context.Context, initial bool, start time.Time)
 		return fmt.Errorf("gorun: rank %d: elastic reset: no rank of membership epoch %d holds the training state (all %d are joiners)", v.rank, v.epoch, v.size)
 	}
 	oldSize := int(all[3*src+1])
+	if peersThen != nil {
+		// The size the loop last ran with: a reset that failed half-way
+		// may have moved the source's size at commit to an epoch that
+		// never ran a step.
+		oldSize = len(peersThen)
+	}
 	if s.has && s.snapped {
 		s.restoreSnapshot()
 	}
@@ -470,7 +510,7 @@ func (s *ElasticState) reset(ctx context.Context, initial bool, start time.Time)
 		return nil // the start of the job: nothing was reset
 	}
 	ev := ElasticEvent{Epoch: v.epoch, OldSize: oldSize, NewSize: v.size, Rank: v.rank,
-		Lost: slices.Clone(s.lost), Joined: slices.Clone(v.joined), Step: maxC, Took: time.Since(start), Notes: notes}
+		Lost: lostThen(s.lost, peersThen), Joined: slices.Clone(v.joined), Step: maxC, Took: time.Since(start), Notes: notes}
 	s.lost = nil
 	c.logf("gorun: rank %d: elastic reset: %v", v.rank, ev)
 	for _, f := range s.onReset {

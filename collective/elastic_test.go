@@ -431,6 +431,21 @@ func TestElasticCrashDuringReset(t *testing.T) {
 		if m.c.Epoch() < 2 {
 			t.Errorf("rank %d ends in epoch %d, want a second reconfiguration", m.c.Rank(), m.c.Epoch())
 		}
+		// The first reset failed, so one event reports both losses, with
+		// their ranks at the last commit (epoch 0): 3, then 1.
+		var lost []int
+		for _, ev := range m.events {
+			for _, l := range ev.Lost {
+				lost = append(lost, l.Rank)
+			}
+		}
+		slices.Sort(lost)
+		if !slices.Equal(lost, []int{1, 3}) {
+			t.Errorf("rank %d: resets %v report lost ranks %v, want [1 3]", m.c.Rank(), m.events, lost)
+		}
+		if len(m.events) > 0 && m.events[len(m.events)-1].OldSize != 4 {
+			t.Errorf("rank %d: last reset %v: old size %d, want 4 (the size the loop last ran with)", m.c.Rank(), m.events[len(m.events)-1], m.events[len(m.events)-1].OldSize)
+		}
 	}
 }
 

@@ -96,11 +96,16 @@ type View struct {
 	Rank  int
 	Size  int
 	Peers []Peer
-	// Lost: the members of the last established epoch that are not in this
-	// one, with their ranks in that epoch and why they went.
+	// Lost: the members of the epoch this node was last in (the View its
+	// previous Reconfigure, Grow or Join returned) that are not in this
+	// one, with their ranks in that epoch and why they went. Epochs formed
+	// and overtaken in between (a further loss while the job re-formed)
+	// are folded in, so nothing lost is missing and the ranks are the ones
+	// the caller knew.
 	Lost []LostMember
 	// Joined: the ranks, in this epoch, of the members that were not in
-	// the last established one (they have none of the job's state yet).
+	// the epoch this node was last in (they have none of the job's state
+	// yet).
 	Joined []int
 }
 
@@ -181,6 +186,11 @@ type elasticNode struct {
 	growNone   chan struct{}          // closed when the Grow under way admitted nobody
 	growEpoch  int                    // the epoch that Grow is for
 	tableCh    chan struct{}          // cap 1: a table, a status or a fatal error arrived
+	// shown: the peers of the View last returned to the caller; causes:
+	// why each member lost since then went, from every table installed
+	// since (a table only lists the losses since the epoch before it).
+	shown  []Peer
+	causes map[peer.ID]LostMember
 }
 
 func (e *elasticNode) init() {
@@ -338,7 +348,7 @@ func (n *Node) reconfigure(ctx context.Context, started bool) (View, error) {
 		blame, err := n.connectEpochLinks(ctx, ep)
 		if err == nil {
 			n.logf("in membership epoch %d: rank %d of %d", ep.epoch, ep.rank, ep.size)
-			return n.viewOf(ep), nil
+			return n.sinceShown(n.viewOf(ep)), nil
 		}
 		if n.overtaken(ep) {
 			continue
@@ -457,6 +467,14 @@ func (n *Node) installEpoch(t *msg) (*epochRun, error) {
 	// Lost members' peer IDs are refused from now on.
 	n.g.set(ids...)
 	view := View{Epoch: t.Epoch, Rank: rank, Size: len(peers), Lost: lostFromWire(t.Lost), Joined: slices.Clone(t.Joined)}
+	n.mu.Lock()
+	if n.el.causes == nil {
+		n.el.causes = map[peer.ID]LostMember{}
+	}
+	for _, l := range view.Lost {
+		n.el.causes[l.ID] = l
+	}
+	n.mu.Unlock()
 	ep := &epochRun{epoch: t.Epoch, rank: rank, size: len(peers), done: make(chan struct{}),
 		goCh: make(chan struct{}), reported: map[int]bool{}, view: view}
 	n.mu.Lock()
@@ -521,6 +539,47 @@ func parseElasticTable(t []tableItem, self peer.ID) ([]Peer, int, error) {
 		return nil, -1, fmt.Errorf("table of %d members does not list this node (%s)", len(t), self)
 	}
 	return peers, rank, nil
+}
+
+// sinceShown makes v's Lost and Joined relative to the View this node
+// returned before (none for the first), and remembers v as that View.
+// The rendezvous' lists are relative to the epoch before each table, which
+// this node may never have run in: a member lost while the job re-formed
+// would otherwise be missing, and ranks would be those of an epoch the
+// caller never saw.
+func (n *Node) sinceShown(v View) View {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	prev, causes := n.el.shown, n.el.causes
+	n.el.shown, n.el.causes = slices.Clone(v.Peers), nil
+	if prev == nil {
+		return v
+	}
+	now := map[peer.ID]bool{}
+	for _, p := range v.Peers {
+		now[p.ID] = true
+	}
+	was := map[peer.ID]bool{}
+	v.Lost = nil
+	for _, p := range prev {
+		was[p.ID] = true
+		if now[p.ID] {
+			continue
+		}
+		l, ok := causes[p.ID]
+		if !ok {
+			l = LostMember{Member: Member{ID: p.ID, Host: p.HostID}, Cause: "left the job"}
+		}
+		l.Rank = p.Rank
+		v.Lost = append(v.Lost, l)
+	}
+	v.Joined = nil
+	for _, p := range v.Peers {
+		if !was[p.ID] {
+			v.Joined = append(v.Joined, p.Rank)
+		}
+	}
+	return v
 }
 
 func lostFromWire(items []lostItem) []LostMember {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -511,10 +512,22 @@ func TestElasticTrainKilledDuringReset(t *testing.T) {
 			j.open()
 			j.finish(2)
 			var resets []string
+			lost := map[string]bool{}
 			for _, m := range etResetRE.FindAllStringSubmatch(j.out.String(), -1) {
 				resets = append(resets, m[0])
+				if m[1] == "0" {
+					for _, r := range strings.Split(m[5], ",") {
+						lost[r] = true
+					}
+				}
 			}
 			t.Logf("resets:\n%s", strings.Join(resets, "\n"))
+			// Rank 0's resets name both losses, each with its rank at
+			// the commit before it (ranks 1 and 2 either way), even when
+			// the second loss overtook the first epoch while it formed.
+			if len(lost) != 2 || !lost["1"] || !lost["2"] {
+				t.Errorf("rank 0's resets report lost ranks %v, want 1 and 2", slices.Sorted(maps.Keys(lost)))
+			}
 		})
 	}
 }
