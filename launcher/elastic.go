@@ -754,12 +754,16 @@ func (e *elasticRun) exitedRank(p *rankProc) {
 	case e.departures.abortCause() != "":
 		// The rendezvous aborted the job: the ranks end because of it, and
 		// the summary says why.
-	case e.finishing:
+	case e.finishing || (p.left && p.err != nil && !byGorun):
 		// After the first rank finished, a rank that fails fails the job
 		// (as in a fixed-size job), unless gorun ended it, the rendezvous
 		// sent it away (a joiner never admitted), or the rendezvous had
 		// lost it before the job began to finish. None costs a host a
-		// cooldown: no new rank comes any more.
+		// cooldown: no new rank comes any more. A rank that left the job
+		// cleanly (its Close) and then fails is the same case: the
+		// rendezvous told gorun of its leave before it could exit, while
+		// the exits of ranks that finished just before it may not have
+		// been handled yet.
 		how := cmp.Or(errText(p), "exit status 0")
 		switch {
 		case byGorun:
