@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -24,6 +25,7 @@ import (
 type Manager struct {
 	comm   *collective.Comm
 	dir    string
+	store  Store // nil for a directory: the code paths below use the files directly
 	keep   int
 	margin int64
 	logf   func(format string, args ...any)
@@ -54,13 +56,23 @@ func New(comm *collective.Comm, dir string, opts ...Option) (*Manager, error) {
 	for _, o := range opts {
 		o(m)
 	}
+	if IsRemote(dir) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*s3CallTimeout)
+		defer cancel()
+		s, err := openS3(ctx, dir)
+		if err != nil {
+			return nil, err
+		}
+		m.store, m.dir = s, s.loc
+		return m, nil
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
 	return m, nil
 }
 
-// Dir is the checkpoint directory.
+// Dir is the checkpoint directory, or the s3:// location.
 func (m *Manager) Dir() string { return m.dir }
 
 // SaveStats describe this rank's last successful Save.
@@ -110,7 +122,11 @@ func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
 	}
 	// 1. Agree on the step and the state, and check free space, in one
 	// allgather so that every rank takes the same decision.
-	free, ferr := freeSpace(m.dir)
+	var free uint64 = 1 << 62 // an object store reports no free space
+	var ferr error
+	if m.store == nil {
+		free, ferr = freeSpace(m.dir)
+	}
 	rec := make([]byte, 0, agreeLen)
 	rec = binary.LittleEndian.AppendUint64(rec, uint64(step))
 	lh := st.layoutHash()
@@ -170,10 +186,14 @@ func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
 
 	// 2. Rank 0 prepares the step directory (replacing a stale one left by
 	// an earlier attempt at this step); the barrier orders it before writes.
-	sdir := StepDir(m.dir, step)
+	sdir := m.stepLoc(step)
 	var prepErr error
 	if rank == 0 {
-		prepErr = m.prepare(sdir)
+		if m.store != nil {
+			prepErr = storeDeleteStep(ctx, m.store, step, nil)
+		} else {
+			prepErr = m.prepare(sdir)
+		}
 	}
 	if err := m.agreeOK(ctx, rank == 0, prepErr, "checkpoint.prepare"); err != nil {
 		return fmt.Errorf("checkpoint: step %d: preparing %s: %w", step, sdir, err)
@@ -183,17 +203,28 @@ func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
 	wstart := time.Now()
 	total := st.totalBytes()
 	lo, hi := total*int64(rank)/int64(n), total*int64(rank+1)/int64(n)
-	shSize, shSum, werr := writeDurable(sdir, shardName(rank, n), false, st.slice(lo, hi)...)
-	if werr == nil {
-		werr = hook("write", rank) // an I/O error, not a crash
-	}
-	var blSize int64
-	var blSum string
-	if werr == nil {
-		blSize, blSum, werr = writeDurable(sdir, blobName(rank), false, blobs)
-	}
-	if werr == nil {
-		werr = syncDir(sdir) // both renames durable
+	var shSize, blSize int64
+	var shSum, blSum string
+	var werr error
+	if m.store != nil {
+		shSize, shSum, werr = m.storePut(ctx, step, shardName(rank, n), st.slice(lo, hi)...)
+		if werr == nil {
+			werr = hook("write", rank)
+		}
+		if werr == nil {
+			blSize, blSum, werr = m.storePut(ctx, step, blobName(rank), blobs)
+		}
+	} else {
+		shSize, shSum, werr = writeDurable(sdir, shardName(rank, n), false, st.slice(lo, hi)...)
+		if werr == nil {
+			werr = hook("write", rank) // an I/O error, not a crash
+		}
+		if werr == nil {
+			blSize, blSum, werr = writeDurable(sdir, blobName(rank), false, blobs)
+		}
+		if werr == nil {
+			werr = syncDir(sdir) // both renames durable
+		}
 	}
 	wdur := time.Since(wstart)
 	if werr != nil {
@@ -250,13 +281,13 @@ func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
 			man.Blobs = append(man.Blobs, FileInfo{Rank: r, File: blobName(r),
 				Size: int64(binary.LittleEndian.Uint64(b[40:])), SHA256: hex.EncodeToString(b[48:80]), Blobs: names})
 		}
-		if commitErr = m.commit(sdir, &man); errors.Is(commitErr, errHook) {
+		if commitErr = m.commit(ctx, sdir, &man); errors.Is(commitErr, errHook) {
 			return commitErr
 		} else if commitErr != nil {
 			m.logf("checkpoint: step %d: committing the manifest: %v", step, commitErr)
 		} else if err := hook("committed", rank); err != nil {
 			return err
-		} else if err := m.retain(); err != nil {
+		} else if err := m.retain(ctx); err != nil {
 			if errors.Is(err, errHook) {
 				return err
 			}
@@ -314,12 +345,18 @@ func (m *Manager) prepare(sdir string) error {
 }
 
 // commit writes the manifest atomically: temp file, fsync, rename, fsync.
-func (m *Manager) commit(sdir string, man *Manifest) error {
+func (m *Manager) commit(ctx context.Context, sdir string, man *Manifest) error {
 	data, err := json.MarshalIndent(man, "", "  ")
 	if err != nil {
 		return err
 	}
 	data = append(data, '\n')
+	if m.store != nil {
+		if err := hook("manifest", 0); err != nil {
+			return err
+		}
+		return m.store.Put(ctx, stepKey(man.Step)+"/"+ManifestName, data)
+	}
 	if testHook != nil {
 		// A crash during the manifest write leaves half a temp file.
 		tmp := filepath.Join(sdir, ManifestName+".tmp")
@@ -339,7 +376,10 @@ func (m *Manager) commit(sdir string, man *Manifest) error {
 // uncommitted directories older than the newest committed one. A deletion
 // removes the manifest first, so a crash midway leaves an uncommitted
 // directory, never a broken committed one.
-func (m *Manager) retain() error {
+func (m *Manager) retain(ctx context.Context) error {
+	if m.store != nil {
+		return m.storeRetain(ctx)
+	}
 	entries, err := listSteps(m.dir)
 	if err != nil {
 		return err
@@ -410,7 +450,7 @@ func (m *Manager) Restore(ctx context.Context, st *State) (step int64, found boo
 	hdr := []int64{0, 0}
 	var msg []byte
 	if rank == 0 {
-		s, ok, err := m.pick(st)
+		s, ok, err := m.pick(ctx, st)
 		switch {
 		case err != nil:
 			hdr[0], msg = 2, []byte(err.Error())
@@ -448,7 +488,7 @@ func (m *Manager) Restore(ctx context.Context, st *State) (step int64, found boo
 			return 0, false, fmt.Errorf("checkpoint: restore: broadcasting %q: %w", t.name, err)
 		}
 	}
-	berr := m.loadBlobs(StepDir(m.dir, step), st)
+	berr := m.loadBlobs(ctx, step, st)
 	if berr != nil {
 		m.logf("checkpoint: rank %d: step %d: %v", rank, step, berr)
 	}
@@ -467,8 +507,8 @@ func (m *Manager) Restore(ctx context.Context, st *State) (step int64, found boo
 
 // pick runs on rank 0: it finds the newest checkpoint that verifies and fits
 // st, and loads its tensors into st.
-func (m *Manager) pick(st *State) (int64, bool, error) {
-	entries, err := listSteps(m.dir)
+func (m *Manager) pick(ctx context.Context, st *State) (int64, bool, error) {
+	entries, err := m.steps(ctx)
 	if err != nil {
 		return 0, false, err
 	}
@@ -481,13 +521,18 @@ func (m *Manager) pick(st *State) (int64, bool, error) {
 		committed++
 		var buf []byte
 		var fitErr error
-		_, err := verify(e.Dir, func(man *Manifest) []byte {
+		assemble := func(man *Manifest) []byte {
 			if fitErr = fits(man, st); fitErr != nil {
 				return nil
 			}
 			buf = make([]byte, man.TotalBytes)
 			return buf
-		})
+		}
+		if m.store != nil {
+			_, err = storeVerify(ctx, m.store, e.Step, assemble)
+		} else {
+			_, err = verify(e.Dir, assemble)
+		}
 		if fitErr != nil {
 			err = fitErr
 		}
@@ -529,11 +574,18 @@ func fits(man *Manifest, st *State) error {
 }
 
 // loadBlobs gives this rank its per-rank state back.
-func (m *Manager) loadBlobs(sdir string, st *State) error {
+func (m *Manager) loadBlobs(ctx context.Context, step int64, st *State) error {
 	if len(st.blobs) == 0 {
 		return nil
 	}
-	man, err := readManifest(sdir)
+	sdir := StepDir(m.dir, step)
+	var man *Manifest
+	var err error
+	if m.store != nil {
+		man, err = storeReadManifest(ctx, m.store, step)
+	} else {
+		man, err = readManifest(sdir)
+	}
 	if err != nil {
 		return err
 	}
@@ -545,7 +597,12 @@ func (m *Manager) loadBlobs(sdir string, st *State) error {
 	f := man.Blobs[rank]
 	var buf sliceWriter
 	buf.buf = make([]byte, max(f.Size, 0))
-	if err := checkFile(sdir, f, &buf); err != nil {
+	if m.store != nil {
+		err = storeCheckFile(ctx, m.store, step, f, &buf)
+	} else {
+		err = checkFile(sdir, f, &buf)
+	}
+	if err != nil {
 		return err
 	}
 	blobs, err := decodeBlobs(buf.buf)
@@ -592,4 +649,62 @@ func human(n int64) string {
 		return fmt.Sprintf("%.1f KiB (%d bytes)", float64(n)/(1<<10), n)
 	}
 	return fmt.Sprintf("%d bytes", n)
+}
+
+// stepLoc names a step's directory or object prefix, for messages.
+func (m *Manager) stepLoc(step int64) string {
+	if m.store != nil {
+		return m.dir + "/" + stepKey(step)
+	}
+	return StepDir(m.dir, step)
+}
+
+// steps lists the checkpoints, newest first.
+func (m *Manager) steps(ctx context.Context) ([]Entry, error) {
+	if m.store != nil {
+		return storeSteps(ctx, m.store)
+	}
+	return listSteps(m.dir)
+}
+
+// storePut writes one object of a step and returns its size and sha256.
+func (m *Manager) storePut(ctx context.Context, step int64, name string, chunks ...[]byte) (int64, string, error) {
+	h := sha256.New()
+	var n int64
+	for _, c := range chunks {
+		h.Write(c)
+		n += int64(len(c))
+	}
+	if err := m.store.Put(ctx, stepKey(step)+"/"+name, chunks...); err != nil {
+		return 0, "", err
+	}
+	return n, hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// storeRetain is retain for a Store: the same rule, each deletion manifest
+// first.
+func (m *Manager) storeRetain(ctx context.Context) error {
+	entries, err := storeSteps(ctx, m.store)
+	if err != nil {
+		return err
+	}
+	kept := 0
+	var errs []error
+	for _, e := range entries {
+		if e.Committed && kept < m.keep {
+			kept++
+			continue
+		}
+		if !e.Committed && kept == 0 {
+			continue
+		}
+		err := storeDeleteStep(ctx, m.store, e.Step, func() error { return hook("retention", 0) })
+		if errors.Is(err, errHook) {
+			return err
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // ManifestName is the file whose presence commits a checkpoint.
@@ -122,7 +124,30 @@ func listSteps(dir string) ([]Entry, error) {
 // not a directory is an error (Restore, by contrast, starts fresh there: a
 // new job's directory need not exist yet, but a path given to look at
 // checkpoints that is not there is most likely mistyped).
+//
+// dir may also be an s3:// location; the bucket must then exist.
 func Scan(dir string) (*Report, error) {
+	check := func(e *Entry) (*Manifest, error) { return verify(e.Dir, nil) }
+	var entries []Entry
+	var err error
+	if IsRemote(dir) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+		defer cancel()
+		s, err := openS3(ctx, dir)
+		if err != nil {
+			return nil, err
+		}
+		if entries, err = storeSteps(ctx, s); err != nil {
+			return nil, err
+		}
+		check = func(e *Entry) (*Manifest, error) { return storeVerify(ctx, s, e.Step, nil) }
+	} else if entries, err = scanDir(dir); err != nil {
+		return nil, err
+	}
+	return scanEntries(entries, check), nil
+}
+
+func scanDir(dir string) ([]Entry, error) {
 	st, err := os.Stat(dir)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -132,10 +157,10 @@ func Scan(dir string) (*Report, error) {
 	case !st.IsDir():
 		return nil, fmt.Errorf("checkpoint: %s is not a directory: give the directory the job was given (checkpoint.New, --checkpoint-dir)", dir)
 	}
-	entries, err := listSteps(dir)
-	if err != nil {
-		return nil, err
-	}
+	return listSteps(dir)
+}
+
+func scanEntries(entries []Entry, check func(*Entry) (*Manifest, error)) *Report {
 	r := &Report{Entries: entries, Pick: -1}
 	var skipped []string
 	for i := range r.Entries {
@@ -144,7 +169,7 @@ func Scan(dir string) (*Report, error) {
 			e.Problem = "not committed (no " + ManifestName + "): a save that did not finish, or a deletion in progress"
 			continue
 		}
-		m, err := verify(e.Dir, nil)
+		m, err := check(e)
 		e.Manifest = m
 		if err != nil {
 			e.Problem = "corrupted: " + err.Error()
@@ -168,7 +193,7 @@ func Scan(dir string) (*Report, error) {
 			r.Reason = "no committed checkpoint: a restore starts fresh"
 		}
 	}
-	return r, nil
+	return r
 }
 
 // readManifest reads and sanity-checks a manifest.
@@ -177,6 +202,11 @@ func readManifest(stepDir string) (*Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseManifest(data)
+}
+
+// parseManifest decodes and sanity-checks a manifest.
+func parseManifest(data []byte) (*Manifest, error) {
 	var m Manifest
 	if err := json.Unmarshal(data, &m); err != nil {
 		return nil, fmt.Errorf("%s is not valid JSON: %v", ManifestName, err)
@@ -261,11 +291,17 @@ func checkFile(stepDir string, f FileInfo, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%s: %v", f.File, err)
 	}
-	if st.Size() != f.Size {
-		return fmt.Errorf("%s is %d bytes, manifest says %d (truncated or overwritten)", f.File, st.Size(), f.Size)
+	return checkStream(f, fh, st.Size(), w)
+}
+
+// checkStream copies a file of size bytes from r into w, checking its size
+// and sha256 against f.
+func checkStream(f FileInfo, r io.Reader, size int64, w io.Writer) error {
+	if size != f.Size {
+		return fmt.Errorf("%s is %d bytes, manifest says %d (truncated or overwritten)", f.File, size, f.Size)
 	}
 	h := sha256.New()
-	if _, err := io.Copy(io.MultiWriter(h, w), fh); err != nil {
+	if _, err := io.Copy(io.MultiWriter(h, w), r); err != nil {
 		return fmt.Errorf("%s: %v", f.File, err)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != f.SHA256 {

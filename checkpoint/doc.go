@@ -62,6 +62,23 @@
 // mounted bucket with close-to-open consistency) when it spans hosts. Rank
 // 0 reads the shards written by the others.
 //
+// # Object storage
+//
+// A location s3://bucket/prefix keeps the same layout in an S3-compatible
+// service (Store, OpenStore): prefix/step-<N>/<file>. Every rank puts its
+// own objects (in parallel with the other ranks); a PutObject is atomic
+// and durable once it returns, so rank 0 putting manifest.json after the
+// barrier of step 4 is the commit, as with a directory. There is no
+// free-space check. The client is configured like every AWS SDK program:
+// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION
+// (default us-east-1), AWS_PROFILE and the shared config files,
+// AWS_ENDPOINT_URL for a service other than AWS; path-style addressing
+// with AWS_S3_FORCE_PATH_STYLE=true or a ?path-style=true suffix on the
+// location. New checks the bucket (HeadBucket), so a missing bucket or
+// refused credentials fail there with an error naming the location. Each
+// request has a deadline, and 5xx answers, throttling, time-outs and
+// refused connections are retried with backoff (5 attempts).
+//
 // # Restore
 //
 // Restore is collective. Rank 0 takes the newest committed checkpoint,

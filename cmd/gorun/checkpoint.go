@@ -25,8 +25,13 @@ checkpoint (each file's size and sha256 against the manifest), reports the
 ones that are corrupted or were never committed, and says which checkpoint a
 restore would pick and why. It exits 1 when DIR does not exist or is not a
 directory, or when a committed checkpoint is corrupted; an existing DIR
-without checkpoints prints "no checkpoints in DIR" and exits 0.`,
-		Example:       "  gorun checkpoint inspect /shared/ckpt",
+without checkpoints prints "no checkpoints in DIR" and exits 0.
+
+DIR may be s3://bucket/prefix, with the AWS environment described in
+package checkpoint (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
+AWS_PROFILE, AWS_ENDPOINT_URL, AWS_S3_FORCE_PATH_STYLE=true); the bucket
+must exist.`,
+		Example:       "  gorun checkpoint inspect /shared/ckpt\n  AWS_ENDPOINT_URL=http://127.0.0.1:7070 AWS_S3_FORCE_PATH_STYLE=true gorun checkpoint inspect s3://ckpt/job1",
 		Args:          cobra.ExactArgs(1),
 		SilenceUsage:  true,
 		SilenceErrors: true,
