@@ -270,24 +270,44 @@ func (c *Comm) closedNow() bool {
 	return c.closing.Err() != nil && errors.Is(context.Cause(c.closing), ErrClosed)
 }
 
+// holdRing readies a membership step: ctx also ends when the Comm is
+// closed, and no call runs on the ring until release.
+func (c *Comm) holdRing(ctx context.Context) (_ context.Context, release func(), err error) {
+	ctx, stop := c.closable(ctx)
+	if err := c.quiesce(ctx); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	if c.testReconfigHook != nil {
+		c.testReconfigHook()
+	}
+	return ctx, func() { c.unquiesce(); stop() }, nil
+}
+
+// membershipFailed is the error of a membership step (what) of this rank
+// that failed with err: final for the Comm, unless Close ended it.
+func (c *Comm) membershipFailed(rank int, what string, err error) error {
+	if c.closedNow() {
+		return fmt.Errorf("gorun: rank %d: closed while %s: %w", rank, what, ErrClosed)
+	}
+	c.cancel(err)
+	return fmt.Errorf("gorun: rank %d: %s: %w", rank, what, err)
+}
+
 // reconfigure moves the Comm into the next membership epoch once the
 // current one has ended: it waits until no call runs, lets the node form
 // the new epoch (p2p.Node.Reconfigure) and rebuilds the ring on it. It
-// returns the new epoch's view; changed is false when the epoch had not
-// ended (nothing to do). An error is final for this rank.
+// returns the views before and after; they are the same when the epoch
+// had not ended (nothing to do). An error is final for this rank.
 func (c *Comm) reconfigure(ctx context.Context) (old, now *commView, err error) {
 	if !c.elastic {
 		return nil, nil, fmt.Errorf("gorun: rank %d: the job is not elastic (launch with gorun --min-np/--max-np, or WithElastic)", c.Rank())
 	}
-	ctx, stop := c.closable(ctx)
-	defer stop()
-	if err := c.quiesce(ctx); err != nil {
+	ctx, release, err := c.holdRing(ctx)
+	if err != nil {
 		return nil, nil, err
 	}
-	defer c.unquiesce()
-	if c.testReconfigHook != nil {
-		c.testReconfigHook()
-	}
+	defer release()
 	old = c.cur()
 	if c.life.Err() != nil {
 		return old, old, c.unusable(context.Cause(c.life))
@@ -303,12 +323,8 @@ func (c *Comm) reconfigure(ctx context.Context) (old, now *commView, err error) 
 		old.end(err)
 	}
 	pv, err := c.node.Reconfigure(ctx)
-	if err != nil && c.closedNow() {
-		return old, nil, fmt.Errorf("gorun: rank %d: closed while re-forming the job: %w", old.rank, ErrClosed)
-	}
 	if err != nil {
-		c.cancel(err)
-		return old, nil, fmt.Errorf("gorun: rank %d: re-forming the job after a membership change: %w", old.rank, err)
+		return old, nil, c.membershipFailed(old.rank, "re-forming the job after a membership change", err)
 	}
 	if err := c.adopt(pv); err != nil {
 		c.cancel(err)
@@ -323,23 +339,15 @@ func (c *Comm) reconfigure(ctx context.Context) (old, now *commView, err error) 
 // returns the view before and after; they are the same when nobody was
 // admitted.
 func (c *Comm) grow(ctx context.Context) (old, now *commView, err error) {
-	ctx, stop := c.closable(ctx)
-	defer stop()
-	if err := c.quiesce(ctx); err != nil {
+	ctx, release, err := c.holdRing(ctx)
+	if err != nil {
 		return nil, nil, err
 	}
-	defer c.unquiesce()
-	if c.testReconfigHook != nil {
-		c.testReconfigHook()
-	}
+	defer release()
 	old = c.cur()
 	pv, err := c.node.Grow(ctx)
-	if err != nil && c.closedNow() {
-		return old, nil, fmt.Errorf("gorun: rank %d: closed while admitting joiners: %w", old.rank, ErrClosed)
-	}
 	if err != nil {
-		c.cancel(err)
-		return old, nil, fmt.Errorf("gorun: rank %d: admitting joiners: %w", old.rank, err)
+		return old, nil, c.membershipFailed(old.rank, "admitting joiners", err)
 	}
 	if pv.Epoch == old.epoch {
 		return old, old, nil
