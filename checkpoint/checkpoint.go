@@ -13,22 +13,47 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/gorun/gorun/collective"
 )
 
-// Manager saves and restores barrier checkpoints of one job in one
-// directory, which every rank must see (a shared filesystem when the job
-// spans hosts).
+// EnvReplicas is the environment variable that sets how many other storage
+// domains keep a copy of each rank's files when WithReplicas is not given
+// (default 2). gorun sets it from --checkpoint-replicas.
+const EnvReplicas = "GORUN_CHECKPOINT_REPLICAS"
+
+// EnvHost is the environment variable whose value replaces "{host}" in a
+// directory location (gorun sets it to the host a rank runs on).
+const EnvHost = "GORUN_HOST"
+
+// Manager saves and restores barrier checkpoints of one job. Every rank
+// keeps its checkpoints in a Store: a directory (DirStore) or an s3://
+// location. Ranks whose directories are the same directory form a storage
+// domain; with several domains every file is replicated (see the package
+// documentation).
 type Manager struct {
-	comm   *collective.Comm
-	dir    string
-	store  Store // nil for a directory: the code paths below use the files directly
-	keep   int
-	margin int64
-	logf   func(format string, args ...any)
+	comm       *collective.Comm
+	dir        string
+	store      Store
+	keep       int
+	margin     int64
+	replicas   int // -1: EnvReplicas, else 2
+	skipIfBusy bool
+	logf       func(format string, args ...any)
+
+	// restoreRank0 restores the old way: rank 0 reads and verifies every
+	// file before broadcasting any. Kept to compare against the parallel
+	// restore on the same data.
+	restoreRank0 bool
+
+	dom    *domains // the storage domains of domKey
+	domKey [2]int   // comm size and membership epoch they were found for
+
+	flight *inflight // the asynchronous save being written, if any
+	stage  []byte    // SaveAsync's snapshot buffer, reused
 
 	last SaveStats
 }
@@ -49,10 +74,22 @@ func WithLogger(logf func(format string, args ...any)) Option {
 	return func(m *Manager) { m.logf = logf }
 }
 
+// WithReplicas keeps each rank's files in k storage domains besides its own
+// (at most the number of other domains; 0 keeps one copy). It matters only
+// when the ranks' checkpoint directories are not all the same directory.
+// Default: EnvReplicas, else 2.
+func WithReplicas(k int) Option { return func(m *Manager) { m.replicas = max(k, 0) } }
+
+// WithSkipIfBusy makes SaveAsync skip a save, on every rank, while any rank
+// is still writing the previous one, instead of waiting for it.
+func WithSkipIfBusy() Option { return func(m *Manager) { m.skipIfBusy = true } }
+
 // New returns a Manager for the job of comm, keeping its checkpoints under
-// dir (created if missing).
+// dir (created if missing). In a directory location "{host}" is replaced by
+// $GORUN_HOST, else the host name, so that one location names a local
+// directory on every host.
 func New(comm *collective.Comm, dir string, opts ...Option) (*Manager, error) {
-	m := &Manager{comm: comm, dir: dir, keep: 2, margin: -1, logf: log.Printf}
+	m := &Manager{comm: comm, dir: dir, keep: 2, margin: -1, replicas: -1, logf: log.Printf}
 	for _, o := range opts {
 		o(m)
 	}
@@ -66,25 +103,41 @@ func New(comm *collective.Comm, dir string, opts ...Option) (*Manager, error) {
 		m.store, m.dir = s, s.loc
 		return m, nil
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if strings.Contains(dir, "{host}") {
+		host := os.Getenv(EnvHost)
+		if host == "" {
+			h, err := os.Hostname()
+			if err != nil {
+				return nil, fmt.Errorf("checkpoint: %s: naming the host for {host}: %w", dir, err)
+			}
+			host = h
+		}
+		m.dir = strings.ReplaceAll(dir, "{host}", host)
+	}
+	if err := os.MkdirAll(m.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
+	m.store = DirStore(m.dir)
 	return m, nil
 }
 
-// Dir is the checkpoint directory, or the s3:// location.
+// Dir is the checkpoint directory (with {host} replaced), or the s3://
+// location.
 func (m *Manager) Dir() string { return m.dir }
 
-// SaveStats describe this rank's last successful Save.
+// SaveStats describe this rank's last successful Save or SaveAsync.
 type SaveStats struct {
-	Bytes    int64         // the whole checkpoint: every shard and blob file
+	Bytes    int64         // the whole checkpoint: every shard and blob file, one copy
 	Written  int64         // what this rank wrote
 	Write    time.Duration // this rank writing and syncing its files
-	Total    time.Duration // the whole Save, agreement to commit
-	Manifest time.Duration // rank 0: manifest commit and retention
+	Total    time.Duration // the whole save, agreement to commit
+	Manifest time.Duration // manifest commit and retention
+	// Stall is how long the caller was blocked: the whole Save, or for
+	// SaveAsync its agreement and snapshot (not Poll or Wait).
+	Stall time.Duration
 }
 
-// LastSave returns the statistics of this rank's last successful Save.
+// LastSave returns the statistics of this rank's last successful save.
 func (m *Manager) LastSave() SaveStats { return m.last }
 
 // testHook, when set, is called at the named points of a save; an error it
@@ -100,32 +153,103 @@ func hook(point string, rank int) error {
 	return nil
 }
 
-const agreeLen = 8 + 32 + 8 + 8 + 8 // step, layout hash, blob bytes, free bytes, statfs ok
+// errHook wraps errors returned by testHook.
+var errHook = errors.New("checkpoint test hook")
 
-// Save writes a barrier checkpoint of st at step. Every rank must call it
-// with the same step and the same registered state. It returns once the
-// checkpoint is committed (its manifest durable) on every rank, or with an
-// error on every rank; a failed or interrupted save leaves the previous
-// checkpoints as they were.
-func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
+// agreeLen: step, layout hash, blob bytes, free bytes, statfs ok, busy.
+const agreeLen = 8 + 32 + 8 + 8 + 8 + 8
+
+// plan is what every rank agreed a save writes, and where.
+type plan struct {
+	step    int64
+	n       int
+	total   int64   // tensor bytes
+	blobLen []int64 // per rank
+	need    int64   // one copy of every file
+	dom     *domains
+	k       int      // replicas beyond the first copy
+	mine    []int    // the files this rank writes (see name), ascending
+	maxMine int      // the most files any rank writes
+	blobs   [][]byte // rank r's blob file; only this rank's unless there are several domains
+	start   time.Time
+
+	// The manifest's description of the state, taken when the save began
+	// (an asynchronous save commits later).
+	tensors   []TensorInfo
+	blobNames []string
+}
+
+// name: files 0..n-1 are the shards of ranks 0..n-1, files n..2n-1 their
+// blob files.
+func (p *plan) name(f int) string {
+	if f < p.n {
+		return shardName(f, p.n)
+	}
+	return blobName(f - p.n)
+}
+
+func (p *plan) size(f int) int64 {
+	if f < p.n {
+		lo, hi := p.shardRange(f)
+		return hi - lo
+	}
+	return p.blobLen[f-p.n]
+}
+
+func (p *plan) shardRange(r int) (int64, int64) {
+	return p.total * int64(r) / int64(p.n), p.total * int64(r+1) / int64(p.n)
+}
+
+// chunks are file f's bytes as views of the state and the blobs.
+func (p *plan) chunks(st *State, f int) [][]byte {
+	if f < p.n {
+		return st.slice(p.shardRange(f))
+	}
+	return [][]byte{p.blobs[f-p.n]}
+}
+
+// begin runs the steps of a save up to the writes, on every rank: waits
+// for an asynchronous save in flight (unless skipIfBusy allows skipping),
+// finds the storage domains, agrees on the step, the layout and free space,
+// shares the blobs when they are replicated and prepares the step in every
+// domain. It returns a nil plan and nil error when the save is skipped.
+func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) (*plan, error) {
 	start := time.Now()
 	if st.err != nil {
-		return st.err
+		return nil, st.err
 	}
 	if step < 0 {
-		return fmt.Errorf("checkpoint: step %d is negative", step)
+		return nil, fmt.Errorf("checkpoint: step %d is negative", step)
+	}
+	busyDefer := async && m.skipIfBusy && m.flight != nil
+	if m.flight != nil && !busyDefer {
+		if err := m.Wait(ctx); err != nil {
+			return nil, err
+		}
 	}
 	rank, n := m.comm.Rank(), m.comm.Size()
+	dom, err := m.domains(ctx)
+	if err != nil {
+		return nil, err
+	}
 	blobs, err := st.encodeBlobs()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// 1. Agree on the step and the state, and check free space, in one
 	// allgather so that every rank takes the same decision.
 	var free uint64 = 1 << 62 // an object store reports no free space
 	var ferr error
-	if m.store == nil {
+	if _, ok := m.store.(DirStore); ok {
 		free, ferr = freeSpace(m.dir)
+	}
+	busy := false
+	if m.flight != nil {
+		select {
+		case <-m.flight.done:
+		default:
+			busy = true
+		}
 	}
 	rec := make([]byte, 0, agreeLen)
 	rec = binary.LittleEndian.AppendUint64(rec, uint64(step))
@@ -134,15 +258,24 @@ func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
 	rec = binary.LittleEndian.AppendUint64(rec, uint64(len(blobs)))
 	rec = binary.LittleEndian.AppendUint64(rec, free)
 	rec = binary.LittleEndian.AppendUint64(rec, boolU64(ferr == nil))
+	rec = binary.LittleEndian.AppendUint64(rec, boolU64(busy))
 	all := make([]byte, agreeLen*n)
 	if err := m.comm.Allgather(ctx, rec, all, collective.Name("checkpoint.agree")); err != nil {
-		return fmt.Errorf("checkpoint: step %d: agreeing on the step: %w", step, err)
+		return nil, fmt.Errorf("checkpoint: step %d: agreeing on the step: %w", step, err)
+	}
+	p := &plan{step: step, n: n, total: st.totalBytes(), blobLen: make([]int64, n), dom: dom, k: m.replicaCount(dom), start: start}
+	var off int64
+	for _, t := range st.tensors {
+		p.tensors = append(p.tensors, TensorInfo{Name: t.name, DType: t.dtype, Shape: slices.Clone(t.shape), Offset: off, Bytes: int64(len(t.bytes))})
+		off += int64(len(t.bytes))
+	}
+	for _, b := range st.blobs {
+		p.blobNames = append(p.blobNames, b.name)
 	}
 	steps := map[int64][]int{}
-	var layoutDiff []int
-	blobTotal := int64(0)
-	minFree, minFreeRank := ^uint64(0), -1
-	var statfsBad []int
+	var layoutDiff, statfsBad []int
+	frees := make([]uint64, n)
+	anyBusy := false
 	for r := range n {
 		b := all[r*agreeLen:]
 		s := int64(binary.LittleEndian.Uint64(b))
@@ -150,12 +283,22 @@ func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
 		if [32]byte(b[8:40]) != lh {
 			layoutDiff = append(layoutDiff, r)
 		}
-		blobTotal += int64(binary.LittleEndian.Uint64(b[40:]))
-		f := binary.LittleEndian.Uint64(b[48:])
+		p.blobLen[r] = int64(binary.LittleEndian.Uint64(b[40:]))
+		frees[r] = binary.LittleEndian.Uint64(b[48:])
 		if binary.LittleEndian.Uint64(b[56:]) == 0 {
 			statfsBad = append(statfsBad, r)
-		} else if f < minFree {
-			minFree, minFreeRank = f, r
+		}
+		anyBusy = anyBusy || binary.LittleEndian.Uint64(b[64:]) != 0
+	}
+	if busyDefer {
+		if anyBusy {
+			m.logf("checkpoint: step %d: skipped: the save of step %d is still being written (WithSkipIfBusy)", step, m.flight.p.step)
+			return nil, nil
+		}
+		// Every rank has finished writing the previous save: commit it
+		// now (no rank blocks), then go on with this one.
+		if err := m.Wait(ctx); err != nil {
+			return nil, err
 		}
 	}
 	if len(steps) > 1 {
@@ -163,128 +306,286 @@ func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
 		for _, s := range slices.Sorted(maps.Keys(steps)) {
 			parts = append(parts, fmt.Sprintf("ranks %v at step %d", steps[s], s))
 		}
-		return fmt.Errorf("checkpoint: ranks disagree on the step: %s", strings.Join(parts, ", "))
+		return nil, fmt.Errorf("checkpoint: ranks disagree on the step: %s", strings.Join(parts, ", "))
 	}
 	if len(layoutDiff) > 0 {
-		return fmt.Errorf("checkpoint: step %d: ranks %v registered different tensors or blobs than this rank %d (names, dtypes and shapes must match on every rank)", step, layoutDiff, rank)
+		return nil, fmt.Errorf("checkpoint: step %d: ranks %v registered different tensors or blobs than this rank %d (names, dtypes and shapes must match on every rank)", step, layoutDiff, rank)
 	}
 	if len(statfsBad) > 0 {
 		if ferr != nil {
-			return fmt.Errorf("checkpoint: step %d: checking free space in %s: %w", step, m.dir, ferr)
+			return nil, fmt.Errorf("checkpoint: step %d: checking free space in %s: %w", step, m.dir, ferr)
 		}
-		return fmt.Errorf("checkpoint: step %d: ranks %v could not check free space in %s", step, statfsBad, m.dir)
+		return nil, fmt.Errorf("checkpoint: step %d: ranks %v could not check free space in %s", step, statfsBad, m.dir)
 	}
-	need := st.totalBytes() + blobTotal
-	margin := m.margin
-	if margin < 0 {
-		margin = max(need/10, 1<<20)
+	// Free space, per domain: the bytes of every file that domain keeps.
+	needs := make([]int64, dom.h())
+	for f := range 2 * n {
+		p.need += p.size(f)
+		for _, d := range dom.homes(f%n, p.k) {
+			needs[d] += p.size(f)
+		}
 	}
-	if uint64(need+margin) > minFree {
-		return fmt.Errorf("checkpoint: step %d: not enough disk space in %s: the checkpoint needs %s plus a margin of %s, but rank %d sees only %s free; nothing was written and the previous checkpoint is kept",
-			step, m.dir, human(need), human(margin), minFreeRank, human(int64(minFree)))
+	for d, mem := range dom.members {
+		minFree, minRank := ^uint64(0), -1
+		for _, r := range mem {
+			if frees[r] < minFree {
+				minFree, minRank = frees[r], r
+			}
+		}
+		margin := m.margin
+		if margin < 0 {
+			margin = max(needs[d]/10, 1<<20)
+		}
+		if uint64(needs[d]+margin) > minFree {
+			return nil, fmt.Errorf("checkpoint: step %d: not enough disk space in %s: the checkpoint needs %s plus a margin of %s, but rank %d sees only %s free; nothing was written and the previous checkpoint is kept",
+				step, m.dir, human(needs[d]), human(margin), minRank, human(int64(minFree)))
+		}
+	}
+	// Which files this rank writes, and the most any rank writes (the
+	// size of the "written" records).
+	counts := make([]int, n)
+	for f := range 2 * n {
+		for _, d := range dom.homes(f%n, p.k) {
+			w := dom.writer(f%n, d)
+			counts[w]++
+			if w == rank {
+				p.mine = append(p.mine, f)
+			}
+		}
+	}
+	slices.Sort(p.mine)
+	p.maxMine = slices.Max(counts)
+
+	// Blobs are per rank: a replica domain's writer needs the owner's.
+	p.blobs = make([][]byte, n)
+	p.blobs[rank] = blobs
+	if dom.h() > 1 {
+		if maxLen := slices.Max(p.blobLen); maxLen > 0 {
+			in := make([]byte, maxLen)
+			copy(in, blobs)
+			out := make([]byte, maxLen*int64(n))
+			if err := m.comm.Allgather(ctx, in, out, collective.Name("checkpoint.blobs")); err != nil {
+				return nil, fmt.Errorf("checkpoint: step %d: sharing the per-rank state with the replica domains: %w", step, err)
+			}
+			for r := range n {
+				p.blobs[r] = out[int64(r)*maxLen : int64(r)*maxLen+p.blobLen[r]]
+			}
+		}
 	}
 
-	// 2. Rank 0 prepares the step directory (replacing a stale one left by
-	// an earlier attempt at this step); the barrier orders it before writes.
-	sdir := m.stepLoc(step)
+	// 2. Each domain's lowest rank prepares the step (replacing a stale
+	// one left by an earlier attempt at this step); the allreduce orders
+	// it before every write.
 	var prepErr error
-	if rank == 0 {
-		if m.store != nil {
-			prepErr = storeDeleteStep(ctx, m.store, step, nil)
-		} else {
-			prepErr = m.prepare(sdir)
+	if dom.leads(rank) {
+		prepErr = m.prepare(ctx, step)
+	}
+	flag := []int64{boolI64(prepErr != nil)}
+	if err := m.comm.Allreduce(ctx, flag, collective.Max, collective.Name("checkpoint.prepare")); err != nil {
+		return nil, fmt.Errorf("checkpoint: step %d: preparing %s: %w", step, m.stepLoc(step), err)
+	}
+	if flag[0] != 0 {
+		if prepErr == nil {
+			prepErr = errors.New("another rank failed (see its log)")
 		}
+		return nil, fmt.Errorf("checkpoint: step %d: preparing %s: %w", step, m.stepLoc(step), prepErr)
 	}
-	if err := m.agreeOK(ctx, rank == 0, prepErr, "checkpoint.prepare"); err != nil {
-		return fmt.Errorf("checkpoint: step %d: preparing %s: %w", step, sdir, err)
-	}
+	return p, nil
+}
 
-	// 3. Every rank writes its shard of the tensors and its blobs.
-	wstart := time.Now()
-	total := st.totalBytes()
-	lo, hi := total*int64(rank)/int64(n), total*int64(rank+1)/int64(n)
-	var shSize, blSize int64
-	var shSum, blSum string
-	var werr error
-	if m.store != nil {
-		shSize, shSum, werr = m.storePut(ctx, step, shardName(rank, n), st.slice(lo, hi)...)
-		if werr == nil {
-			werr = hook("write", rank)
-		}
-		if werr == nil {
-			blSize, blSum, werr = m.storePut(ctx, step, blobName(rank), blobs)
-		}
-	} else {
-		shSize, shSum, werr = writeDurable(sdir, shardName(rank, n), false, st.slice(lo, hi)...)
-		if werr == nil {
-			werr = hook("write", rank) // an I/O error, not a crash
-		}
-		if werr == nil {
-			blSize, blSum, werr = writeDurable(sdir, blobName(rank), false, blobs)
-		}
-		if werr == nil {
-			werr = syncDir(sdir) // both renames durable
+// prepare removes a stale, uncommitted step (its manifest first, so a crash
+// here leaves nothing that looks committed) and, in a directory, creates
+// the step directory durably.
+func (m *Manager) prepare(ctx context.Context, step int64) error {
+	keys, err := m.store.List(ctx, stepKey(step)+"/")
+	if err != nil {
+		return err
+	}
+	if len(keys) > 0 {
+		m.logf("checkpoint: replacing existing %s", m.stepLoc(step))
+		if err := storeDeleteStep(ctx, m.store, step, nil); err != nil {
+			return err
 		}
 	}
-	wdur := time.Since(wstart)
-	if werr != nil {
-		m.logf("checkpoint: rank %d: step %d: writing to %s: %v", rank, step, sdir, werr)
+	if d, ok := m.store.(DirStore); ok {
+		sdir := StepDir(string(d), step)
+		if err := os.MkdirAll(sdir, 0o755); err != nil {
+			return err
+		}
+		return syncDir(string(d))
+	}
+	return nil
+}
+
+// wrote is one file a rank wrote.
+type wrote struct {
+	file int
+	size int64
+	sum  [32]byte
+}
+
+// writeResult is what a rank's writes came to.
+type writeResult struct {
+	files []wrote
+	bytes int64
+	dur   time.Duration
+	err   error
+}
+
+// write puts this rank's files of p, with data giving each file's bytes.
+// It issues no collective, so that SaveAsync can run it in the background.
+func (m *Manager) write(ctx context.Context, p *plan, data func(f int) [][]byte) writeResult {
+	start := time.Now()
+	rank := m.comm.Rank()
+	var res writeResult
+	d, isDir := m.store.(DirStore)
+	for i, f := range p.mine {
+		chunks := data(f)
+		var size int64
+		var sum string
+		var err error
+		if isDir {
+			// Sync the directory once after the last file.
+			size, sum, err = writeDurable(StepDir(string(d), p.step), p.name(f), false, chunks...)
+		} else {
+			size, sum, err = m.storePut(ctx, p.step, p.name(f), chunks...)
+		}
+		if err == nil && i == 0 {
+			err = hook("write", rank) // an I/O error, not a crash
+		}
+		if err != nil {
+			res.err = fmt.Errorf("%s: %w", p.name(f), err)
+			break
+		}
+		res.files = append(res.files, wrote{f, size, [32]byte(hexBytes(sum))})
+		res.bytes += size
+	}
+	if res.err == nil && isDir && len(p.mine) > 0 {
+		res.err = syncDir(StepDir(string(d), p.step)) // the renames durable
+	}
+	res.dur = time.Since(start)
+	if res.err != nil {
+		m.logf("checkpoint: rank %d: step %d: writing to %s: %v", rank, p.step, m.stepLoc(p.step), res.err)
+	}
+	return res
+}
+
+// Save writes a barrier checkpoint of st at step. Every rank must call it
+// with the same step and the same registered state. It returns once the
+// checkpoint is committed (its manifest durable) on every rank, or with an
+// error on every rank; a failed or interrupted save leaves the previous
+// checkpoints as they were. An asynchronous save in flight is committed
+// first (Wait), and its error, if any, is returned instead.
+func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
+	p, err := m.begin(ctx, step, st, false)
+	if err != nil || p == nil {
+		return err
+	}
+	// 3. Every rank writes its files straight from the state.
+	res := m.write(ctx, p, func(f int) [][]byte { return p.chunks(st, f) })
+	return m.finish(ctx, p, &res, false, 0)
+}
+
+// finish runs the commit of a save on every rank, once every rank's writes
+// are done: the barrier that gathers every file's size and sha256, the
+// manifest in every domain, retention, and the outcome. Save and the
+// asynchronous save share it.
+func (m *Manager) finish(ctx context.Context, p *plan, res *writeResult, async bool, stall time.Duration) error {
+	rank, n, step := m.comm.Rank(), p.n, p.step
+	loc := m.stepLoc(step)
+	fail := func(format string, args ...any) error {
+		if async {
+			return fmt.Errorf("checkpoint: async save of step %d: %s; previous checkpoint kept", step, fmt.Sprintf(format, args...))
+		}
+		return fmt.Errorf("checkpoint: step %d: %s (previous checkpoint kept)", step, fmt.Sprintf(format, args...))
 	}
 	if err := hook("after-shard", rank); err != nil {
 		return err
 	}
-
-	// 4. The barrier that confirms every shard is durable, and gathers
+	// 4. The barrier that confirms every file is durable, and gathers
 	// their sizes and checksums for the manifest.
-	const resLen = 8 + 32 + 8 + 32 + 8
-	res := make([]byte, 0, resLen)
-	res = binary.LittleEndian.AppendUint64(res, uint64(shSize))
-	res = append(res, hexBytes(shSum)...)
-	res = binary.LittleEndian.AppendUint64(res, uint64(blSize))
-	res = append(res, hexBytes(blSum)...)
-	res = binary.LittleEndian.AppendUint64(res, boolU64(werr == nil))
-	allRes := make([]byte, resLen*n)
-	if err := m.comm.Allgather(ctx, res, allRes, collective.Name("checkpoint.written")); err != nil {
+	const slot = 8 + 8 + 32
+	resLen := 8 + slot*p.maxMine
+	rec := make([]byte, resLen)
+	binary.LittleEndian.PutUint64(rec, boolU64(res.err == nil))
+	for i, w := range res.files {
+		b := rec[8+i*slot:]
+		binary.LittleEndian.PutUint64(b, uint64(w.file)+1) // 0: empty slot
+		binary.LittleEndian.PutUint64(b[8:], uint64(w.size))
+		copy(b[16:48], w.sum[:])
+	}
+	all := make([]byte, resLen*n)
+	if err := m.comm.Allgather(ctx, rec, all, collective.Name("checkpoint.written")); err != nil {
 		return fmt.Errorf("checkpoint: step %d: confirming the shards: %w", step, err)
 	}
 	var failed []int
 	for r := range n {
-		if binary.LittleEndian.Uint64(allRes[r*resLen+resLen-8:]) == 0 {
+		if binary.LittleEndian.Uint64(all[r*resLen:]) == 0 {
 			failed = append(failed, r)
 		}
 	}
 	if len(failed) > 0 {
-		if werr != nil {
-			return fmt.Errorf("checkpoint: step %d: writing this rank's shard to %s: %w (previous checkpoint kept)", step, sdir, werr)
+		if res.err != nil {
+			if async {
+				return fail("writing this rank's files to %s: %v", loc, res.err)
+			}
+			return fmt.Errorf("checkpoint: step %d: writing this rank's shard to %s: %w (previous checkpoint kept)", step, loc, res.err)
 		}
-		return fmt.Errorf("checkpoint: step %d: ranks %v could not write their shards to %s (see their logs); previous checkpoint kept", step, failed, sdir)
+		if async {
+			return fail("ranks %v could not write their shards to %s (see their logs)", failed, loc)
+		}
+		return fmt.Errorf("checkpoint: step %d: ranks %v could not write their shards to %s (see their logs); previous checkpoint kept", step, failed, loc)
+	}
+	// Every copy of a file must be the same bytes: a shard's replicas are
+	// written by different ranks from their own memory.
+	type copyOf struct {
+		rank int
+		size int64
+		sum  [32]byte
+	}
+	copies := make([][]copyOf, 2*n)
+	for r := range n {
+		for i := range p.maxMine {
+			b := all[r*resLen+8+i*slot:]
+			f := int(binary.LittleEndian.Uint64(b)) - 1
+			if f < 0 || f >= 2*n {
+				continue
+			}
+			c := copyOf{r, int64(binary.LittleEndian.Uint64(b[8:])), [32]byte(b[16:48])}
+			for _, o := range copies[f] {
+				if o.size != c.size || o.sum != c.sum {
+					return fail("ranks %d and %d wrote different bytes for %s (sha256 %s and %s): the registered tensors must hold the same values on every rank (they are replicated state; a rank whose values diverged is a bug in the training loop)",
+						o.rank, c.rank, p.name(f), hex.EncodeToString(o.sum[:8]), hex.EncodeToString(c.sum[:8]))
+				}
+			}
+			copies[f] = append(copies[f], c)
+		}
+	}
+	man := Manifest{Format: Format, Step: step, WorldSize: n, ByteOrder: "little", TotalBytes: p.total, Tensors: p.tensors}
+	for f := range 2 * n {
+		if len(copies[f]) == 0 {
+			return fail("no rank reported writing %s", p.name(f))
+		}
+		c := copies[f][0]
+		fi := FileInfo{Rank: f % n, File: p.name(f), Size: c.size, SHA256: hex.EncodeToString(c.sum[:])}
+		if f < n {
+			fi.Offset, _ = p.shardRange(f)
+			man.Shards = append(man.Shards, fi)
+		} else {
+			fi.Blobs = p.blobNames
+			man.Blobs = append(man.Blobs, fi)
+		}
 	}
 
-	// 5. Rank 0 commits the manifest, then applies retention.
+	// 5. Each domain's lowest rank commits the manifest, then applies
+	// retention.
 	mstart := time.Now()
 	var commitErr error
-	if rank == 0 {
-		man := Manifest{Format: Format, Step: step, WorldSize: n, ByteOrder: "little", TotalBytes: total}
-		var off int64
-		for _, t := range st.tensors {
-			man.Tensors = append(man.Tensors, TensorInfo{Name: t.name, DType: t.dtype, Shape: t.shape, Offset: off, Bytes: int64(len(t.bytes))})
-			off += int64(len(t.bytes))
-		}
-		var names []string
-		for _, b := range st.blobs {
-			names = append(names, b.name)
-		}
-		for r := range n {
-			b := allRes[r*resLen:]
-			man.Shards = append(man.Shards, FileInfo{Rank: r, File: shardName(r, n), Offset: total * int64(r) / int64(n),
-				Size: int64(binary.LittleEndian.Uint64(b)), SHA256: hex.EncodeToString(b[8:40])})
-			man.Blobs = append(man.Blobs, FileInfo{Rank: r, File: blobName(r),
-				Size: int64(binary.LittleEndian.Uint64(b[40:])), SHA256: hex.EncodeToString(b[48:80]), Blobs: names})
-		}
-		if commitErr = m.commit(ctx, sdir, &man); errors.Is(commitErr, errHook) {
+	if p.dom.leads(rank) {
+		if commitErr = m.commit(ctx, &man); errors.Is(commitErr, errHook) {
 			return commitErr
 		} else if commitErr != nil {
-			m.logf("checkpoint: step %d: committing the manifest: %v", step, commitErr)
+			m.logf("checkpoint: rank %d: step %d: committing the manifest in %s: %v", rank, step, loc, commitErr)
 		} else if err := hook("committed", rank); err != nil {
 			return err
 		} else if err := m.retain(ctx); err != nil {
@@ -294,96 +595,66 @@ func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
 			m.logf("checkpoint: step %d: deleting old checkpoints: %v", step, err)
 		}
 	}
-	if err := m.agreeOK(ctx, rank == 0, commitErr, "checkpoint.commit"); err != nil {
+	// 6. Every rank learns every domain's outcome.
+	flags := make([]byte, n)
+	if err := m.comm.Allgather(ctx, []byte{byte(boolU64(commitErr != nil))}, flags, collective.Name("checkpoint.commit")); err != nil {
 		return fmt.Errorf("checkpoint: step %d: committing the manifest: %w", step, err)
 	}
-	m.last = SaveStats{Bytes: need, Written: shSize + blSize, Write: wdur, Total: time.Since(start), Manifest: time.Since(mstart)}
+	var bad []int
+	for r, f := range flags {
+		if f != 0 {
+			bad = append(bad, r)
+		}
+	}
+	if len(bad) > 0 {
+		if commitErr == nil {
+			commitErr = fmt.Errorf("ranks %v failed (see their logs)", bad)
+		}
+		if async {
+			return fmt.Errorf("checkpoint: async save of step %d: committing the manifest: %w", step, commitErr)
+		}
+		return fmt.Errorf("checkpoint: step %d: committing the manifest: %w", step, commitErr)
+	}
+	total := time.Since(p.start)
+	if !async {
+		stall = total
+	}
+	m.last = SaveStats{Bytes: p.need, Written: res.bytes, Write: res.dur, Total: total, Manifest: time.Since(mstart), Stall: stall}
 	return nil
 }
 
-// errHook wraps errors returned by testHook.
-var errHook = errors.New("checkpoint test hook")
-
-// agreeOK broadcasts whether the root's step succeeded, so that every rank
-// returns the same outcome.
-func (m *Manager) agreeOK(ctx context.Context, root bool, err error, name string) error {
-	flag := []int64{0}
-	if root && err != nil {
-		flag[0] = 1
-	}
-	if berr := m.comm.Broadcast(ctx, flag, 0, collective.Name(name)); berr != nil {
-		return berr
-	}
-	if flag[0] != 0 {
-		if err != nil {
-			return err
-		}
-		return fmt.Errorf("rank 0 failed (see its log)")
-	}
-	return nil
-}
-
-// prepare empties a stale directory for this step: it is uncommitted first,
-// so a crash here leaves nothing that looks committed.
-func (m *Manager) prepare(sdir string) error {
-	if _, err := os.Stat(sdir); err == nil {
-		m.logf("checkpoint: replacing existing %s", sdir)
-		if err := os.Remove(filepath.Join(sdir, ManifestName)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-		if err := syncDir(sdir); err != nil {
-			return err
-		}
-		if err := os.RemoveAll(sdir); err != nil {
-			return err
-		}
-	}
-	if err := os.Mkdir(sdir, 0o755); err != nil {
-		return err
-	}
-	return syncDir(m.dir)
-}
-
-// commit writes the manifest atomically: temp file, fsync, rename, fsync.
-func (m *Manager) commit(ctx context.Context, sdir string, man *Manifest) error {
+// commit writes the manifest: the Store's Put is atomic and durable
+// (DirStore: temp file, fsync, rename, fsync).
+func (m *Manager) commit(ctx context.Context, man *Manifest) error {
 	data, err := json.MarshalIndent(man, "", "  ")
 	if err != nil {
 		return err
 	}
 	data = append(data, '\n')
-	if m.store != nil {
-		if err := hook("manifest", 0); err != nil {
-			return err
-		}
-		return m.store.Put(ctx, stepKey(man.Step)+"/"+ManifestName, data)
-	}
-	if testHook != nil {
+	rank := m.comm.Rank()
+	if d, ok := m.store.(DirStore); ok && testHook != nil {
 		// A crash during the manifest write leaves half a temp file.
-		tmp := filepath.Join(sdir, ManifestName+".tmp")
+		tmp := filepath.Join(StepDir(string(d), man.Step), ManifestName+".tmp")
 		if err := os.WriteFile(tmp, data[:len(data)/2], 0o644); err != nil {
 			return err
 		}
-		if err := hook("manifest", 0); err != nil {
-			return err
-		}
 	}
-	// The step directory's own entry was made durable by prepare.
-	_, _, err = writeDurable(sdir, ManifestName, true, data)
-	return err
+	if err := hook("manifest", rank); err != nil {
+		return err
+	}
+	return m.store.Put(ctx, stepKey(man.Step)+"/"+ManifestName, data)
 }
 
 // retain deletes committed checkpoints beyond the newest keep, and
-// uncommitted directories older than the newest committed one. A deletion
-// removes the manifest first, so a crash midway leaves an uncommitted
-// directory, never a broken committed one.
+// uncommitted steps older than the newest committed one. A deletion removes
+// the manifest first, so a crash midway leaves an uncommitted step, never a
+// broken committed one.
 func (m *Manager) retain(ctx context.Context) error {
-	if m.store != nil {
-		return m.storeRetain(ctx)
-	}
-	entries, err := listSteps(m.dir)
+	entries, err := storeSteps(ctx, m.store)
 	if err != nil {
 		return err
 	}
+	rank := m.comm.Rank()
 	kept := 0
 	var errs []error
 	for _, e := range entries {
@@ -394,24 +665,13 @@ func (m *Manager) retain(ctx context.Context) error {
 		if !e.Committed && kept == 0 {
 			continue // newer than every committed checkpoint: not ours to judge
 		}
-		if e.Committed {
-			if err := os.Remove(filepath.Join(e.Dir, ManifestName)); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			if err := syncDir(e.Dir); err != nil {
-				errs = append(errs, err)
-			}
-			if err := hook("retention", 0); err != nil {
-				return err
-			}
+		err := storeDeleteStep(ctx, m.store, e.Step, func() error { return hook("retention", rank) })
+		if errors.Is(err, errHook) {
+			return err
 		}
-		if err := os.RemoveAll(e.Dir); err != nil {
+		if err != nil {
 			errs = append(errs, err)
 		}
-	}
-	if err := syncDir(m.dir); err != nil {
-		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -431,127 +691,16 @@ func (s *State) slice(lo, hi int64) [][]byte {
 	return out
 }
 
-// Restore loads the newest committed checkpoint that verifies into st and
-// returns its step. Rank 0 reads and checks every file (sizes, sha256,
-// tensor names, dtypes and shapes against st), falling back to older
-// checkpoints with a warning when one is corrupt, and broadcasts the tensors
-// so that every rank holds identical values; each rank then loads its own
-// blobs. The checkpoint may come from a job of another size: the tensors are
-// reassembled from all its shards, and rank r gets the blobs rank r wrote
-// (ranks beyond the old size keep theirs, with a warning). With no
-// checkpoint at all, Restore returns found=false and a nil error; when
-// checkpoints exist but none can be loaded, it returns an error.
-func (m *Manager) Restore(ctx context.Context, st *State) (step int64, found bool, err error) {
-	if st.err != nil {
-		return 0, false, st.err
+// writeAt copies data into the concatenated tensors at byte off.
+func (s *State) writeAt(off int64, data []byte) {
+	var o int64
+	for _, t := range s.tensors {
+		end := o + int64(len(t.bytes))
+		if end > off && o < off+int64(len(data)) {
+			copy(t.bytes[max(off-o, 0):], data[max(o-off, 0):])
+		}
+		o = end
 	}
-	rank := m.comm.Rank()
-	// status: 0 fresh start, 1 found, 2 error
-	hdr := []int64{0, 0}
-	var msg []byte
-	if rank == 0 {
-		s, ok, err := m.pick(ctx, st)
-		switch {
-		case err != nil:
-			hdr[0], msg = 2, []byte(err.Error())
-		case ok:
-			hdr[0], hdr[1] = 1, s
-		}
-	}
-	if err := m.comm.Broadcast(ctx, hdr, 0, collective.Name("checkpoint.restore")); err != nil {
-		return 0, false, fmt.Errorf("checkpoint: restore: %w", err)
-	}
-	switch hdr[0] {
-	case 0:
-		return 0, false, nil
-	case 2:
-		ln := []int64{int64(len(msg))}
-		if err := m.comm.Broadcast(ctx, ln, 0); err != nil {
-			return 0, false, fmt.Errorf("checkpoint: restore: %w", err)
-		}
-		if rank != 0 {
-			msg = make([]byte, ln[0])
-		}
-		if len(msg) > 0 {
-			if err := m.comm.Broadcast(ctx, msg, 0); err != nil {
-				return 0, false, fmt.Errorf("checkpoint: restore: %w", err)
-			}
-		}
-		return 0, false, fmt.Errorf("checkpoint: restore from %s: %s", m.dir, msg)
-	}
-	step = hdr[1]
-	for _, t := range st.tensors {
-		if len(t.bytes) == 0 {
-			continue
-		}
-		if err := m.comm.Broadcast(ctx, t.buf, 0, collective.Name("checkpoint.restore."+t.name)); err != nil {
-			return 0, false, fmt.Errorf("checkpoint: restore: broadcasting %q: %w", t.name, err)
-		}
-	}
-	berr := m.loadBlobs(ctx, step, st)
-	if berr != nil {
-		m.logf("checkpoint: rank %d: step %d: %v", rank, step, berr)
-	}
-	ok := []int64{boolI64(berr != nil)}
-	if err := m.comm.Allreduce(ctx, ok, collective.Max, collective.Name("checkpoint.restore.blobs")); err != nil {
-		return 0, false, fmt.Errorf("checkpoint: restore: %w", err)
-	}
-	if ok[0] != 0 {
-		if berr == nil {
-			berr = fmt.Errorf("another rank could not load its per-rank state (see its log)")
-		}
-		return 0, false, fmt.Errorf("checkpoint: restore of step %d: %w", step, berr)
-	}
-	return step, true, nil
-}
-
-// pick runs on rank 0: it finds the newest checkpoint that verifies and fits
-// st, and loads its tensors into st.
-func (m *Manager) pick(ctx context.Context, st *State) (int64, bool, error) {
-	entries, err := m.steps(ctx)
-	if err != nil {
-		return 0, false, err
-	}
-	var problems []string
-	committed := 0
-	for _, e := range entries {
-		if !e.Committed {
-			continue
-		}
-		committed++
-		var buf []byte
-		var fitErr error
-		assemble := func(man *Manifest) []byte {
-			if fitErr = fits(man, st); fitErr != nil {
-				return nil
-			}
-			buf = make([]byte, man.TotalBytes)
-			return buf
-		}
-		if m.store != nil {
-			_, err = storeVerify(ctx, m.store, e.Step, assemble)
-		} else {
-			_, err = verify(e.Dir, assemble)
-		}
-		if fitErr != nil {
-			err = fitErr
-		}
-		if err != nil {
-			problems = append(problems, fmt.Sprintf("step %d: %v", e.Step, err))
-			m.logf("checkpoint: WARNING: skipping the checkpoint of step %d in %s: %v; falling back to an older one", e.Step, e.Dir, err)
-			continue
-		}
-		var off int64
-		for _, t := range st.tensors {
-			copy(t.bytes, buf[off:])
-			off += int64(len(t.bytes))
-		}
-		return e.Step, true, nil
-	}
-	if committed == 0 {
-		return 0, false, nil
-	}
-	return 0, false, fmt.Errorf("none of the %d committed checkpoints can be loaded: %s", committed, strings.Join(problems, "; "))
 }
 
 // fits checks a manifest's tensors against the registered ones.
@@ -573,53 +722,19 @@ func fits(man *Manifest, st *State) error {
 	return nil
 }
 
-// loadBlobs gives this rank its per-rank state back.
-func (m *Manager) loadBlobs(ctx context.Context, step int64, st *State) error {
-	if len(st.blobs) == 0 {
-		return nil
+// replicaCount is k: how many domains besides a rank's own keep its files.
+func (m *Manager) replicaCount(d *domains) int {
+	if d.h() == 1 {
+		return 0
 	}
-	sdir := StepDir(m.dir, step)
-	var man *Manifest
-	var err error
-	if m.store != nil {
-		man, err = storeReadManifest(ctx, m.store, step)
-	} else {
-		man, err = readManifest(sdir)
-	}
-	if err != nil {
-		return err
-	}
-	rank := m.comm.Rank()
-	if rank >= man.WorldSize {
-		m.logf("checkpoint: WARNING: rank %d: the checkpoint of step %d was written by %d ranks; this rank keeps its initial per-rank state", rank, man.Step, man.WorldSize)
-		return nil
-	}
-	f := man.Blobs[rank]
-	var buf sliceWriter
-	buf.buf = make([]byte, max(f.Size, 0))
-	if m.store != nil {
-		err = storeCheckFile(ctx, m.store, step, f, &buf)
-	} else {
-		err = checkFile(sdir, f, &buf)
-	}
-	if err != nil {
-		return err
-	}
-	blobs, err := decodeBlobs(buf.buf)
-	if err != nil {
-		return fmt.Errorf("%s: %w", f.File, err)
-	}
-	for _, b := range st.blobs {
-		data, ok := blobs[b.name]
-		if !ok {
-			m.logf("checkpoint: WARNING: rank %d: blob %q is not in the checkpoint of step %d; keeping its current value", rank, b.name, man.Step)
-			continue
-		}
-		if err := b.load(data); err != nil {
-			return fmt.Errorf("loading blob %q: %w", b.name, err)
+	k := m.replicas
+	if k < 0 {
+		k = 2
+		if v, err := strconv.Atoi(os.Getenv(EnvReplicas)); err == nil && v >= 0 {
+			k = v
 		}
 	}
-	return nil
+	return min(k, d.h()-1)
 }
 
 func boolU64(b bool) uint64 {
@@ -653,18 +768,10 @@ func human(n int64) string {
 
 // stepLoc names a step's directory or object prefix, for messages.
 func (m *Manager) stepLoc(step int64) string {
-	if m.store != nil {
-		return m.dir + "/" + stepKey(step)
+	if d, ok := m.store.(DirStore); ok {
+		return StepDir(string(d), step)
 	}
-	return StepDir(m.dir, step)
-}
-
-// steps lists the checkpoints, newest first.
-func (m *Manager) steps(ctx context.Context) ([]Entry, error) {
-	if m.store != nil {
-		return storeSteps(ctx, m.store)
-	}
-	return listSteps(m.dir)
+	return strings.TrimSuffix(m.dir, "/") + "/" + stepKey(step)
 }
 
 // storePut writes one object of a step and returns its size and sha256.
@@ -679,32 +786,4 @@ func (m *Manager) storePut(ctx context.Context, step int64, name string, chunks 
 		return 0, "", err
 	}
 	return n, hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// storeRetain is retain for a Store: the same rule, each deletion manifest
-// first.
-func (m *Manager) storeRetain(ctx context.Context) error {
-	entries, err := storeSteps(ctx, m.store)
-	if err != nil {
-		return err
-	}
-	kept := 0
-	var errs []error
-	for _, e := range entries {
-		if e.Committed && kept < m.keep {
-			kept++
-			continue
-		}
-		if !e.Committed && kept == 0 {
-			continue
-		}
-		err := storeDeleteStep(ctx, m.store, e.Step, func() error { return hook("retention", 0) })
-		if errors.Is(err, errHook) {
-			return err
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }

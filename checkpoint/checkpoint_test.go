@@ -42,6 +42,17 @@ func onEach(comms []*collective.Comm, f func(r int, c *collective.Comm) error) [
 	return errs
 }
 
+// readManifest reads the manifest of a step directory.
+func readManifest(stepDir string) (*Manifest, error) {
+	return storeReadManifest(context.Background(), DirStore(filepath.Dir(stepDir)), stepOf(stepDir))
+}
+
+func stepOf(stepDir string) int64 {
+	var step int64
+	fmt.Sscanf(filepath.Base(stepDir), "step-%d", &step)
+	return step
+}
+
 func mustAll(t *testing.T, errs []error) {
 	t.Helper()
 	if err := errors.Join(errs...); err != nil {

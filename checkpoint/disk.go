@@ -11,8 +11,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -24,7 +22,8 @@ const ManifestName = "manifest.json"
 // Format is the version of the on-disk layout.
 const Format = 1
 
-// Manifest describes one committed checkpoint. Rank 0 writes it last.
+// Manifest describes one committed checkpoint. The lowest rank of every
+// storage domain writes it last, in that domain.
 type Manifest struct {
 	Format     int          `json:"format"`
 	Step       int64        `json:"step"`
@@ -88,33 +87,10 @@ type Report struct {
 	Reason  string  // why that one
 }
 
-// listSteps returns the step directories under dir, newest first.
+// listSteps returns the checkpoints under dir, newest first: storeSteps
+// over a DirStore (a directory that does not exist holds none).
 func listSteps(dir string) ([]Entry, error) {
-	des, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var out []Entry
-	for _, de := range des {
-		s, ok := strings.CutPrefix(de.Name(), "step-")
-		if !ok || !de.IsDir() {
-			continue
-		}
-		step, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			continue
-		}
-		e := Entry{Step: step, Dir: filepath.Join(dir, de.Name())}
-		if _, err := os.Stat(filepath.Join(e.Dir, ManifestName)); err == nil {
-			e.Committed = true
-		}
-		out = append(out, e)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Step > out[j].Step })
-	return out, nil
+	return storeSteps(context.Background(), DirStore(dir))
 }
 
 // Scan lists the checkpoints under dir and verifies every committed one
@@ -127,37 +103,37 @@ func listSteps(dir string) ([]Entry, error) {
 //
 // dir may also be an s3:// location; the bucket must then exist.
 func Scan(dir string) (*Report, error) {
-	check := func(e *Entry) (*Manifest, error) { return verify(e.Dir, nil) }
-	var entries []Entry
-	var err error
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	var s Store = DirStore(dir)
 	if IsRemote(dir) {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-		defer cancel()
-		s, err := openS3(ctx, dir)
+		s3, err := openS3(ctx, dir)
 		if err != nil {
 			return nil, err
 		}
-		if entries, err = storeSteps(ctx, s); err != nil {
-			return nil, err
-		}
-		check = func(e *Entry) (*Manifest, error) { return storeVerify(ctx, s, e.Step, nil) }
-	} else if entries, err = scanDir(dir); err != nil {
+		s = s3
+	} else if err := checkScanDir(dir); err != nil {
 		return nil, err
 	}
-	return scanEntries(entries, check), nil
+	entries, err := storeSteps(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	return scanEntries(entries, func(e *Entry) (*Manifest, error) { return storeVerify(ctx, s, e.Step, nil) }), nil
 }
 
-func scanDir(dir string) ([]Entry, error) {
+// checkScanDir rejects a path that is not an existing directory.
+func checkScanDir(dir string) error {
 	st, err := os.Stat(dir)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		return nil, fmt.Errorf("checkpoint: %s does not exist: give the directory the job was given (checkpoint.New, --checkpoint-dir)", dir)
+		return fmt.Errorf("checkpoint: %s does not exist: give the directory the job was given (checkpoint.New, --checkpoint-dir)", dir)
 	case err != nil:
-		return nil, fmt.Errorf("checkpoint: %w", err)
+		return fmt.Errorf("checkpoint: %w", err)
 	case !st.IsDir():
-		return nil, fmt.Errorf("checkpoint: %s is not a directory: give the directory the job was given (checkpoint.New, --checkpoint-dir)", dir)
+		return fmt.Errorf("checkpoint: %s is not a directory: give the directory the job was given (checkpoint.New, --checkpoint-dir)", dir)
 	}
-	return listSteps(dir)
+	return nil
 }
 
 func scanEntries(entries []Entry, check func(*Entry) (*Manifest, error)) *Report {
@@ -196,15 +172,6 @@ func scanEntries(entries []Entry, check func(*Entry) (*Manifest, error)) *Report
 	return r
 }
 
-// readManifest reads and sanity-checks a manifest.
-func readManifest(stepDir string) (*Manifest, error) {
-	data, err := os.ReadFile(filepath.Join(stepDir, ManifestName))
-	if err != nil {
-		return nil, err
-	}
-	return parseManifest(data)
-}
-
 // parseManifest decodes and sanity-checks a manifest.
 func parseManifest(data []byte) (*Manifest, error) {
 	var m Manifest
@@ -230,37 +197,6 @@ func parseManifest(data []byte) (*Manifest, error) {
 	return &m, nil
 }
 
-// verify reads the checkpoint in stepDir and checks every file's size and
-// sha256 against its manifest. With assemble non-nil it also copies the
-// concatenated tensor bytes there (len m.TotalBytes, checked by the caller).
-func verify(stepDir string, assemble func(*Manifest) []byte) (*Manifest, error) {
-	m, err := readManifest(stepDir)
-	if err != nil {
-		return m, err
-	}
-	var dst []byte
-	if assemble != nil {
-		if dst = assemble(m); dst == nil {
-			return m, errSkip
-		}
-	}
-	for _, f := range m.Shards {
-		var w io.Writer = io.Discard
-		if dst != nil {
-			w = &sliceWriter{buf: dst[f.Offset : f.Offset+f.Size]}
-		}
-		if err := checkFile(stepDir, f, w); err != nil {
-			return m, err
-		}
-	}
-	for _, f := range m.Blobs {
-		if err := checkFile(stepDir, f, io.Discard); err != nil {
-			return m, err
-		}
-	}
-	return m, nil
-}
-
 var errSkip = errors.New("skip")
 
 type sliceWriter struct {
@@ -275,23 +211,6 @@ func (w *sliceWriter) Write(p []byte) (int, error) {
 		return n, io.ErrShortWrite
 	}
 	return n, nil
-}
-
-// checkFile streams one file into w, checking its size and sha256.
-func checkFile(stepDir string, f FileInfo, w io.Writer) error {
-	if f.File != filepath.Base(f.File) || f.File == "" || f.File == "." {
-		return fmt.Errorf("manifest names a file %q outside the checkpoint", f.File)
-	}
-	fh, err := os.Open(filepath.Join(stepDir, f.File))
-	if err != nil {
-		return fmt.Errorf("%s: %v", f.File, err)
-	}
-	defer fh.Close()
-	st, err := fh.Stat()
-	if err != nil {
-		return fmt.Errorf("%s: %v", f.File, err)
-	}
-	return checkStream(f, fh, st.Size(), w)
 }
 
 // checkStream copies a file of size bytes from r into w, checking its size

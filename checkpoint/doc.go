@@ -23,27 +23,62 @@
 //
 // Save is collective: every rank calls it with the same step. It
 //
-//  1. allgathers each rank's step, a fingerprint of its registered state and
-//     its free disk space (syscall.Statfs); ranks that disagree on the step
-//     fail with an error naming them, and if any rank sees less free space
-//     than the checkpoint's size plus a margin (10%, at least 1 MiB), every
+//  1. allgathers each rank's step, a fingerprint of its registered state,
+//     the size of its per-rank blobs and its free disk space
+//     (syscall.Statfs); ranks that disagree on the step fail with an error
+//     naming them, and if any rank sees less free space than the bytes its
+//     storage domain will hold plus a margin (10%, at least 1 MiB), every
 //     rank fails with the sizes and nothing is written;
-//  2. has rank 0 create DIR/step-<N>/ (replacing a stale, uncommitted one);
+//  2. has the lowest rank of every storage domain (below; with a shared
+//     directory, rank 0) prepare DIR/step-<N>/, replacing a stale,
+//     uncommitted one;
 //  3. has every rank write 1/N of the tensors' bytes (the concatenation of
 //     the registered tensors, in order) and its own per-rank blobs, each to a
 //     temporary name, fsynced, renamed and followed by an fsync of the
 //     directory;
 //  4. allgathers every file's size and sha256: the barrier that confirms
-//     every shard is durable;
-//  5. has rank 0 write manifest.json (step, world size, each tensor's name,
-//     dtype, shape and byte range, each file's size and sha256) to a temporary
-//     name, fsync it, rename it and fsync the directories. The manifest is
-//     written last: a directory without manifest.json is not a checkpoint,
-//     and no reader ever loads one;
-//  6. has rank 0 delete the checkpoints older than the newest K (WithKeep,
-//     default 2), each by removing its manifest first, so that a crash during
-//     the deletion leaves an uncommitted directory, never a broken checkpoint;
-//  7. broadcasts rank 0's outcome, so every rank returns the same result.
+//     every file is durable;
+//  5. has the lowest rank of every domain write manifest.json (step, world
+//     size, each tensor's name, dtype, shape and byte range, each file's size
+//     and sha256) to a temporary name, fsync it, rename it and fsync the
+//     directories. The manifest is written last: a directory without
+//     manifest.json is not a checkpoint, and no reader ever loads one;
+//  6. has the same ranks delete the checkpoints older than the newest K
+//     (WithKeep, default 2), each by removing its manifest first, so that a
+//     crash during the deletion leaves an uncommitted directory, never a
+//     broken checkpoint;
+//  7. allgathers the outcome, so every rank returns the same result.
+//
+// # Asynchronous save
+//
+// SaveAsync runs steps 1 and 2, copies the bytes this rank writes (its
+// shard, the replicas it keeps and the blob files) into a staging buffer
+// reused from save to save, starts writing them in the background and
+// returns: the training loop may change the state at once, and is blocked
+// only for the agreement and the copy (SaveStats.Stall). The writes issue
+// no collective. Poll, called once per training step, is a no-op with no
+// save in flight and otherwise one small allreduce of "my writes are done";
+// once they are done on every rank it runs steps 4 to 7, so a save commits
+// within a step of the slowest rank's last write. Wait waits for this
+// rank's writes, then commits; call it at the end of training (Save,
+// SaveAsync and Restore call it first themselves):
+//
+//	for step := start; step < steps; step++ {
+//		train(step)
+//		if err := ckpt.Poll(ctx); err != nil { log.Fatal(err) }
+//		if (step+1)%K == 0 {
+//			if err := ckpt.SaveAsync(ctx, step+1, st); err != nil { log.Fatal(err) }
+//		}
+//	}
+//	if err := ckpt.Wait(ctx); err != nil { log.Fatal(err) }
+//
+// At most one save is in flight: a SaveAsync while one is being written
+// first commits it, or with WithSkipIfBusy skips the new save on every rank
+// (logging why) while any rank is still writing. A background write error
+// is logged at once and returned by the next Poll, Wait, SaveAsync or Save
+// on every rank, as "checkpoint: async save of step S: ...; previous
+// checkpoint kept". Save itself writes straight from the state, without the
+// copy.
 //
 // # On disk
 //
@@ -57,10 +92,37 @@
 // Numbers are stored in the machine's byte order, recorded in the manifest
 // as "little" (every platform gorun runs on).
 //
-// DIR must be visible to every rank at the same path: a local directory
-// when the job runs on one host, a shared filesystem (NFS, Lustre, a
-// mounted bucket with close-to-open consistency) when it spans hosts. Rank
-// 0 reads the shards written by the others.
+// DIR may be visible to every rank at the same path (a local directory
+// when the job runs on one host, a shared filesystem such as NFS or Lustre
+// when it spans hosts), or be each host's own local disk (below).
+//
+// # Replicated local disks
+//
+// Without a shared filesystem, give each host its own directory: in a
+// location "{host}" is replaced by $GORUN_HOST (set by gorun to the host a
+// rank runs on; else the host name), so "/scratch/ckpt/{host}" names a local
+// directory everywhere. On its first Save or Restore (and again after the
+// job changes size) a Manager finds out which ranks share a directory: each
+// rank creates a file with a random name in DIR/.gorun-tokens/, the names
+// are allgathered, and each rank says which it sees. Ranks that see each
+// other's files form a storage domain; domains are numbered by their
+// lowest rank.
+//
+// With one domain the layout is the one above. With H > 1 domains, the
+// files of rank r (its shard and its blob file) are kept by r's domain and
+// the next k domains, cyclically, where k is WithReplicas, else
+// $GORUN_CHECKPOINT_REPLICAS (EnvReplicas, set by --checkpoint-replicas),
+// else 2, and at most H-1. In a replica domain the file is written by the
+// domain's member number r mod its size. Nothing crosses the network for
+// the tensors: they are replicated, so the writer writes shard r from its
+// own memory; the blobs are allgathered. The written barrier (step 4)
+// compares every copy's sha256, and if two ranks wrote different bytes for
+// a shard the save fails on every rank, naming them: the registered
+// tensors must hold the same values on every rank. Every domain gets its
+// own manifest, written by its lowest rank, and applies retention itself.
+// A checkpoint survives the loss of up to k hosts' directories.
+//
+// # Object storage
 //
 // # Object storage
 //
@@ -68,8 +130,8 @@
 // service (Store, OpenStore): prefix/step-<N>/<file>. Every rank puts its
 // own objects (in parallel with the other ranks); a PutObject is atomic
 // and durable once it returns, so rank 0 putting manifest.json after the
-// barrier of step 4 is the commit, as with a directory. There is no
-// free-space check. The client is configured like every AWS SDK program:
+// barrier of step 4 is the commit, as with a directory. An s3:// location is one
+// storage domain. There is no free-space check. The client is configured like every AWS SDK program:
 // AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION
 // (default us-east-1), AWS_PROFILE and the shared config files,
 // AWS_ENDPOINT_URL for a service other than AWS; path-style addressing
@@ -81,16 +143,37 @@
 //
 // # Restore
 //
-// Restore is collective. Rank 0 takes the newest committed checkpoint,
-// checks every file's size and sha256 and the tensors' names, dtypes and
-// shapes against the registered State, and falls back to the previous one
-// with a warning saying what was wrong (truncated, bit-flipped, shapes that
-// do not fit). It reassembles the tensors from all shards — the job that
-// wrote them may have had another size — and broadcasts them, so every rank
-// holds identical values. Each rank then loads the blobs of the same rank
-// number. No checkpoint at all is a fresh start (found=false, nil error);
-// checkpoints of which none can be loaded are an error, so that a job never
-// silently starts over.
+// Restore is collective, and every rank takes part in reading:
+//
+//  1. every rank lists the committed checkpoints in its own directory, and
+//     the lists are allgathered; the candidates are their union, newest
+//     first;
+//  2. for a candidate, the lowest rank that has it reads manifest.json and
+//     broadcasts it; every rank checks the tensors' names, dtypes and
+//     shapes against the registered State;
+//  3. every rank says which of the checkpoint's files its directory holds;
+//     a checkpoint with a file that no host holds cannot be loaded (the
+//     error names the files);
+//  4. each file is assigned to one rank that holds it, balancing the bytes
+//     each rank reads: restoring a shared directory with the job size that
+//     wrote it, rank r reads exactly shard r;
+//  5. each rank reads and verifies (size, sha256) its files in the
+//     background while the files are broadcast one by one, in order, from
+//     their readers, with a status byte that tells every rank whether the
+//     copy verified. The tensors are reassembled from the shards — the job
+//     that wrote them may have had another size — so every rank holds
+//     identical values. A copy that does not verify is read again from a
+//     host that holds another copy; when none is left, the checkpoint is
+//     skipped with a warning saying what was wrong (truncated, bit-flipped,
+//     shapes that do not fit) and the previous one is tried.
+//
+// Each rank then loads the blobs of the same rank number (ranks beyond the
+// old size keep theirs, with a warning). With several storage domains, the
+// files of the restored step that lost copies (a host whose disk was
+// replaced) are written again, from memory, to the domains that lack them,
+// with their manifest, and one line is logged. No checkpoint at all is a
+// fresh start (found=false, nil error); checkpoints of which none can be
+// loaded are an error, so that a job never silently starts over.
 //
 // `gorun checkpoint inspect DIR` lists the checkpoints, verifies them and
 // says which one a restore would pick (Scan). It fails when DIR does not

@@ -69,3 +69,54 @@ func Example() {
 	// found=true, starting at step 3
 	// resumed: [10.0625 10.46875 4.71875 7.1875]
 }
+
+// SaveAsync snapshots the state and returns; the files are written in the
+// background while training goes on, and Poll, called once per step,
+// commits the checkpoint once every rank has written its part. Wait at the
+// end commits the last one.
+func ExampleManager_SaveAsync() {
+	ctx := context.Background()
+	comm, err := collective.Init(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer comm.Close()
+	dir, _ := os.MkdirTemp("", "ckpt-async-")
+	defer os.RemoveAll(dir)
+
+	w := make([]float32, 3)
+	st := new(checkpoint.State).Tensor("w", w)
+	ckpt, err := checkpoint.New(comm, dir)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for step := int64(0); step < 5; step++ {
+		for i := range w {
+			w[i] += float32(i + 1) // "training"
+		}
+		if err := ckpt.Poll(ctx); err != nil { // commits a finished save
+			log.Fatal(err)
+		}
+		if (step+1)%2 == 0 {
+			// The checkpoint holds w as it is now, whatever the next
+			// steps do to it.
+			if err := ckpt.SaveAsync(ctx, step+1, st); err != nil {
+				log.Fatal(err)
+			}
+		}
+	}
+	if err := ckpt.Wait(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("trained:", w)
+
+	restored := make([]float32, 3)
+	step, found, err := ckpt.Restore(ctx, new(checkpoint.State).Tensor("w", restored))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("restored step %d (found=%v): %v\n", step, found, restored)
+	// Output:
+	// trained: [5 10 15]
+	// restored step 4 (found=true): [4 8 12]
+}

@@ -1,7 +1,6 @@
 package checkpoint
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -20,6 +20,7 @@ import (
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
 )
 
@@ -28,11 +29,25 @@ import (
 // throttling and time-outs with jittered exponential backoff, up to
 // s3Attempts attempts.
 var (
-	s3ObjectTimeout = 10 * time.Minute // one object's Put or Get
+	s3ObjectTimeout = 10 * time.Minute // one PutObject, Get, or part of a multipart upload
 	s3CallTimeout   = time.Minute      // List, Delete, HeadBucket
+	s3DrainTimeout  = 5 * time.Second  // the parts in flight when a multipart upload fails
+	s3AbortTimeout  = 15 * time.Second // AbortMultipartUpload, after a failure
 	s3Attempts      = 5
 	s3MaxBackoff    = 5 * time.Second
 )
+
+// Multipart uploads: an object above s3MultipartThreshold bytes is written
+// in parts of s3PartSize bytes (more if it would take over s3MaxParts
+// parts), s3PartsInFlight at a time, each part under s3ObjectTimeout. S3
+// wants parts of at least 5 MiB, but for the last.
+var (
+	s3MultipartThreshold int64 = 64 << 20
+	s3PartSize           int64 = 16 << 20
+	s3PartsInFlight            = 4
+)
+
+const s3MaxParts = 10000
 
 type s3Store struct {
 	loc    string // s3://bucket/prefix, as given
@@ -83,16 +98,25 @@ func openS3(ctx context.Context, loc string) (*s3Store, error) {
 	if cfg.BaseEndpoint != nil {
 		s.where = *cfg.BaseEndpoint
 	}
-	s.client = s3.NewFromConfig(cfg, func(o *s3.Options) { o.UsePathStyle = pathStyle })
+	s.client = s3.NewFromConfig(cfg, func(o *s3.Options) {
+		o.UsePathStyle = pathStyle
+		// The SDK cannot check the composite checksum ("…-N") of an object
+		// written in N parts, and would log a warning at every Get of one;
+		// the manifest's sha256 checks every object whole anyway.
+		o.DisableLogOutputChecksumValidationSkipped = true
+	})
 	_, err = s.client.HeadBucket(cctx, &s3.HeadBucketInput{Bucket: aws.String(s.bucket)})
 	if err != nil {
-		return nil, s.err("checking the bucket", "", err)
+		return nil, pkgErr(s.err("checking the bucket", "", err))
 	}
 	return s, nil
 }
 
-// err turns an S3 error into one that names the location and says what to
-// do.
+// err turns an S3 error into one that names the object and says what to
+// do. Like DirStore's, it does not start with the package's "checkpoint: ":
+// the Manager wraps the errors of Put, Get and Delete in its own. The errors
+// that reach callers as they are, of openS3 (New, Scan) and List (Scan),
+// get it from pkgErr.
 func (s *s3Store) err(op, key string, err error) error {
 	what := s.loc
 	if key != "" {
@@ -102,43 +126,242 @@ func (s *s3Store) err(op, key string, err error) error {
 	if errors.As(err, &ae) {
 		switch ae.ErrorCode() {
 		case "NoSuchBucket":
-			return fmt.Errorf("checkpoint: %s: %s: bucket %q does not exist on %s: create it, or fix the location: %w", what, op, s.bucket, s.where, err)
+			return fmt.Errorf("%s: %s: bucket %q does not exist on %s: create it, or fix the location: %w", what, op, s.bucket, s.where, err)
 		case "NotFound":
 			if key == "" {
-				return fmt.Errorf("checkpoint: %s: %s: bucket %q does not exist on %s: create it, or fix the location: %w", what, op, s.bucket, s.where, err)
+				return fmt.Errorf("%s: %s: bucket %q does not exist on %s: create it, or fix the location: %w", what, op, s.bucket, s.where, err)
 			}
 			return fmt.Errorf("%s: %w", key, fs.ErrNotExist)
 		case "NoSuchKey":
 			return fmt.Errorf("%s: %w", key, fs.ErrNotExist)
 		case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden", "InvalidToken", "ExpiredToken", "InvalidClientTokenId":
-			return fmt.Errorf("checkpoint: %s: %s: %s refused the credentials (%s): check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's permissions: %w", what, op, s.where, ae.ErrorCode(), err)
+			return fmt.Errorf("%s: %s: %s refused the credentials (%s): check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's permissions: %w", what, op, s.where, ae.ErrorCode(), err)
 		case "QuotaExceeded", "EntityTooLarge", "InsufficientStorage", "XMinioStorageFull":
-			return fmt.Errorf("checkpoint: %s: %s: the S3 service is out of space or quota (%s); the previous checkpoint is kept: %w", what, op, ae.ErrorCode(), err)
+			return fmt.Errorf("%s: %s: the S3 service is out of space or quota (%s); the previous checkpoint is kept: %w", what, op, ae.ErrorCode(), err)
 		}
 	}
-	return fmt.Errorf("checkpoint: %s: %s on %s: %w", what, op, s.where, err)
+	return fmt.Errorf("%s: %s on %s: %w", what, op, s.where, err)
 }
 
-// Put implements Store: PutObject is atomic (the object appears whole or not
-// at all) and durable when it returns.
+// pkgErr prefixes an error that a caller returns as it is.
+func pkgErr(err error) error { return fmt.Errorf("checkpoint: %w", err) }
+
+// Put implements Store. An object of up to s3MultipartThreshold bytes is one
+// PutObject, which is atomic (the object appears whole or not at all) and
+// durable when it returns. A bigger one is a multipart upload, which is
+// atomic too: the object appears at CompleteMultipartUpload. The body is
+// read from data in place, never copied into one buffer.
 func (s *s3Store) Put(ctx context.Context, key string, data ...[]byte) error {
-	var body []byte
-	if len(data) == 1 {
-		body = data[0]
-	} else {
-		body = bytes.Join(data, nil)
+	var size int64
+	for _, d := range data {
+		size += int64(len(d))
+	}
+	if size > s3MultipartThreshold {
+		return s.putMultipart(ctx, key, size, data)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s3ObjectTimeout)
 	defer cancel()
 	_, err := s.client.PutObject(ctx, &s3.PutObjectInput{
 		Bucket: aws.String(s.bucket), Key: aws.String(s.prefix + key),
-		Body: bytes.NewReader(body), ContentLength: aws.Int64(int64(len(body))),
+		Body: newChunkReader(data, 0, size), ContentLength: aws.Int64(size),
 	})
 	if err != nil {
 		return s.err("writing", key, err)
 	}
 	return nil
 }
+
+// s3PartLayout is the part size and the number of parts of a multipart
+// upload of size bytes: s3PartSize, or more if it would take more parts
+// than S3 allows.
+func s3PartLayout(size int64) (partSize int64, parts int) {
+	partSize = s3PartSize
+	if least := (size + s3MaxParts - 1) / s3MaxParts; partSize < least {
+		partSize = (least + 1<<20 - 1) &^ (1<<20 - 1) // whole MiB
+	}
+	return partSize, int((size + partSize - 1) / partSize)
+}
+
+// putMultipart writes key in parts of s3PartSize, s3PartsInFlight at a time,
+// each part retried by the SDK's retryer under its own deadline. If a part
+// fails, or ctx is done, no more parts start, the parts in flight get
+// s3DrainTimeout to finish, and the upload is aborted, so that the server
+// discards the parts it stored.
+//
+// The parts in flight are not cancelled at once because a server may go on
+// storing a part whose request was cut off, and store it after the abort:
+// AWS then keeps it billed until the upload is aborted again, and versitygw
+// recreates the aborted upload's directory on disk, where nothing lists it.
+func (s *s3Store) putMultipart(ctx context.Context, key string, size int64, data [][]byte) error {
+	partSize, nparts := s3PartLayout(size)
+	bucket, okey := aws.String(s.bucket), aws.String(s.prefix+key)
+	cctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
+	up, err := s.client.CreateMultipartUpload(cctx, &s3.CreateMultipartUploadInput{
+		Bucket: bucket, Key: okey, ChecksumAlgorithm: types.ChecksumAlgorithmCrc32,
+	})
+	cancel()
+	if err != nil {
+		return s.err("starting a multipart upload", key, err)
+	}
+	id := up.UploadId
+
+	// uctx stops the dispatch of parts; partsCtx, cut from ctx's
+	// cancellation, cancels the parts in flight once they had their grace.
+	uctx, stop := context.WithCancel(ctx)
+	defer stop()
+	partsCtx, stopParts := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopParts()
+	var (
+		mu     sync.Mutex
+		failed error // the first failure, which names its part
+		wg     sync.WaitGroup
+	)
+	fail := func(err error) {
+		mu.Lock()
+		if failed == nil {
+			failed = err
+			stop()
+		}
+		mu.Unlock()
+	}
+	partOp := func(n int) string { return fmt.Sprintf("writing part %d of %d of a multipart upload", n, nparts) }
+	parts := make([]types.CompletedPart, nparts)
+	sem := make(chan struct{}, s3PartsInFlight)
+	for i := range nparts {
+		if uctx.Err() == nil {
+			select {
+			case sem <- struct{}{}:
+			case <-uctx.Done():
+			}
+		}
+		if err := uctx.Err(); err != nil {
+			fail(s.err(partOp(i+1), key, err)) // ctx is done: a no-op if a part failed first
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			lo := int64(i) * partSize
+			hi := min(lo+partSize, size)
+			pctx, cancel := context.WithTimeout(partsCtx, s3ObjectTimeout)
+			defer cancel()
+			out, err := s.client.UploadPart(pctx, &s3.UploadPartInput{
+				Bucket: bucket, Key: okey, UploadId: id, PartNumber: aws.Int32(int32(i + 1)),
+				Body: newChunkReader(data, lo, hi), ContentLength: aws.Int64(hi - lo),
+				ChecksumAlgorithm: types.ChecksumAlgorithmCrc32,
+			})
+			if err != nil {
+				fail(s.err(partOp(i+1), key, err))
+				return
+			}
+			parts[i] = types.CompletedPart{PartNumber: aws.Int32(int32(i + 1)), ETag: out.ETag, ChecksumCRC32: out.ChecksumCRC32}
+		}()
+	}
+	inFlight := make(chan struct{})
+	go func() { wg.Wait(); close(inFlight) }()
+	select {
+	case <-inFlight:
+	case <-uctx.Done(): // a part failed, or ctx is done
+		select {
+		case <-inFlight:
+		case <-time.After(s3DrainTimeout):
+			stopParts()
+			<-inFlight
+		}
+	}
+	if failed == nil && ctx.Err() != nil { // done after the last part started
+		failed = s.err(fmt.Sprintf("completing a multipart upload of %d parts", nparts), key, ctx.Err())
+	}
+
+	if failed == nil {
+		cctx, cancel := context.WithTimeout(ctx, s3ObjectTimeout)
+		_, err := s.client.CompleteMultipartUpload(cctx, &s3.CompleteMultipartUploadInput{
+			Bucket: bucket, Key: okey, UploadId: id,
+			MultipartUpload: &types.CompletedMultipartUpload{Parts: parts},
+		})
+		cancel()
+		if err == nil {
+			return nil
+		}
+		failed = s.err(fmt.Sprintf("completing a multipart upload of %d parts", nparts), key, err)
+	}
+	// ctx may be done: the abort gets a deadline of its own.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s3AbortTimeout)
+	defer cancel()
+	if _, err := s.client.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{Bucket: bucket, Key: okey, UploadId: id}); err != nil {
+		return fmt.Errorf("%w; aborting the multipart upload also failed, so its parts may stay on the server until they are aborted (upload ID %s) or a lifecycle rule removes them: %v",
+			failed, aws.ToString(id), err)
+	}
+	return failed
+}
+
+// chunkReader reads the bytes [lo, hi) of the concatenation of some chunks
+// without copying them. It seeks, so that the SDK can checksum and sign the
+// body, then rewind it to send it, and again to retry.
+type chunkReader struct {
+	chunks [][]byte // views of the caller's chunks, none empty
+	size   int64
+	off    int64 // the position
+	i, j   int   // chunks[i][j] is the byte at off
+}
+
+func newChunkReader(data [][]byte, lo, hi int64) *chunkReader {
+	r := &chunkReader{size: hi - lo}
+	var pos int64
+	for _, d := range data {
+		n := int64(len(d))
+		if a, b := max(lo, pos), min(hi, pos+n); a < b {
+			r.chunks = append(r.chunks, d[a-pos:b-pos])
+		}
+		if pos += n; pos >= hi {
+			break
+		}
+	}
+	return r
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	n := 0
+	for n < len(p) && r.i < len(r.chunks) {
+		c := copy(p[n:], r.chunks[r.i][r.j:])
+		n += c
+		if r.j += c; r.j == len(r.chunks[r.i]) {
+			r.i, r.j = r.i+1, 0
+		}
+	}
+	r.off += int64(n)
+	if n == 0 && len(p) > 0 {
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+func (r *chunkReader) Seek(offset int64, whence int) (int64, error) {
+	switch whence {
+	case io.SeekStart:
+	case io.SeekCurrent:
+		offset += r.off
+	case io.SeekEnd:
+		offset += r.size
+	default:
+		return r.off, errors.New("chunkReader: invalid whence")
+	}
+	if offset < 0 {
+		return r.off, errors.New("chunkReader: negative position")
+	}
+	r.off, r.i, r.j = offset, 0, 0
+	for r.i < len(r.chunks) && offset >= int64(len(r.chunks[r.i])) {
+		offset -= int64(len(r.chunks[r.i]))
+		r.i++
+	}
+	if r.i < len(r.chunks) {
+		r.j = int(offset)
+	}
+	return r.off, nil
+}
+
+// Len is the number of bytes left to read.
+func (r *chunkReader) Len() int { return int(max(r.size-r.off, 0)) }
 
 type cancelBody struct {
 	io.ReadCloser
@@ -167,7 +390,7 @@ func (s *s3Store) List(ctx context.Context, prefix string) ([]string, error) {
 		page, err := p.NextPage(cctx)
 		cancel()
 		if err != nil {
-			return nil, s.err("listing", prefix, err)
+			return nil, pkgErr(s.err("listing", prefix, err))
 		}
 		for _, o := range page.Contents {
 			out = append(out, strings.TrimPrefix(aws.ToString(o.Key), s.prefix))

@@ -1,169 +1,46 @@
 package checkpoint
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
+	"io"
+	"io/fs"
+	"math/rand/v2"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/aws/smithy-go/middleware"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/internal/s3test"
 )
 
-const (
-	vgwAccess = "gorunaccess"
-	vgwSecret = "gorunsecret0123456789"
-)
-
-// versity is a versitygw S3 server on loopback with a POSIX back end in a
-// temporary directory.
-type versity struct {
-	t        *testing.T
-	bin      string
-	root     string
-	addr     string
-	mu       sync.Mutex
-	cmd      *exec.Cmd
-	exited   chan error
-	endpoint string
-}
-
-// versitygwBin finds versitygw in $(go env GOPATH)/bin or PATH.
-func versitygwBin(t *testing.T) string {
-	var cands []string
-	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
-		for _, p := range filepath.SplitList(strings.TrimSpace(string(out))) {
-			cands = append(cands, filepath.Join(p, "bin", "versitygw"))
-		}
-	}
-	if home, err := os.UserHomeDir(); err == nil {
-		cands = append(cands, filepath.Join(home, "go", "bin", "versitygw"))
-	}
-	for _, c := range cands {
-		if st, err := os.Stat(c); err == nil && !st.IsDir() {
-			return c
-		}
-	}
-	if p, err := exec.LookPath("versitygw"); err == nil {
-		return p
-	}
-	t.Skip("versitygw not found in $(go env GOPATH)/bin or PATH: install it with `go install github.com/versity/versitygw/cmd/versitygw@v1.8.0` (.ci/run does)")
-	return ""
-}
-
-// startVersity starts the server, creates bucket and points the standard
-// AWS environment at it for the rest of the test.
-func startVersity(t *testing.T, bucket string) *versity {
-	v := &versity{t: t, bin: versitygwBin(t), root: t.TempDir()}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	v.addr = l.Addr().String()
-	l.Close()
-	v.endpoint = "http://" + v.addr
-	t.Cleanup(v.kill)
-	for k, val := range map[string]string{
-		"AWS_ACCESS_KEY_ID": vgwAccess, "AWS_SECRET_ACCESS_KEY": vgwSecret, "AWS_SESSION_TOKEN": "",
-		"AWS_ENDPOINT_URL": v.endpoint, "AWS_REGION": "us-east-1", "AWS_S3_FORCE_PATH_STYLE": "true",
-		"AWS_PROFILE": "", "AWS_CONFIG_FILE": filepath.Join(v.root, "no-config"),
-		"AWS_SHARED_CREDENTIALS_FILE": filepath.Join(v.root, "no-credentials"), "AWS_EC2_METADATA_DISABLED": "true",
-		"AWS_ENDPOINT_URL_S3": "",
-	} {
-		t.Setenv(k, val)
-	}
+// startVersity starts a versitygw server (internal/s3test), creates bucket
+// and points the standard AWS environment at it for the rest of the test.
+func startVersity(t *testing.T, bucket string) *s3test.Server {
+	v := s3test.Start(t)
+	v.Setenv(t)
 	oldBackoff := s3MaxBackoff
 	s3MaxBackoff = 200 * time.Millisecond
 	t.Cleanup(func() { s3MaxBackoff = oldBackoff })
-	v.start()
 	if bucket != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		if _, err := v.client().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)}); err != nil {
-			t.Fatalf("creating bucket %s: %v", bucket, err)
-		}
+		v.MakeBucket(bucket)
 	}
 	return v
 }
 
-func (v *versity) client() *s3.Client {
-	return s3.New(s3.Options{
-		Region: "us-east-1", BaseEndpoint: aws.String(v.endpoint), UsePathStyle: true,
-		Credentials: credentials.NewStaticCredentialsProvider(vgwAccess, vgwSecret, ""),
-	})
-}
-
-// start runs versitygw and waits until it answers a signed ListBuckets.
-func (v *versity) start() {
-	t := v.t
-	data := filepath.Join(v.root, "data")
-	if err := os.MkdirAll(data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(v.bin, "--access", vgwAccess, "--secret", vgwSecret, "--port", v.addr, "posix", data)
-	logf, err := os.OpenFile(filepath.Join(v.root, "versitygw.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	v.mu.Lock()
-	v.cmd, v.exited = cmd, exited
-	v.mu.Unlock()
-	deadline := time.Now().Add(20 * time.Second)
-	cl := v.client()
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := cl.ListBuckets(ctx, &s3.ListBucketsInput{})
-		cancel()
-		if err == nil {
-			return
-		}
-		select {
-		case werr := <-exited:
-			exited <- werr
-			log, _ := os.ReadFile(filepath.Join(v.root, "versitygw.log"))
-			t.Fatalf("versitygw exited before it was ready (%v):\n%s", werr, log)
-		default:
-		}
-		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(v.root, "versitygw.log"))
-			t.Fatalf("versitygw at %s not ready after 20s: %v\n%s", v.addr, err, log)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// kill stops the server by its PID (SIGKILL) and waits for it.
-func (v *versity) kill() {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.cmd != nil && v.cmd.Process != nil {
-		v.cmd.Process.Kill()
-		select { // Wait runs in start's goroutine
-		case <-v.exited:
-		case <-time.After(10 * time.Second):
-			v.t.Errorf("versitygw (pid %d) did not exit after SIGKILL", v.cmd.Process.Pid)
-		}
-		v.cmd = nil
-	}
-}
-
-func (v *versity) keys(t *testing.T, bucket, prefix string) []string {
+// keys lists the objects under s3://bucket/prefix.
+func keys(t *testing.T, bucket, prefix string) []string {
 	t.Helper()
 	s, err := openS3(context.Background(), "s3://"+bucket+"/"+prefix)
 	if err != nil {
@@ -238,7 +115,7 @@ func TestS3ServerKilledMidSave(t *testing.T) {
 	mustAll(t, save(t, comms, loc, 1, 1))
 	testHook = func(p string, rank int) error {
 		if p == "write" && rank == 1 {
-			v.kill() // after rank 1's shard, before its blob
+			v.Kill() // after rank 1's shard, before its blob
 		}
 		return nil
 	}
@@ -253,8 +130,8 @@ func TestS3ServerKilledMidSave(t *testing.T) {
 	if !strings.Contains(errs[1].Error(), loc) {
 		t.Errorf("error does not name the location %s: %v", loc, errs[1])
 	}
-	v.start()
-	for _, k := range v.keys(t, "ckpt", "job") {
+	v.Restart()
+	for _, k := range keys(t, "ckpt", "job") {
 		if k == stepKey(2)+"/"+ManifestName {
 			t.Fatalf("the failed save left a manifest: %v", k)
 		}
@@ -301,7 +178,7 @@ func TestS3WrongCredentials(t *testing.T) {
 	if _, err := Scan("s3://ckpt/job"); err == nil || !strings.Contains(err.Error(), "refused the credentials") {
 		t.Errorf("Scan: %v", err)
 	}
-	t.Setenv("AWS_SECRET_ACCESS_KEY", vgwSecret)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", s3test.SecretKey)
 	restore(t, comms, "s3://ckpt/job", 1, 1)
 }
 
@@ -321,14 +198,14 @@ func TestS3MissingBucket(t *testing.T) {
 }
 
 func TestS3RetentionDeletesManifestFirst(t *testing.T) {
-	v := startVersity(t, "ckpt")
+	startVersity(t, "ckpt")
 	loc := "s3://ckpt/job"
 	comms := newJob(t, 2)
 	for step := int64(1); step <= 4; step++ {
 		mustAll(t, save(t, comms, loc, step, float32(step)))
 	}
 	got := map[string]bool{}
-	for _, k := range v.keys(t, "ckpt", "job") {
+	for _, k := range keys(t, "ckpt", "job") {
 		got[strings.SplitN(k, "/", 2)[0]] = true
 	}
 	if len(got) != 2 || !got[stepKey(3)] || !got[stepKey(4)] {
@@ -374,5 +251,291 @@ func TestDirStoreReadsDirectoryCheckpoints(t *testing.T) {
 	}
 	if entries, _ := listSteps(dir); len(entries) != 0 {
 		t.Fatalf("left %+v", entries)
+	}
+}
+
+// withMultipart lowers the multipart threshold and part size for a test.
+func withMultipart(t *testing.T, threshold, partSize int64) {
+	oldT, oldP := s3MultipartThreshold, s3PartSize
+	s3MultipartThreshold, s3PartSize = threshold, partSize
+	t.Cleanup(func() { s3MultipartThreshold, s3PartSize = oldT, oldP })
+}
+
+// watchParts makes s's client call before as each UploadPart starts and
+// after as it ends (after the SDK's retries), with its part number.
+func watchParts(s *s3Store, before func(part int32), after func(part int32, err error)) {
+	s.client = s3.New(s.client.Options(), func(o *s3.Options) {
+		o.APIOptions = append(o.APIOptions, func(st *middleware.Stack) error {
+			return st.Initialize.Add(middleware.InitializeMiddlewareFunc("watchParts",
+				func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+					p, ok := in.Parameters.(*s3.UploadPartInput)
+					if ok && before != nil {
+						before(aws.ToInt32(p.PartNumber))
+					}
+					out, md, err := next.HandleInitialize(ctx, in)
+					if ok && after != nil {
+						after(aws.ToInt32(p.PartNumber), err)
+					}
+					return out, md, err
+				}), middleware.After)
+		})
+	})
+}
+
+// randomChunks returns chunks of random bytes of the given sizes.
+func randomChunks(seed uint64, sizes ...int) [][]byte {
+	rng := rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8)})
+	var out [][]byte
+	for _, n := range sizes {
+		b := make([]byte, n)
+		rng.Read(b)
+		out = append(out, b)
+	}
+	return out
+}
+
+func getAll(t *testing.T, s *s3Store, key string) []byte {
+	t.Helper()
+	rc, size, err := s.Get(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(len(b)) != size {
+		t.Fatalf("Get %s: read %d bytes, size %d", key, len(b), size)
+	}
+	return b
+}
+
+// multipartUploads lists the multipart uploads in progress in bucket.
+func multipartUploads(t *testing.T, v *s3test.Server, bucket string) []types.MultipartUpload {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := v.Client().ListMultipartUploads(ctx, &s3.ListMultipartUploadsInput{Bucket: aws.String(bucket)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.Uploads
+}
+
+// An object above the threshold is uploaded in parts, several at a time,
+// read from chunks whose boundaries fall inside parts, and reads back
+// identical; an object below it is one PutObject and replaces it.
+func TestS3MultipartRoundTrip(t *testing.T) {
+	v := startVersity(t, "ckpt")
+	withMultipart(t, 5<<20, 5<<20)
+	s, err := openS3(context.Background(), "s3://ckpt/job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var started []int32
+	inFlight, maxInFlight := 0, 0
+	watchParts(s, func(p int32) {
+		mu.Lock()
+		started = append(started, p)
+		inFlight++
+		maxInFlight = max(maxInFlight, inFlight)
+		mu.Unlock()
+	}, func(int32, error) {
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+	})
+
+	// 23 MiB + 9 bytes: 5 parts, the chunk boundaries inside parts 2 and 4.
+	chunks := randomChunks(1, 7<<20+3, 9<<20+11, 7<<20-5)
+	want := bytes.Join(chunks, nil)
+	key := stepKey(1) + "/" + shardName(0, 1)
+	start := time.Now()
+	if err := s.Put(context.Background(), key, chunks...); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("multipart Put of %d bytes: %v, parts started %v, at most %d in flight", len(want), time.Since(start), started, maxInFlight)
+	if len(started) != 5 {
+		t.Errorf("%d UploadPart calls, want 5", len(started))
+	}
+	if maxInFlight > s3PartsInFlight || maxInFlight < 2 {
+		t.Errorf("at most %d parts in flight, want 2 to %d", maxInFlight, s3PartsInFlight)
+	}
+	if got := getAll(t, s, key); !bytes.Equal(got, want) {
+		t.Fatalf("Get returned %d bytes that differ from the %d put", len(got), len(want))
+	}
+	head, err := v.Client().HeadObject(context.Background(), &s3.HeadObjectInput{Bucket: aws.String("ckpt"), Key: aws.String("job/" + key)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("ETag of the multipart object: %s", aws.ToString(head.ETag))
+	if ups := multipartUploads(t, v, "ckpt"); len(ups) != 0 {
+		t.Errorf("uploads left in progress after a successful Put: %d", len(ups))
+	}
+
+	small := randomChunks(2, 1<<20, 3, 2<<20)
+	started = nil
+	if err := s.Put(context.Background(), key, small...); err != nil {
+		t.Fatal(err)
+	}
+	if len(started) != 0 {
+		t.Errorf("%d UploadPart calls for an object below the threshold", len(started))
+	}
+	if got := getAll(t, s, key); !bytes.Equal(got, bytes.Join(small, nil)) {
+		t.Fatalf("Get after a single PutObject returned %d bytes that differ", len(got))
+	}
+}
+
+var partRE = regexp.MustCompile(`part \d+ of 7 `)
+
+// A save cancelled in the middle of a multipart upload aborts it: the error
+// names the key, the part and the cause, and the server keeps neither the
+// object nor the upload's parts. (The parts in flight at the cancel are let
+// finish before the abort: else versitygw may store one after the abort, in
+// a directory that ListMultipartUploads does not show.)
+func TestS3MultipartCancelAborts(t *testing.T) {
+	v := startVersity(t, "ckpt")
+	withMultipart(t, 5<<20, 5<<20)
+	s, err := openS3(context.Background(), "s3://ckpt/job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var once sync.Once
+	watchParts(s, nil, func(_ int32, err error) {
+		if err == nil {
+			once.Do(cancel) // once the first part is acknowledged
+		}
+	})
+	key := stepKey(1) + "/" + shardName(0, 1)
+	err = s.Put(ctx, key, randomChunks(3, 31<<20)...) // 7 parts
+	if err == nil {
+		t.Fatal("Put succeeded although its context was cancelled")
+	}
+	t.Log(err)
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("error does not wrap context.Canceled: %v", err)
+	}
+	for _, want := range []string{"s3://ckpt/job/" + key + ": writing part ", v.Endpoint()} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+	if !partRE.MatchString(err.Error()) {
+		t.Errorf("error does not name the part: %v", err)
+	}
+	if strings.Contains(err.Error(), "abort") || strings.HasPrefix(err.Error(), "checkpoint: ") {
+		t.Errorf("unexpected error wording: %v", err)
+	}
+	if ups := multipartUploads(t, v, "ckpt"); len(ups) != 0 {
+		t.Errorf("the cancelled upload was not aborted: %d uploads in progress, first %s", len(ups), aws.ToString(ups[0].UploadId))
+	}
+	if _, _, err := s.Get(context.Background(), key); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Get of the object of a cancelled upload: %v, want not found", err)
+	}
+	// versitygw keeps the parts of an upload in progress in files of its
+	// POSIX back end: the abort removed them.
+	filepath.WalkDir(filepath.Join(v.Root(), "data"), func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			t.Errorf("the aborted upload left %s", p)
+		}
+		return nil
+	})
+}
+
+// The server is killed by its PID once the first part is acknowledged: Put
+// fails with an error that names the key, the part and the cause. The abort
+// cannot reach the dead server either, so the error says so and gives the
+// upload ID, which is the upload left in progress once the server is back.
+// (That an abort does remove an upload is TestS3MultipartCancelAborts.)
+func TestS3MultipartServerKilled(t *testing.T) {
+	v := startVersity(t, "ckpt")
+	withMultipart(t, 5<<20, 5<<20)
+	s, err := openS3(context.Background(), "s3://ckpt/job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	watchParts(s, nil, func(_ int32, err error) {
+		if err == nil {
+			once.Do(v.Kill)
+		}
+	})
+	key := stepKey(2) + "/" + shardName(0, 1)
+	data := randomChunks(4, 11<<20, 20<<20) // 7 parts
+	start := time.Now()
+	err = s.Put(context.Background(), key, data...)
+	if err == nil {
+		t.Fatal("Put succeeded although the server was killed")
+	}
+	t.Logf("Put failed after %v: %v", time.Since(start), err)
+	for _, want := range []string{"s3://ckpt/job/" + key + ": writing part ", v.Endpoint(), "aborting the multipart upload also failed"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+	if !partRE.MatchString(err.Error()) {
+		t.Errorf("error does not name the part: %v", err)
+	}
+
+	v.Restart()
+	ups := multipartUploads(t, v, "ckpt")
+	if len(ups) != 1 || aws.ToString(ups[0].Key) != "job/"+key || !strings.Contains(err.Error(), "upload ID "+aws.ToString(ups[0].UploadId)) {
+		t.Fatalf("uploads in progress after the restart: %d, want the one the error names", len(ups))
+	}
+	if _, _, err := s.Get(context.Background(), key); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Get of the object of a failed upload: %v, want not found", err)
+	}
+	// The leftover upload can be aborted, and the next Put succeeds.
+	if _, err := v.Client().AbortMultipartUpload(context.Background(), &s3.AbortMultipartUploadInput{
+		Bucket: aws.String("ckpt"), Key: ups[0].Key, UploadId: ups[0].UploadId,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(context.Background(), key, data...); err != nil {
+		t.Fatal(err)
+	}
+	if got := getAll(t, s, key); !bytes.Equal(got, bytes.Join(data, nil)) {
+		t.Fatal("Get after the server came back returned different bytes")
+	}
+	if ups := multipartUploads(t, v, "ckpt"); len(ups) != 0 {
+		t.Errorf("uploads in progress at the end: %d", len(ups))
+	}
+}
+
+// chunkReader reads and seeks in a range of the concatenation of chunks.
+func TestS3ChunkReader(t *testing.T) {
+	chunks := randomChunks(5, 7, 0, 1, 13, 0, 5)
+	all := bytes.Join(chunks, nil)
+	for lo := 0; lo <= len(all); lo++ {
+		for hi := lo; hi <= len(all); hi++ {
+			r := newChunkReader(chunks, int64(lo), int64(hi))
+			if r.Len() != hi-lo {
+				t.Fatalf("[%d,%d): Len %d", lo, hi, r.Len())
+			}
+			if err := iotest.TestReader(r, all[lo:hi]); err != nil {
+				t.Fatalf("[%d,%d): %v", lo, hi, err)
+			}
+		}
+	}
+}
+
+func TestS3PartLayout(t *testing.T) {
+	for _, c := range []struct {
+		size, part int64
+		n          int
+	}{
+		{64<<20 + 1, 16 << 20, 5},
+		{64 << 20, 16 << 20, 4},
+		{10000 * 16 << 20, 16 << 20, 10000},
+		{10000*16<<20 + 1, 17 << 20, 9412},
+		{1 << 40, 105 << 20, 9987},
+	} {
+		if part, n := s3PartLayout(c.size); part != c.part || n != c.n || int64(n)*part < c.size || n > s3MaxParts {
+			t.Errorf("s3PartLayout(%d) = %d, %d, want %d, %d", c.size, part, n, c.part, c.n)
+		}
 	}
 }

@@ -55,13 +55,21 @@ type DirStore string
 
 func (d DirStore) path(key string) string { return filepath.Join(string(d), filepath.FromSlash(key)) }
 
-// Put implements Store.
+// Put implements Store. A directory it creates (a step directory in a
+// checkpoint directory that lost it) is made durable in its parent too, so
+// that the file's own fsync is not undone by a lost directory entry.
 func (d DirStore) Put(_ context.Context, key string, data ...[]byte) error {
 	p := d.path(key)
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return err
+	dir := filepath.Dir(p)
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		if err := syncDir(filepath.Dir(dir)); err != nil {
+			return err
+		}
 	}
-	_, _, err := writeDurable(filepath.Dir(p), filepath.Base(p), true, data...)
+	_, _, err := writeDurable(dir, filepath.Base(p), true, data...)
 	return err
 }
 
@@ -79,24 +87,33 @@ func (d DirStore) Get(_ context.Context, key string) (io.ReadCloser, int64, erro
 	return f, st.Size(), nil
 }
 
-// List implements Store.
+// List implements Store. It walks only the directories that can hold keys
+// with prefix, and ignores entries that vanish while it walks (another rank
+// sharing the directory removing its domain token or a stale step).
 func (d DirStore) List(_ context.Context, prefix string) ([]string, error) {
 	var out []string
 	err := filepath.WalkDir(string(d), func(p string, de fs.DirEntry, err error) error {
 		if err != nil {
-			if p == string(d) && errors.Is(err, fs.ErrNotExist) {
-				return fs.SkipAll
+			if errors.Is(err, fs.ErrNotExist) {
+				if p == string(d) {
+					return fs.SkipAll
+				}
+				return nil
 			}
 			return err
-		}
-		if de.IsDir() {
-			return nil
 		}
 		rel, err := filepath.Rel(string(d), p)
 		if err != nil {
 			return err
 		}
-		if k := filepath.ToSlash(rel); strings.HasPrefix(k, prefix) {
+		k := filepath.ToSlash(rel)
+		if de.IsDir() {
+			if k != "." && !strings.HasPrefix(k+"/", prefix) && !strings.HasPrefix(prefix, k+"/") {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if strings.HasPrefix(k, prefix) {
 			out = append(out, k)
 		}
 		return nil
@@ -223,7 +240,10 @@ func storeCheckFile(ctx context.Context, s Store, step int64, f FileInfo, w io.W
 	return checkStream(f, rc, size, w)
 }
 
-// storeVerify is verify for a Store.
+// storeVerify reads a step's manifest and checks every file's size and
+// sha256. With assemble non-nil it also copies the concatenated tensor bytes
+// into the buffer assemble returns (len m.TotalBytes, checked by the
+// caller); assemble returning nil skips the step (errSkip).
 func storeVerify(ctx context.Context, s Store, step int64, assemble func(*Manifest) []byte) (*Manifest, error) {
 	m, err := storeReadManifest(ctx, s, step)
 	if err != nil {

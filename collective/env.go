@@ -18,6 +18,7 @@ const (
 	EnvSize           = "GORUN_SIZE"            // number of ranks in the job
 	EnvLocalRank      = "GORUN_LOCAL_RANK"      // rank among the ranks on this host
 	EnvLocalSize      = "GORUN_LOCAL_SIZE"      // number of ranks on this host
+	EnvHost           = "GORUN_HOST"            // this rank's host as named in gorun's -H, hostfile or discovery script ("localhost" for a job on one host)
 	EnvRendezvous     = "GORUN_RENDEZVOUS"      // host:port of the rendezvous hosted by gorun
 	EnvRendezvousAddr = "GORUN_RENDEZVOUS_ADDR" // host:port rank 0 hosts the rendezvous on (without gorun)
 	EnvJobKey         = "GORUN_JOB_KEY"         // hex job key proving membership

@@ -9,6 +9,19 @@
 // SIGKILL after a grace period) on every host, and the error names the rank,
 // its host, its exit status and its last lines of stderr.
 //
+// # Environment
+//
+// Every rank gets, besides the -x variables (Job.Env), GORUN_RANK,
+// GORUN_SIZE, GORUN_LOCAL_RANK, GORUN_LOCAL_SIZE, GORUN_RENDEZVOUS,
+// GORUN_JOB_KEY, GORUN_RESTART_COUNT, GORUN_TIMEOUT (with Job.Timeout) and
+// GORUN_HOST: the name of the host it runs on exactly as the user wrote it
+// in -H, the hostfile or the discovery script's output ("localhost" when
+// the job names no hosts), not a resolved name. Ranks on one host share
+// it, ranks on different hosts differ by it: package checkpoint expands
+// "{host}" in a checkpoint directory with it, for replicated local
+// checkpoints. gorun's values override the same names in gorun's own
+// environment and in Job.Env.
+//
 // # Remote ranks
 //
 // Job.Hosts are filled in order. Ranks on the launching host (IsLocalHost)

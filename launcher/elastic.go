@@ -716,6 +716,7 @@ func (e *elasticRun) start(host string, r, localRank, localSize int) error {
 		collective.EnvRank+"="+strconv.Itoa(r),
 		collective.EnvLocalRank+"="+strconv.Itoa(localRank),
 		collective.EnvLocalSize+"="+strconv.Itoa(localSize),
+		collective.EnvHost+"="+host,
 		EnvProcID+"="+strconv.Itoa(n),
 	)
 	p := &rankProc{rank: n, host: hostLabel, hostName: host, joiner: r < 0, localRank: localRank,

@@ -581,6 +581,7 @@ func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, atte
 			collective.EnvRank+"="+strconv.Itoa(r),
 			collective.EnvLocalRank+"="+strconv.Itoa(lay.pl.localRank[r]),
 			collective.EnvLocalSize+"="+strconv.Itoa(lay.pl.localSize[h]),
+			collective.EnvHost+"="+lay.hosts[h].Name,
 		)
 		p := &rankProc{rank: r, remote: lay.remote[h], tail: &tail{max: 20}, out: out, done: make(chan struct{})}
 		if lay.multiHost() {

@@ -1,8 +1,13 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -10,10 +15,34 @@ import (
 	"github.com/gorun/gorun/checkpoint"
 )
 
+// s3Help is what every checkpoint subcommand says of its LOCATION.
+const s3Help = `LOCATION may be s3://bucket/prefix, with the AWS environment described in
+package checkpoint (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
+AWS_PROFILE, AWS_ENDPOINT_URL, AWS_S3_FORCE_PATH_STYLE=true); the bucket
+must exist. In a directory LOCATION, "{host}" stands for $GORUN_HOST, else
+this host's name, as in checkpoint.New: quote it from the shell.`
+
+// location is the checkpoint location a subcommand was given, with "{host}"
+// replaced in a directory as checkpoint.New replaces it.
+func location(loc string) (string, error) {
+	if checkpoint.IsRemote(loc) || !strings.Contains(loc, "{host}") {
+		return loc, nil
+	}
+	host := os.Getenv(checkpoint.EnvHost)
+	if host == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return "", fmt.Errorf("checkpoint: %s: naming the host for {host}: %w", loc, err)
+		}
+		host = h
+	}
+	return strings.ReplaceAll(loc, "{host}", host), nil
+}
+
 func newCheckpointCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "checkpoint",
-		Short: "Look at the barrier checkpoints a job wrote (see package checkpoint)",
+		Short: "Look at, verify and remove the barrier checkpoints a job wrote (see package checkpoint)",
 	}
 	inspect := &cobra.Command{
 		Use:   "inspect DIR",
@@ -30,12 +59,16 @@ without checkpoints prints "no checkpoints in DIR" and exits 0.
 DIR may be s3://bucket/prefix, with the AWS environment described in
 package checkpoint (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
 AWS_PROFILE, AWS_ENDPOINT_URL, AWS_S3_FORCE_PATH_STYLE=true); the bucket
-must exist.`,
+must exist. In a directory DIR, "{host}" stands for $GORUN_HOST, else this
+host's name, as in checkpoint.New.`,
 		Example:       "  gorun checkpoint inspect /shared/ckpt\n  AWS_ENDPOINT_URL=http://127.0.0.1:7070 AWS_S3_FORCE_PATH_STYLE=true gorun checkpoint inspect s3://ckpt/job1",
 		Args:          cobra.ExactArgs(1),
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: func(cmd *cobra.Command, args []string) (err error) {
+			if args[0], err = location(args[0]); err != nil {
+				return err
+			}
 			r, err := checkpoint.Scan(args[0])
 			if err != nil {
 				return err
@@ -46,8 +79,251 @@ must exist.`,
 			return nil
 		},
 	}
-	cmd.AddCommand(inspect)
+	ls := &cobra.Command{
+		Use:   "ls LOCATION",
+		Short: "List the checkpoints at LOCATION quickly, from their manifests alone",
+		Long: `gorun checkpoint ls prints one line per checkpoint at LOCATION (the
+directory or s3:// location given to checkpoint.New), newest first: its step,
+whether it is committed (its manifest.json exists) or NOT COMMITTED (a save
+that did not finish, or a deletion in progress), and, from the manifest, the
+world size that wrote it, the size of the whole checkpoint and its number of
+files (shards and per-rank state, the manifest aside). It reads the
+manifests only, never the shards, so it is fast however big the checkpoints
+are, and it checks nothing beyond them: gorun checkpoint verify checks every
+file. It exits 1 when LOCATION is a directory that does not exist; one
+without checkpoints prints "no checkpoints in LOCATION".
+
+` + s3Help,
+		Example:       "  gorun checkpoint ls /shared/ckpt\n  AWS_ENDPOINT_URL=http://127.0.0.1:7070 AWS_S3_FORCE_PATH_STYLE=true gorun checkpoint ls s3://ckpt/job1",
+		Args:          exactLocation("ls"),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, args []string) (err error) {
+			if args[0], err = location(args[0]); err != nil {
+				return err
+			}
+			entries, err := checkpoint.List(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			printList(cmd.OutOrStdout(), args[0], entries)
+			return nil
+		},
+	}
+	verify := &cobra.Command{
+		Use:   "verify LOCATION",
+		Short: "Verify every committed checkpoint at LOCATION and say which one a restore would pick",
+		Long: `gorun checkpoint verify reads every committed checkpoint at LOCATION (the
+directory or s3:// location given to checkpoint.New) and checks each file's
+size and sha256 against its manifest. It prints one line per committed
+checkpoint, "ok" or "CORRUPTED" with the reason (the file and what is wrong
+with it), then which checkpoint a restore would pick and why. Checkpoints
+that were never committed are not verified (a restore skips them). It exits
+1 when a committed checkpoint is corrupted, when none verifies (no
+checkpoint at all included), or when LOCATION is a directory that does not
+exist.
+
+` + s3Help,
+		Example:       "  gorun checkpoint verify /shared/ckpt\n  AWS_ENDPOINT_URL=http://127.0.0.1:7070 AWS_S3_FORCE_PATH_STYLE=true gorun checkpoint verify s3://ckpt/job1",
+		Args:          exactLocation("verify"),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, args []string) (err error) {
+			if args[0], err = location(args[0]); err != nil {
+				return err
+			}
+			r, err := checkpoint.Scan(args[0])
+			if err != nil {
+				return err
+			}
+			corrupt := printVerify(cmd.OutOrStdout(), args[0], r)
+			switch {
+			case corrupt > 0:
+				return fmt.Errorf("%d committed checkpoint(s) in %s are corrupted", corrupt, args[0])
+			case r.Pick < 0:
+				return fmt.Errorf("no committed checkpoint in %s verifies: %s", args[0], r.Reason)
+			}
+			return nil
+		},
+	}
+	var all bool
+	rm := &cobra.Command{
+		Use:   "rm [--all] LOCATION [STEP...]",
+		Short: "Remove checkpoints from LOCATION: the given steps, or --all",
+		Long: `gorun checkpoint rm removes the checkpoints of the given steps from LOCATION
+(the directory or s3:// location given to checkpoint.New), committed or not,
+each one's manifest first: a removal cut short leaves an uncommitted
+checkpoint, which a restore skips, never a committed one with files
+missing. With --all it removes every checkpoint there. It prints each step
+it removed. Before removing anything it checks that every STEP is a
+non-negative integer and is there (gorun checkpoint ls lists them); if one
+is not, it says which and removes nothing. Do not remove checkpoints of a
+job that is running: it may be restoring one. With replicated local
+checkpoints (a "{host}" directory on every host) it removes the step from
+LOCATION only: run it on every host.
+
+` + s3Help,
+		Example: "  gorun checkpoint rm /shared/ckpt 100 120\n  gorun checkpoint rm --all s3://ckpt/job1",
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return errors.New("checkpoint rm: no LOCATION: gorun checkpoint rm LOCATION STEP..., or gorun checkpoint rm --all LOCATION")
+			}
+			return nil
+		},
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, args []string) (err error) {
+			if args[0], err = location(args[0]); err != nil {
+				return err
+			}
+			return removeSteps(cmd.Context(), cmd.OutOrStdout(), args[0], args[1:], all)
+		},
+	}
+	rm.Flags().BoolVar(&all, "all", false, "remove every checkpoint at LOCATION")
+	rm.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		// "rm DIR -5": a negative STEP reads as a flag.
+		if _, arg, ok := strings.Cut(err.Error(), " in "); ok && strings.HasPrefix(err.Error(), "unknown shorthand flag") {
+			if _, nerr := strconv.ParseInt(arg, 10, 64); nerr == nil {
+				return badStep(arg)
+			}
+		}
+		return fmt.Errorf("checkpoint rm: %v (gorun checkpoint rm --help)", err)
+	})
+	cmd.AddCommand(inspect, ls, verify, rm)
 	return cmd
+}
+
+// exactLocation accepts exactly one argument, LOCATION.
+func exactLocation(sub string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != 1 {
+			return fmt.Errorf("checkpoint %s takes one LOCATION (a directory or s3://bucket/prefix), got %d arguments: gorun checkpoint %s LOCATION", sub, len(args), sub)
+		}
+		return nil
+	}
+}
+
+// removeSteps is gorun checkpoint rm.
+func removeSteps(ctx context.Context, w io.Writer, loc string, args []string, all bool) error {
+	switch {
+	case all && len(args) > 0:
+		return fmt.Errorf("checkpoint rm: --all and steps (%s) both given: give the steps to remove, or --all", strings.Join(args, " "))
+	case !all && len(args) == 0:
+		return fmt.Errorf("checkpoint rm: no step to remove: gorun checkpoint rm %s STEP... (gorun checkpoint ls %s lists them), or --all", loc, loc)
+	}
+	var steps []int64
+	for _, a := range args {
+		step, err := strconv.ParseInt(a, 10, 64)
+		if err != nil || step < 0 || strings.HasPrefix(a, "+") {
+			return badStep(a)
+		}
+		if !slices.Contains(steps, step) {
+			steps = append(steps, step)
+		}
+	}
+	entries, err := checkpoint.List(ctx, loc)
+	if err != nil {
+		return err
+	}
+	dirs := map[int64]string{}
+	for _, e := range entries {
+		dirs[e.Step] = e.Dir
+	}
+	if all {
+		if len(entries) == 0 {
+			fmt.Fprintf(w, "no checkpoints in %s: nothing to remove\n", loc)
+			return nil
+		}
+		for i := len(entries) - 1; i >= 0; i-- { // oldest first
+			steps = append(steps, entries[i].Step)
+		}
+	}
+	for _, step := range steps {
+		if _, ok := dirs[step]; !ok {
+			// Remove says so, listing the steps there, and removes nothing.
+			err := checkpoint.Remove(ctx, loc, step)
+			if err == nil {
+				err = fmt.Errorf("checkpoint: no step %d in %s", step, loc)
+			}
+			return fmt.Errorf("%v: nothing was removed", err)
+		}
+	}
+	for _, step := range steps {
+		if err := checkpoint.Remove(ctx, loc, step); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "removed step %d (%s)\n", step, dirs[step])
+	}
+	return nil
+}
+
+func badStep(arg string) error {
+	return fmt.Errorf("checkpoint rm: STEP %q is not a step number (a non-negative integer, as gorun checkpoint ls prints): nothing was removed", arg)
+}
+
+// printList is gorun checkpoint ls.
+func printList(w io.Writer, loc string, entries []checkpoint.Entry) {
+	if len(entries) == 0 {
+		fmt.Fprintf(w, "no checkpoints in %s\n", loc)
+		return
+	}
+	width := 0
+	for _, e := range entries {
+		width = max(width, len(strconv.FormatInt(e.Step, 10)))
+	}
+	for _, e := range entries {
+		fmt.Fprintf(w, "step %-*d  ", width, e.Step)
+		switch m := e.Manifest; {
+		case !e.Committed:
+			fmt.Fprintf(w, "NOT COMMITTED  (no %s: a save that did not finish, or a deletion in progress)\n", checkpoint.ManifestName)
+		case m == nil:
+			fmt.Fprintf(w, "committed      manifest unreadable: %s\n", strings.TrimPrefix(e.Problem, "corrupted: "))
+		default:
+			fmt.Fprintf(w, "committed      world size %d  %s in %d files\n", m.WorldSize, humanBytes(m.Size()), len(m.Shards)+len(m.Blobs))
+		}
+	}
+}
+
+// printVerify is gorun checkpoint verify: a line per committed checkpoint,
+// then the pick.
+func printVerify(w io.Writer, loc string, r *checkpoint.Report) (corrupt int) {
+	if len(r.Entries) == 0 {
+		fmt.Fprintf(w, "no checkpoints in %s\n", loc)
+	}
+	var uncommitted []string
+	for _, e := range r.Entries {
+		switch {
+		case !e.Committed:
+			uncommitted = append(uncommitted, strconv.FormatInt(e.Step, 10))
+		case e.Problem != "":
+			fmt.Fprintf(w, "step %d  CORRUPTED: %s\n", e.Step, strings.TrimPrefix(e.Problem, "corrupted: "))
+			corrupt++
+		default:
+			fmt.Fprintf(w, "step %d  ok (checksums verified)\n", e.Step)
+		}
+	}
+	if len(uncommitted) > 0 {
+		fmt.Fprintf(w, "not verified, NOT COMMITTED (a restore skips them): step %s\n", strings.Join(uncommitted, ", "))
+	}
+	if r.Pick >= 0 {
+		fmt.Fprintf(w, "restore would pick step %d: %s\n", r.Pick, r.Reason)
+	} else {
+		fmt.Fprintf(w, "restore would pick nothing: %s\n", r.Reason)
+	}
+	return corrupt
+}
+
+// humanBytes writes a size as 812 B, 3.1 KiB, 14.2 MiB, 1.50 GiB.
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }
 
 func printReport(w io.Writer, dir string, r *checkpoint.Report) (corrupt int) {
@@ -83,3 +359,28 @@ func printReport(w io.Writer, dir string, r *checkpoint.Report) (corrupt int) {
 	}
 	return corrupt
 }
+
+// optionalInt is an int flag that may be left unset (--checkpoint-replicas:
+// unset leaves the library's default), so that no value stands for "unset".
+type optionalInt struct {
+	v   int
+	set bool
+}
+
+func (o *optionalInt) String() string {
+	if !o.set {
+		return ""
+	}
+	return strconv.Itoa(o.v)
+}
+
+func (o *optionalInt) Set(s string) error {
+	v, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("%q is not an integer", s)
+	}
+	o.v, o.set = v, true
+	return nil
+}
+
+func (o *optionalInt) Type() string { return "int" }

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/gorun/gorun/checkpoint"
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/launcher"
 )
@@ -37,6 +38,9 @@ type runFlags struct {
 	verbose      bool
 	config       string
 	timeline     string
+	// ckptReplicas is --checkpoint-replicas (GORUN_CHECKPOINT_REPLICAS);
+	// unset leaves package checkpoint's default.
+	ckptReplicas optionalInt
 
 	// Elastic jobs.
 	minNP, maxNP      int
@@ -60,13 +64,15 @@ func newRootCmd() *cobra.Command {
 		Long: `gorun starts N ranks of PROGRAM, gives each its identity and the job's secret
 key in the environment (GORUN_RANK, GORUN_SIZE, GORUN_LOCAL_RANK,
 GORUN_LOCAL_SIZE, GORUN_RENDEZVOUS, GORUN_JOB_KEY, GORUN_TIMEOUT,
-GORUN_RESTART_COUNT, GORUN_LISTEN_IP), hosts the rendezvous where they find
-each other, prefixes every output line with its rank ([rank], or [host:rank]
-when the job spans hosts), and fails the job as a whole: when a rank fails,
-the others are stopped (SIGTERM, then SIGKILL after --grace) on every host,
-and gorun exits non-zero naming the rank, its host and its exit status
-(ranks that failed the same way are named once). Ctrl-C stops every rank
-the same way, and gorun exits 130 (143 after SIGTERM, 141 when its output
+GORUN_RESTART_COUNT, GORUN_LISTEN_IP, and GORUN_HOST: its host's name as
+-H, --hostfile or the discovery script gives it, localhost without them),
+hosts the rendezvous where they find each other, prefixes every output
+line with its rank ([rank], or [host:rank] when the job spans hosts), and
+fails the job as a whole: when a rank fails, the others are stopped
+(SIGTERM, then SIGKILL after --grace) on every host, and gorun exits
+non-zero naming the rank, its host and its exit status (ranks that failed
+the same way are named once). Ctrl-C stops every rank the same way, and
+gorun exits 130 (143 after SIGTERM, 141 when its output
 pipe closes, as in gorun ... | head).
 
 Identical lines that several ranks print at about the same time (a usage
@@ -94,6 +100,12 @@ the remote hosts reach this host (--verbose says which; --network-interface
 chooses), and every rank listens on its host's address on that network.
 Ranks on the same host talk over unix sockets, ranks on different hosts over
 TLS.
+
+--checkpoint-replicas k hands every rank GORUN_CHECKPOINT_REPLICAS=k, which
+package checkpoint reads; unset, the library's default applies (2 when the
+job's checkpoint directories are per host: "{host}" in the directory, which
+each rank expands with its GORUN_HOST). A negative k is refused before
+anything starts.
 
 --config FILE reads any of these flags from YAML (keys are the long flag
 names: np, hosts, hostfile, env: [A=1, B], start-timeout: 60s, ...); flags
@@ -195,6 +207,7 @@ path yourself).`,
 	fl.BoolVar(&f.verbose, "verbose", false, "say what gorun does: hosts checked, addresses chosen, rendezvous, stop times")
 	fl.StringVar(&f.config, "config", "", "YAML file of flag values (long flag names as keys); command-line flags win")
 	fl.StringVar(&f.timeline, "timeline", "", "write a Chrome trace of every rank's collectives to this file (GORUN_TIMELINE; open in chrome://tracing or Perfetto)")
+	fl.Var(&f.ckptReplicas, "checkpoint-replicas", "keep each checkpoint file on `k` more hosts' checkpoint directories than its own (replicated local checkpoints, when hosts do not share the directory; see package checkpoint)")
 	fl.IntVar(&f.minNP, "min-np", 0, "elastic: the fewest ranks the job goes on with (default: -np); below -np makes the job elastic")
 	fl.IntVar(&f.maxNP, "max-np", 0, "elastic: the most ranks the job runs with (default: -np, or the slots the discovery script lists); above -np makes the job elastic. Without --host-discovery-script gorun itself starts no more than -np ranks: the room above is for ranks started by hand (--job-key-file)")
 	fl.StringVar(&f.discovery, "host-discovery-script", "", "elastic: executable printing the job's hosts as host:slots lines, run at start (its hosts replace -H) and every --discovery-interval")
@@ -302,6 +315,9 @@ func (f *runFlags) validate(ctx context.Context, fl *pflag.FlagSet) ([]launcher.
 	if err := f.checkElasticFlags(fl); err != nil {
 		return nil, nil, err
 	}
+	if f.ckptReplicas.set && f.ckptReplicas.v < 0 {
+		return nil, nil, fmt.Errorf("--checkpoint-replicas must be 0 or more, got %d", f.ckptReplicas.v)
+	}
 	hosts, err := f.hostList()
 	if err != nil {
 		return nil, nil, err
@@ -399,6 +415,9 @@ func runJob(ctx context.Context, f runFlags, fl *pflag.FlagSet, args []string) e
 			return exitError(stop.exitCode())
 		}
 		return err
+	}
+	if f.ckptReplicas.set {
+		env = append(env, checkpoint.EnvReplicas+"="+strconv.Itoa(f.ckptReplicas.v))
 	}
 	if f.timeline != "" {
 		if f.timeline, err = filepath.Abs(f.timeline); err != nil {
