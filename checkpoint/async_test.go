@@ -167,7 +167,7 @@ func TestSaveAsyncWriteErrorOnPoll(t *testing.T) {
 		}
 	}
 	t.Log(errs[1])
-	if !strings.Contains(lb.String(), "rank 1: step 2: writing to "+StepDir(dir, 2)) {
+	if !strings.Contains(lb.String(), "rank 1: step 2: "+StepDir(dir, 2)+"/") {
 		t.Errorf("log:\n%s", lb.String())
 	}
 	if committed(dir, 2) {

@@ -86,13 +86,18 @@ func WithSkipIfBusy() Option { return func(m *Manager) { m.skipIfBusy = true } }
 
 // New returns a Manager for the job of comm, keeping its checkpoints under
 // dir (created if missing). In a directory location "{host}" is replaced by
-// $GORUN_HOST, else the host name, so that one location names a local
-// directory on every host.
+// $GORUN_HOST, else the host name (ExpandHost), so that one location names
+// a local directory on every host.
 func New(comm *collective.Comm, dir string, opts ...Option) (*Manager, error) {
 	m := &Manager{comm: comm, dir: dir, keep: 2, margin: -1, replicas: -1, logf: log.Printf}
 	for _, o := range opts {
 		o(m)
 	}
+	dir, err := ExpandHost(dir)
+	if err != nil {
+		return nil, err
+	}
+	m.dir = dir
 	if IsRemote(dir) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*s3CallTimeout)
 		defer cancel()
@@ -103,22 +108,34 @@ func New(comm *collective.Comm, dir string, opts ...Option) (*Manager, error) {
 		m.store, m.dir = s, s.loc
 		return m, nil
 	}
-	if strings.Contains(dir, "{host}") {
-		host := os.Getenv(EnvHost)
-		if host == "" {
-			h, err := os.Hostname()
-			if err != nil {
-				return nil, fmt.Errorf("checkpoint: %s: naming the host for {host}: %w", dir, err)
-			}
-			host = h
-		}
-		m.dir = strings.ReplaceAll(dir, "{host}", host)
-	}
 	if err := os.MkdirAll(m.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
 	m.store = DirStore(m.dir)
 	return m, nil
+}
+
+// ExpandHost returns loc with "{host}" replaced by $GORUN_HOST (EnvHost),
+// else the host name: the one expansion that New, OpenStore, Scan, List
+// and Remove apply to the location they are given (expanding twice is
+// harmless). An s3:// location is shared by every host, so "{host}" in it
+// is an error.
+func ExpandHost(loc string) (string, error) {
+	if !strings.Contains(loc, "{host}") {
+		return loc, nil
+	}
+	if IsRemote(loc) {
+		return "", fmt.Errorf("checkpoint: %s: {host} names a directory of each host's own, but an s3:// location is one store that every host shares: remove {host}", loc)
+	}
+	host := os.Getenv(EnvHost)
+	if host == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return "", fmt.Errorf("checkpoint: %s: naming the host for {host}: %w", loc, err)
+		}
+		host = h
+	}
+	return strings.ReplaceAll(loc, "{host}", host), nil
 }
 
 // Dir is the checkpoint directory (with {host} replaced), or the s3://
@@ -386,9 +403,9 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 	}
 	if flag[0] != 0 {
 		if prepErr == nil {
-			prepErr = errors.New("another rank failed (see its log)")
+			return nil, fmt.Errorf("checkpoint: step %d: preparing %s: another rank failed (see its log)", step, m.stepLoc(step))
 		}
-		return nil, fmt.Errorf("checkpoint: step %d: preparing %s: %w", step, m.stepLoc(step), prepErr)
+		return nil, fmt.Errorf("checkpoint: step %d: preparing %w", step, objectErr(m.stepLoc(step), prepErr))
 	}
 	return p, nil
 }
@@ -454,18 +471,20 @@ func (m *Manager) write(ctx context.Context, p *plan, data func(f int) [][]byte)
 			err = hook("write", rank) // an I/O error, not a crash
 		}
 		if err != nil {
-			res.err = fmt.Errorf("%s: %w", p.name(f), err)
+			res.err = objectErr(m.stepLoc(p.step)+"/"+p.name(f), err)
 			break
 		}
 		res.files = append(res.files, wrote{f, size, [32]byte(hexBytes(sum))})
 		res.bytes += size
 	}
 	if res.err == nil && isDir && len(p.mine) > 0 {
-		res.err = syncDir(StepDir(string(d), p.step)) // the renames durable
+		if err := syncDir(StepDir(string(d), p.step)); err != nil { // the renames durable
+			res.err = objectErr(StepDir(string(d), p.step), err)
+		}
 	}
 	res.dur = time.Since(start)
 	if res.err != nil {
-		m.logf("checkpoint: rank %d: step %d: writing to %s: %v", rank, p.step, m.stepLoc(p.step), res.err)
+		m.logf("checkpoint: rank %d: step %d: %v", rank, p.step, res.err)
 	}
 	return res
 }
@@ -527,9 +546,9 @@ func (m *Manager) finish(ctx context.Context, p *plan, res *writeResult, async b
 	if len(failed) > 0 {
 		if res.err != nil {
 			if async {
-				return fail("writing this rank's files to %s: %v", loc, res.err)
+				return fmt.Errorf("checkpoint: async save of step %d: %w; previous checkpoint kept", step, res.err)
 			}
-			return fmt.Errorf("checkpoint: step %d: writing this rank's shard to %s: %w (previous checkpoint kept)", step, loc, res.err)
+			return fmt.Errorf("checkpoint: step %d: %w (previous checkpoint kept)", step, res.err)
 		}
 		if async {
 			return fail("ranks %v could not write their shards to %s (see their logs)", failed, loc)
@@ -562,12 +581,19 @@ func (m *Manager) finish(ctx context.Context, p *plan, res *writeResult, async b
 		}
 	}
 	man := Manifest{Format: Format, Step: step, WorldSize: n, ByteOrder: "little", TotalBytes: p.total, Tensors: p.tensors}
+	if p.dom.h() > 1 {
+		// Each domain's copy of the manifest says which files are there.
+		man.Hosts, man.Replicas, man.Host = p.dom.h(), p.k, p.dom.of[rank]
+	}
 	for f := range 2 * n {
 		if len(copies[f]) == 0 {
 			return fail("no rank reported writing %s", p.name(f))
 		}
 		c := copies[f][0]
 		fi := FileInfo{Rank: f % n, File: p.name(f), Size: c.size, SHA256: hex.EncodeToString(c.sum[:])}
+		if p.dom.h() > 1 {
+			fi.Hosts = slices.Sorted(slices.Values(p.dom.homes(f%n, p.k)))
+		}
 		if f < n {
 			fi.Offset, _ = p.shardRange(f)
 			man.Shards = append(man.Shards, fi)
@@ -585,7 +611,7 @@ func (m *Manager) finish(ctx context.Context, p *plan, res *writeResult, async b
 		if commitErr = m.commit(ctx, &man); errors.Is(commitErr, errHook) {
 			return commitErr
 		} else if commitErr != nil {
-			m.logf("checkpoint: rank %d: step %d: committing the manifest in %s: %v", rank, step, loc, commitErr)
+			m.logf("checkpoint: rank %d: step %d: committing the manifest: %v", rank, step, commitErr)
 		} else if err := hook("committed", rank); err != nil {
 			return err
 		} else if err := m.retain(ctx); err != nil {
@@ -642,7 +668,10 @@ func (m *Manager) commit(ctx context.Context, man *Manifest) error {
 	if err := hook("manifest", rank); err != nil {
 		return err
 	}
-	return m.store.Put(ctx, stepKey(man.Step)+"/"+ManifestName, data)
+	if err := m.store.Put(ctx, stepKey(man.Step)+"/"+ManifestName, data); err != nil {
+		return objectErr(m.stepLoc(man.Step)+"/"+ManifestName, err)
+	}
+	return nil
 }
 
 // retain deletes committed checkpoints beyond the newest keep, and

@@ -9,8 +9,11 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -33,6 +36,18 @@ type Manifest struct {
 	Tensors    []TensorInfo `json:"tensors"`
 	Shards     []FileInfo   `json:"shards"` // rank r wrote bytes [Offset, Offset+Size) of the concatenation
 	Blobs      []FileInfo   `json:"blobs"`  // rank r's per-rank state
+
+	// The placement of a replicated checkpoint (several storage domains:
+	// hosts with their own directories). Hosts is the number of domains,
+	// Replicas how many domains besides a rank's own keep its files, and
+	// Host the domain whose directory holds this copy of the manifest
+	// (domains are numbered from 0 in the order of their lowest rank);
+	// FileInfo.Hosts lists the domains that keep each file. A manifest
+	// without them (Hosts 0: one domain, or a checkpoint written before
+	// they existed) means that every file is in this manifest's directory.
+	Hosts    int `json:"hosts,omitempty"`
+	Replicas int `json:"replicas,omitempty"`
+	Host     int `json:"host,omitempty"`
 }
 
 // TensorInfo is one replicated tensor in a checkpoint.
@@ -52,15 +67,70 @@ type FileInfo struct {
 	Size   int64    `json:"size"`
 	SHA256 string   `json:"sha256"`
 	Blobs  []string `json:"blob_names,omitempty"`
+	Hosts  []int    `json:"hosts,omitempty"` // the storage domains that keep the file (see Manifest.Hosts)
 }
 
-// Size is the checkpoint's size on disk, without the manifest.
+// Files returns the checkpoint's files: the shards, then the blob files.
+func (m *Manifest) Files() []FileInfo {
+	return append(append(make([]FileInfo, 0, len(m.Shards)+len(m.Blobs)), m.Shards...), m.Blobs...)
+}
+
+// Size is the checkpoint's size on disk, one copy of every file, without
+// the manifest.
 func (m *Manifest) Size() int64 {
 	var n int64
-	for _, f := range append(append([]FileInfo(nil), m.Shards...), m.Blobs...) {
+	for _, f := range m.Files() {
 		n += f.Size
 	}
 	return n
+}
+
+// Replicated reports whether the checkpoint is spread over the directories
+// of several storage domains (hosts), each holding some of its files.
+func (m *Manifest) Replicated() bool { return m.Hosts > 1 }
+
+// Holds reports whether the directory of this copy of the manifest should
+// hold f: always, unless the checkpoint is replicated and f is kept by
+// other hosts only.
+func (m *Manifest) Holds(f FileInfo) bool {
+	return !m.Replicated() || len(f.Hosts) == 0 || slices.Contains(f.Hosts, m.Host)
+}
+
+// Here is what the directory of this copy of the manifest should hold: its
+// number of files and their bytes (every file unless Replicated).
+func (m *Manifest) Here() (files int, bytes int64) {
+	for _, f := range m.Files() {
+		if m.Holds(f) {
+			files++
+			bytes += f.Size
+		}
+	}
+	return files, bytes
+}
+
+// Placement describes a replicated checkpoint's layout from this copy of
+// the manifest: "host 1 of 3; each file is on 2 hosts"; "" when it is not
+// replicated.
+func (m *Manifest) Placement() string {
+	if !m.Replicated() {
+		return ""
+	}
+	lo, hi := -1, -1
+	for _, f := range m.Files() {
+		c := len(f.Hosts)
+		if lo < 0 || c < lo {
+			lo = c
+		}
+		hi = max(hi, c)
+	}
+	copies := fmt.Sprintf("each file is on %d hosts", lo)
+	switch {
+	case lo != hi:
+		copies = fmt.Sprintf("each file is on %d to %d hosts", lo, hi)
+	case lo == 1:
+		copies = "each file is on 1 host"
+	}
+	return fmt.Sprintf("host %d of %d; %s", m.Host, m.Hosts, copies)
 }
 
 // StepDir is the directory of the checkpoint of step under dir.
@@ -78,6 +148,11 @@ type Entry struct {
 	Committed bool      // manifest.json exists
 	Manifest  *Manifest // nil when not committed or unreadable
 	Problem   string    // why it cannot be restored; "" when it verified
+	// Degraded says which files of a replicated checkpoint this directory
+	// should hold but lacks or holds damaged, while other hosts should
+	// hold intact copies: a restore reads them from there and writes them
+	// back here. "" when every file this directory should hold verified.
+	Degraded string
 }
 
 // Report is what Scan found in a checkpoint directory.
@@ -101,10 +176,22 @@ func listSteps(dir string) ([]Entry, error) {
 // new job's directory need not exist yet, but a path given to look at
 // checkpoints that is not there is most likely mistyped).
 //
-// dir may also be an s3:// location; the bucket must then exist.
+// In a replicated checkpoint (Manifest.Replicated: each host's directory
+// holds some of the files) Scan checks the files this directory should
+// hold (Manifest.Holds). One of them missing or damaged here while other
+// hosts should hold copies makes the entry Degraded, not corrupted: a
+// restore reads it from another host and writes it back here. Only a file
+// that no other host should hold makes it corrupted.
+//
+// dir may also be an s3:// location; the bucket must then exist. "{host}"
+// in a directory is expanded as New expands it (ExpandHost).
 func Scan(dir string) (*Report, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
+	dir, err := ExpandHost(dir)
+	if err != nil {
+		return nil, err
+	}
 	var s Store = DirStore(dir)
 	if IsRemote(dir) {
 		s3, err := openS3(ctx, dir)
@@ -119,7 +206,64 @@ func Scan(dir string) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	return scanEntries(entries, func(e *Entry) (*Manifest, error) { return storeVerify(ctx, s, e.Step, nil) }), nil
+	return scanEntries(entries, func(e *Entry) error { return storeCheckHere(ctx, s, e) }), nil
+}
+
+// storeCheckHere reads e's manifest and verifies the files this location
+// should hold, setting e.Manifest and e.Degraded; the error is why the
+// step cannot be restored.
+func storeCheckHere(ctx context.Context, s Store, e *Entry) error {
+	m, err := storeReadManifest(ctx, s, e.Step)
+	e.Manifest = m
+	if err != nil {
+		return err
+	}
+	var heal, damaged []string
+	for _, f := range m.Files() {
+		if !m.Holds(f) {
+			continue
+		}
+		err := storeCheckFile(ctx, s, e.Step, f, io.Discard)
+		if err == nil {
+			continue
+		}
+		others := slices.DeleteFunc(slices.Clone(f.Hosts), func(h int) bool { return h == m.Host })
+		if !m.Replicated() || len(others) == 0 {
+			return err
+		}
+		what := err.Error()
+		if errors.Is(err, fs.ErrNotExist) {
+			what = f.File + " is missing here"
+		}
+		also := map[bool]string{true: "keeps it", false: "keep it"}[len(others) == 1]
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errWrongSize) {
+			heal = append(heal, fmt.Sprintf("%s (%s also %s)", what, hostList(others), also))
+		} else {
+			damaged = append(damaged, fmt.Sprintf("%s (%s also %s)", what, hostList(others), also))
+		}
+	}
+	var parts []string
+	if len(heal) > 0 {
+		it := map[bool]string{true: "it", false: "them"}[len(heal) == 1]
+		parts = append(parts, fmt.Sprintf("%s; the next restore reads %s from another host and writes %s back here", strings.Join(heal, "; "), it, it))
+	}
+	if len(damaged) > 0 {
+		parts = append(parts, fmt.Sprintf("%s; a restore uses another host's copy (remove this one, and the next restore writes it back here)", strings.Join(damaged, "; ")))
+	}
+	e.Degraded = strings.Join(parts, "; ")
+	return nil
+}
+
+// hostList names storage domains: "host 2", "hosts 0 and 2", "hosts 0, 1 and 2".
+func hostList(hs []int) string {
+	if len(hs) == 1 {
+		return fmt.Sprintf("host %d", hs[0])
+	}
+	parts := make([]string, len(hs))
+	for i, h := range hs {
+		parts[i] = strconv.Itoa(h)
+	}
+	return "hosts " + strings.Join(parts[:len(parts)-1], ", ") + " and " + parts[len(parts)-1]
 }
 
 // checkScanDir rejects a path that is not an existing directory.
@@ -136,26 +280,31 @@ func checkScanDir(dir string) error {
 	return nil
 }
 
-func scanEntries(entries []Entry, check func(*Entry) (*Manifest, error)) *Report {
+func scanEntries(entries []Entry, check func(*Entry) error) *Report {
 	r := &Report{Entries: entries, Pick: -1}
 	var skipped []string
 	for i := range r.Entries {
 		e := &r.Entries[i]
 		if !e.Committed {
-			e.Problem = "not committed (no " + ManifestName + "): a save that did not finish, or a deletion in progress"
+			e.Problem = notCommitted
 			continue
 		}
-		m, err := check(e)
-		e.Manifest = m
-		if err != nil {
+		if err := check(e); err != nil {
 			e.Problem = "corrupted: " + err.Error()
 		}
 		if e.Problem == "" && r.Pick < 0 {
 			r.Pick = e.Step
+			verified := "its checksums verify"
+			if e.Degraded != "" {
+				verified = "the files this directory holds verify; the ones it lacks or holds damaged are read from other hosts (not checked here)"
+			}
 			if len(skipped) == 0 {
-				r.Reason = fmt.Sprintf("step %d is the newest committed checkpoint and its checksums verify", e.Step)
+				r.Reason = fmt.Sprintf("step %d is the newest committed checkpoint and %s", e.Step, verified)
 			} else {
 				r.Reason = fmt.Sprintf("step %d is the newest committed checkpoint that verifies (skipped: %s)", e.Step, strings.Join(skipped, "; "))
+				if e.Degraded != "" {
+					r.Reason += "; " + verified
+				}
 			}
 		} else if e.Problem != "" && r.Pick < 0 && e.Committed {
 			skipped = append(skipped, fmt.Sprintf("step %d %s", e.Step, e.Problem))
@@ -194,10 +343,25 @@ func parseManifest(data []byte) (*Manifest, error) {
 	if off != m.TotalBytes {
 		return &m, fmt.Errorf("%s: shards cover %d bytes, tensors hold %d", ManifestName, off, m.TotalBytes)
 	}
+	if m.Replicated() {
+		if m.Host < 0 || m.Host >= m.Hosts {
+			return &m, fmt.Errorf("%s: this copy is said to be on host %d of %d", ManifestName, m.Host, m.Hosts)
+		}
+		for _, f := range m.Files() {
+			if len(f.Hosts) == 0 || slices.ContainsFunc(f.Hosts, func(h int) bool { return h < 0 || h >= m.Hosts }) {
+				return &m, fmt.Errorf("%s: %s is placed on hosts %v of %d", ManifestName, f.File, f.Hosts, m.Hosts)
+			}
+		}
+	}
 	return &m, nil
 }
 
 var errSkip = errors.New("skip")
+
+// errWrongSize is wrapped by the error of a file whose size is not the
+// manifest's: a restore treats such a copy as missing (it sees the size
+// without reading the file), and writes it again from another host's.
+var errWrongSize = errors.New("wrong size")
 
 type sliceWriter struct {
 	buf []byte
@@ -217,12 +381,17 @@ func (w *sliceWriter) Write(p []byte) (int, error) {
 // and sha256 against f.
 func checkStream(f FileInfo, r io.Reader, size int64, w io.Writer) error {
 	if size != f.Size {
-		return fmt.Errorf("%s is %d bytes, manifest says %d (truncated or overwritten)", f.File, size, f.Size)
+		return &fileError{fmt.Sprintf("%s is %d bytes, manifest says %d (truncated or overwritten)", f.File, size, f.Size), errWrongSize}
 	}
 	h := sha256.New()
 	if _, err := io.Copy(io.MultiWriter(h, w), r); err != nil {
 		return fmt.Errorf("%s: %v", f.File, err)
 	}
+	return checkSum(f, h)
+}
+
+// checkSum compares the sha256 of a file's bytes, h, with the manifest's.
+func checkSum(f FileInfo, h hash.Hash) error {
 	if got := hex.EncodeToString(h.Sum(nil)); got != f.SHA256 {
 		return fmt.Errorf("%s has sha256 %s, manifest says %s (bit rot or a torn write)", f.File, got[:16], short(f.SHA256))
 	}

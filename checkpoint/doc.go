@@ -101,7 +101,8 @@
 // Without a shared filesystem, give each host its own directory: in a
 // location "{host}" is replaced by $GORUN_HOST (set by gorun to the host a
 // rank runs on; else the host name), so "/scratch/ckpt/{host}" names a local
-// directory everywhere. On its first Save or Restore (and again after the
+// directory everywhere (ExpandHost: New, OpenStore, Scan, List and Remove
+// all expand it). On its first Save or Restore (and again after the
 // job changes size) a Manager finds out which ranks share a directory: each
 // rank creates a file with a random name in DIR/.gorun-tokens/, the names
 // are allgathered, and each rank says which it sees. Ranks that see each
@@ -122,7 +123,17 @@
 // own manifest, written by its lowest rank, and applies retention itself.
 // A checkpoint survives the loss of up to k hosts' directories.
 //
-// # Object storage
+// Each domain's manifest records the placement (optional JSON fields, so
+// older manifests still read): "hosts" (the number of domains),
+// "replicas" (k), "host" (the domain whose directory holds this copy) and,
+// per file, "hosts" (the domains that keep it). A manifest without them
+// means that every file is in its directory. `gorun checkpoint inspect`,
+// verify and ls (Scan, List) on one host's directory therefore check and
+// count the files that directory should hold; one of them missing or
+// damaged there while another host keeps a copy makes the checkpoint
+// DEGRADED (Entry.Degraded), not corrupted: the next restore reads the
+// file from another host and writes it back (a damaged copy of the right
+// size is seen only when read: remove it to have it rewritten).
 //
 // # Object storage
 //
@@ -151,19 +162,23 @@
 //  2. for a candidate, the lowest rank that has it reads manifest.json and
 //     broadcasts it; every rank checks the tensors' names, dtypes and
 //     shapes against the registered State;
-//  3. every rank says which of the checkpoint's files its directory holds;
-//     a checkpoint with a file that no host holds cannot be loaded (the
+//  3. every rank says which of the checkpoint's files its directory holds
+//     (a copy of the wrong size counts as missing, and is rewritten); a
+//     checkpoint with a file that no host holds cannot be loaded (the
 //     error names the files);
 //  4. each file is assigned to one rank that holds it, balancing the bytes
 //     each rank reads: restoring a shared directory with the job size that
 //     wrote it, rank r reads exactly shard r;
-//  5. each rank reads and verifies (size, sha256) its files in the
-//     background while the files are broadcast one by one, in order, from
-//     their readers, with a status byte that tells every rank whether the
-//     copy verified. The tensors are reassembled from the shards — the job
-//     that wrote them may have had another size — so every rank holds
-//     identical values. A copy that does not verify is read again from a
-//     host that holds another copy; when none is left, the checkpoint is
+//  5. each rank reads its shards straight into the registered tensors,
+//     hashing them as it reads, in the background, while the shards are
+//     broadcast in order from their readers straight from and into the
+//     tensors (no staging buffer, no copy); one small allgather then says
+//     which copies did not verify. The tensors are reassembled from the
+//     shards — the job that wrote them may have had another size — so
+//     every rank holds identical values. The per-rank blob files, and a
+//     shard whose copy did not verify, are broadcast one by one with a
+//     status byte. A copy that does not verify is read again from a host
+//     that holds another copy; when none is left, the checkpoint is
 //     skipped with a warning saying what was wrong (truncated, bit-flipped,
 //     shapes that do not fit) and the previous one is tried.
 //
@@ -176,7 +191,8 @@
 // loaded are an error, so that a job never silently starts over.
 //
 // `gorun checkpoint inspect DIR` lists the checkpoints, verifies them and
-// says which one a restore would pick (Scan). It fails when DIR does not
+// says which one a restore would pick (Scan); with replicated local
+// checkpoints it checks the files DIR should hold (see above). It fails when DIR does not
 // exist or is not a directory, and when a committed checkpoint is corrupted;
 // an existing directory without checkpoints says "no checkpoints" and is not
 // an error.

@@ -5,13 +5,18 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gorun/gorun/collective"
 )
@@ -19,6 +24,10 @@ import (
 // maxCandidates is how many of its newest committed steps each rank offers
 // to a restore.
 const maxCandidates = 16
+
+// allgatherRestores counts the ranks' restores of shards by one allgather
+// (for tests).
+var allgatherRestores atomic.Int64
 
 // errTextLen is the fixed size of a failed read's message in its broadcast.
 const errTextLen = 512
@@ -173,9 +182,22 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 	for _, k := range keys {
 		present[strings.TrimPrefix(k, stepKey(step)+"/")] = true
 	}
+	// 1: this rank holds the file; 2: it holds a copy of the wrong size
+	// (truncated, overwritten), seen without reading it: read only when
+	// no other copy is left (to say what is wrong), and written again
+	// from another host's copy.
 	bits := make([]byte, nf+1)
+	d, isDir := m.store.(DirStore)
 	for i, f := range files {
-		bits[i] = byte(boolU64(present[f.File]))
+		if !present[f.File] {
+			continue
+		}
+		bits[i] = 1
+		if isDir {
+			if fi, err := os.Stat(filepath.Join(StepDir(string(d), step), f.File)); err == nil && fi.Size() != f.Size {
+				bits[i] = 2
+			}
+		}
 	}
 	bits[nf] = byte(boolU64(present[ManifestName]))
 	allBits := make([]byte, (nf+1)*n)
@@ -183,17 +205,33 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 		return nil, wrap(err)
 	}
 	holders := make([][]int, nf+1)
+	wrongSize := make([][]int, nf)
 	for r := range n {
 		for i := range nf + 1 {
-			if allBits[r*(nf+1)+i] != 0 {
+			switch allBits[r*(nf+1)+i] {
+			case 1:
 				holders[i] = append(holders[i], r)
+			case 2:
+				wrongSize[i] = append(wrongSize[i], r)
 			}
 		}
 	}
 	var missing []string
+	readers := make([][]int, nf)       // the holders, else the wrong-size copies
+	badDom := make([]map[int]bool, nf) // domains whose copy failed to verify
 	for i, f := range files {
+		readers[i] = holders[i]
 		if len(holders[i]) == 0 {
+			readers[i] = wrongSize[i]
+		}
+		if len(readers[i]) == 0 {
 			missing = append(missing, f.File)
+		}
+		for _, r := range wrongSize[i] {
+			if badDom[i] == nil {
+				badDom[i] = map[int]bool{}
+			}
+			badDom[i][dom.of[r]] = true
 		}
 	}
 	if len(missing) > 0 {
@@ -205,14 +243,60 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 	}
 
 	// R4. One reader per file.
-	assign := m.assign(files, holders[:nf], man.WorldSize, n)
+	assign := m.assign(files, readers, man.WorldSize, n)
 
-	// R5. This rank reads and verifies its files in the background, in
-	// file order, at most two ahead of the broadcasts (all of them first
-	// in the rank-0 mode, as restores used to).
+	// R5. In the parallel restore the shards come first, in place: each
+	// rank reads its shards straight into the registered tensors in the
+	// background (hashing as it reads), while the shards are broadcast in
+	// order from their readers straight from and into the tensors; one
+	// small allgather then says which copies did not verify, and only
+	// those take the per-file path below. No buffer, no copy.
+	blobData := make([][]byte, man.WorldSize)
+	var todo []int                  // the files for the per-file path
+	inPlaceErr := make([]error, nf) // this rank's failed in-place reads
+	failedInPlace := make([]bool, nf)
+	ns := len(man.Shards)
+	if m.restoreRank0 {
+		for i := range nf {
+			todo = append(todo, i)
+		}
+	} else {
+		// In one storage domain with the size that wrote the checkpoint,
+		// each rank reads its own blob file and nobody else needs it (no
+		// re-replication): no broadcast, its status rides with the
+		// shards'.
+		selfBlobs := dom.h() == 1 && man.WorldSize == n
+		for r := range man.WorldSize {
+			selfBlobs = selfBlobs && assign[ns+r] == r
+		}
+		bad := make([]byte, nf)
+		var ownBlob []byte
+		if selfBlobs {
+			if ownBlob, inPlaceErr[ns+rank] = readFile(ctx, m.store, step, files[ns+rank]); inPlaceErr[ns+rank] != nil {
+				bad[ns+rank] = 1
+			}
+		}
+		var err error
+		if failedInPlace, err = m.restoreShards(ctx, st, step, files, assign, ns, inPlaceErr, bad); err != nil {
+			return nil, wrap(err)
+		}
+		for i := range nf {
+			if failedInPlace[i] || i >= ns && !selfBlobs {
+				todo = append(todo, i)
+			}
+		}
+		if selfBlobs && !failedInPlace[ns+rank] {
+			blobData[rank] = ownBlob[:files[ns+rank].Size]
+		}
+	}
+
+	// The per-file path: this rank reads and verifies its files in the
+	// background, in order, at most two ahead of the broadcasts (all of
+	// them first in the rank-0 mode, as restores used to); each file is
+	// broadcast with a status byte that says whether it verified.
 	var mine []int
-	for i, r := range assign {
-		if r == rank {
+	for _, i := range todo {
+		if assign[i] == rank && !failedInPlace[i] {
 			mine = append(mine, i)
 		}
 	}
@@ -252,48 +336,53 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 		}
 	}
 
-	blobData := make([][]byte, man.WorldSize)
-	badDom := make([]map[int]bool, nf) // domains whose copy failed to verify
-	var recv []byte                    // reused for the files other ranks read
-	for i, f := range files {
+	var recv []byte // reused for the files other ranks read
+	for _, i := range todo {
+		f := files[i]
 		reader := assign[i]
 		first := true
+		known := failedInPlace[i] // the reader's in-place copy did not verify
 		for {
-			var buf []byte
 			var rerr error
-			switch {
-			case rank == reader && first:
-				select {
-				case out := <-ch:
-					buf, rerr = out.buf, out.err
-				case <-ctx.Done():
-					return nil, wrap(ctx.Err())
+			if known {
+				known, first = false, false
+				rerr = inPlaceErr[i] // on the reader
+			} else {
+				var buf []byte
+				switch {
+				case rank == reader && first:
+					select {
+					case out := <-ch:
+						buf, rerr = out.buf, out.err
+					case <-ctx.Done():
+						return nil, wrap(ctx.Err())
+					}
+				case rank == reader:
+					buf, rerr = readFile(ctx, m.store, step, f)
+				default:
+					if int64(cap(recv)) < f.Size+1 {
+						recv = make([]byte, f.Size+1)
+					}
+					buf = recv[:f.Size+1]
 				}
-			case rank == reader:
-				buf, rerr = readFile(ctx, m.store, step, f)
-			default:
-				if int64(cap(recv)) < f.Size+1 {
-					recv = make([]byte, f.Size+1)
+				if rank == reader {
+					if rerr != nil {
+						buf = make([]byte, f.Size+1) // status 0
+					} else {
+						buf[f.Size] = 1
+					}
 				}
-				buf = recv[:f.Size+1]
-			}
-			if rank == reader {
-				if rerr != nil {
-					buf = make([]byte, f.Size+1) // status 0
-				} else {
-					buf[f.Size] = 1
+				if err := m.comm.Broadcast(ctx, buf, reader, collective.Name("checkpoint.restore.file")); err != nil {
+					return nil, wrap(err)
 				}
-			}
-			if err := m.comm.Broadcast(ctx, buf, reader, collective.Name("checkpoint.restore.file")); err != nil {
-				return nil, wrap(err)
-			}
-			if buf[f.Size] == 1 {
-				if i < len(man.Shards) {
-					st.writeAt(f.Offset, buf[:f.Size])
-				} else {
-					blobData[i-len(man.Shards)] = slices.Clone(buf[:f.Size])
+				if buf[f.Size] == 1 {
+					if i < ns {
+						st.writeAt(f.Offset, buf[:f.Size])
+					} else {
+						blobData[i-ns] = slices.Clone(buf[:f.Size])
+					}
+					break
 				}
-				break
 			}
 			// The reader's copy is corrupt or unreadable: every rank
 			// learns why, and the next holder in another domain reads it.
@@ -347,7 +436,7 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 		for i := range nf {
 			holders[i] = slices.DeleteFunc(holders[i], func(r int) bool { return badDom[i][dom.of[r]] })
 		}
-		if err := m.rereplicate(ctx, st, dom, man, data, files, holders, blobData); err != nil {
+		if err := m.rereplicate(ctx, st, dom, man, files, holders, blobData); err != nil {
 			return nil, wrap(err)
 		}
 	}
@@ -389,6 +478,142 @@ func (m *Manager) assign(files []FileInfo, holders [][]int, oldN, n int) []int {
 		load[pick] += files[i].Size
 	}
 	return assign
+}
+
+// restoreShards is the parallel restore of the tensor shards, in place:
+// this rank reads the shards assigned to it straight into st's tensors in
+// the background, while every shard is broadcast in order from its reader
+// straight from and into the tensors (a shard that spans tensors is one
+// broadcast per tensor); shards read elsewhere land in disjoint bytes, so
+// the reads and the broadcasts overlap. One allgather then tells every
+// rank which shards' copies did not verify (failed, of every file; the
+// reader's error is in errs), together with the other files this rank
+// read for itself (bad, of every file, comes with their bits set). The
+// shards' bytes in st are wrong until read again. When every rank reads
+// exactly its own shard of equal ones into one tensor, the broadcasts are
+// one allgather instead.
+func (m *Manager) restoreShards(ctx context.Context, st *State, step int64, files []FileInfo, assign []int, ns int, errs []error, bad []byte) ([]bool, error) {
+	rank, n := m.comm.Rank(), m.comm.Size()
+	shards := files[:ns]
+	if buf, ok := allgatherable(st, shards, assign[:ns], n); ok {
+		// Every rank reads exactly its own shard, the shards are equal
+		// and the tensors are one buffer: one allgather, in place, which
+		// keeps every link of the ring busy.
+		allgatherRestores.Add(1)
+		size := shards[rank].Size
+		own := buf[int64(rank)*size : int64(rank+1)*size]
+		if errs[rank] = readInto(ctx, m.store, step, shards[rank], [][]byte{own}); errs[rank] != nil {
+			bad[rank] = 1
+		}
+		if err := m.comm.Allgather(ctx, own, buf, collective.Name("checkpoint.restore.shards")); err != nil {
+			return nil, err
+		}
+		return m.shardsVerified(ctx, bad, assign)
+	}
+	done := make([]chan error, ns)
+	var mine []int
+	for i, r := range assign[:ns] {
+		if r == rank {
+			mine = append(mine, i)
+			done[i] = make(chan error, 1)
+		}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for _, i := range mine {
+			f := shards[i]
+			done[i] <- readInto(rctx, m.store, step, f, st.slice(f.Offset, f.Offset+f.Size))
+		}
+	}()
+	defer func() { cancel(); wg.Wait() }()
+	for i, f := range shards {
+		if assign[i] == rank {
+			select {
+			case errs[i] = <-done[i]:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			if errs[i] != nil {
+				bad[i] = 1 // its bytes go out anyway, and are ignored
+			}
+		}
+		for _, v := range st.slice(f.Offset, f.Offset+f.Size) {
+			if err := m.comm.Broadcast(ctx, v, assign[i], collective.Name("checkpoint.restore.shard")); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m.shardsVerified(ctx, bad, assign)
+}
+
+// shardsVerified allgathers which files' copies did not verify (bad[i] on
+// their reader) and returns them.
+func (m *Manager) shardsVerified(ctx context.Context, bad []byte, assign []int) ([]bool, error) {
+	ns := len(bad)
+	all := make([]byte, ns*m.comm.Size())
+	if err := m.comm.Allgather(ctx, bad, all, collective.Name("checkpoint.restore.verified")); err != nil {
+		return nil, err
+	}
+	failed := make([]bool, ns)
+	for i := range ns {
+		failed[i] = all[assign[i]*ns+i] != 0
+	}
+	return failed, nil
+}
+
+// allgatherable returns the tensors' bytes as one buffer when the shards
+// can be restored by one allgather: rank r reads shard r, one per rank,
+// all of one size, and the non-empty tensors are a single one.
+func allgatherable(st *State, shards []FileInfo, assign []int, n int) ([]byte, bool) {
+	if n < 2 || len(shards) != n {
+		return nil, false
+	}
+	for i, f := range shards {
+		if assign[i] != i || f.Size != shards[0].Size || f.Offset != int64(i)*shards[0].Size {
+			return nil, false
+		}
+	}
+	views := st.slice(0, st.totalBytes())
+	if len(views) != 1 || int64(len(views[0])) != int64(n)*shards[0].Size {
+		return nil, false
+	}
+	return views[0], true
+}
+
+// readInto reads one file of a step straight into dst (views whose lengths
+// add up to the file's size), checking its size and sha256 as it goes.
+func readInto(ctx context.Context, s Store, step int64, f FileInfo, dst [][]byte) error {
+	if err := checkFileName(f); err != nil {
+		return err
+	}
+	key := stepKey(step) + "/" + f.File
+	rc, size, err := s.Get(ctx, key)
+	if errors.Is(err, fs.ErrNotExist) {
+		return &fileError{f.File + " is missing", err}
+	}
+	if err != nil {
+		return &fileError{f.File + ": " + causeOf(err, strings.TrimSuffix(s.String(), "/")+"/"+key, key), err}
+	}
+	defer rc.Close()
+	if size != f.Size {
+		return &fileError{fmt.Sprintf("%s is %d bytes, manifest says %d (truncated or overwritten)", f.File, size, f.Size), errWrongSize}
+	}
+	h := sha256.New()
+	const piece = 1 << 20 // hashed while it is in the cache
+	for _, d := range dst {
+		for len(d) > 0 {
+			p := d[:min(len(d), piece)]
+			if _, err := io.ReadFull(rc, p); err != nil {
+				return fmt.Errorf("%s: %v", f.File, causeOf(err))
+			}
+			h.Write(p)
+			d = d[len(p):]
+		}
+	}
+	return checkSum(f, h)
 }
 
 // readFile reads and verifies one file of a step into a buffer one byte
@@ -451,7 +676,7 @@ func (m *Manager) loadBlobs(st *State, man *Manifest, blobData [][]byte) error {
 // manifest follows the files in every domain that received any, and goes
 // to a domain that lost only it. A failure
 // here is logged, not returned: the restore itself succeeded.
-func (m *Manager) rereplicate(ctx context.Context, st *State, dom *domains, man *Manifest, manData []byte, files []FileInfo, holders [][]int, blobData [][]byte) error {
+func (m *Manager) rereplicate(ctx context.Context, st *State, dom *domains, man *Manifest, files []FileInfo, holders [][]int, blobData [][]byte) error {
 	rank, n, h := m.comm.Rank(), m.comm.Size(), dom.h()
 	want := min(m.replicaCount(dom)+1, h)
 	nf := len(files)
@@ -538,13 +763,42 @@ func (m *Manager) rereplicate(ctx context.Context, st *State, dom *domains, man 
 				werr = fmt.Errorf("%s: the restored bytes have sha256 %s, the manifest says %s", f.File, short(sum), short(f.SHA256))
 				break
 			}
-			werr = m.store.Put(ctx, stepKey(man.Step)+"/"+f.File, chunks...)
+			if err := m.store.Put(ctx, stepKey(man.Step)+"/"+f.File, chunks...); err != nil {
+				werr = objectErr(m.stepLoc(man.Step)+"/"+f.File, err)
+			}
 		}
-		if werr == nil && !hasMan[dom.of[rank]] {
-			werr = m.store.Put(ctx, stepKey(man.Step)+"/"+ManifestName, manData)
+		if werr == nil {
+			// The manifest says where the files are now, in this job's
+			// numbering of the domains, and that this copy is here.
+			nm := *man
+			nm.Hosts, nm.Replicas, nm.Host = h, want-1, dom.of[rank]
+			nm.Shards, nm.Blobs = slices.Clone(man.Shards), slices.Clone(man.Blobs)
+			for i := range nf {
+				at := map[int]bool{}
+				for _, r := range holders[i] {
+					at[dom.of[r]] = true
+				}
+				for _, j := range jobs {
+					if j.file == i {
+						at[j.dom] = true
+					}
+				}
+				hs := slices.Sorted(maps.Keys(at))
+				if i < len(nm.Shards) {
+					nm.Shards[i].Hosts = hs
+				} else {
+					nm.Blobs[i-len(nm.Shards)].Hosts = hs
+				}
+			}
+			var data []byte
+			if data, werr = json.MarshalIndent(&nm, "", "  "); werr == nil {
+				if err := m.store.Put(ctx, stepKey(man.Step)+"/"+ManifestName, append(data, '\n')); err != nil {
+					werr = objectErr(m.stepLoc(man.Step)+"/"+ManifestName, err)
+				}
+			}
 		}
 		if werr != nil {
-			m.logf("checkpoint: WARNING: rank %d: step %d: re-replicating to %s: %v", rank, man.Step, m.stepLoc(man.Step), werr)
+			m.logf("checkpoint: WARNING: rank %d: step %d: re-replicating: %v", rank, man.Step, werr)
 		}
 	}
 	flags := make([]byte, n)

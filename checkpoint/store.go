@@ -41,8 +41,12 @@ func IsRemote(loc string) bool { return strings.HasPrefix(loc, "s3://") }
 
 // OpenStore returns the Store of a location: s3://bucket/prefix for S3 (see
 // the package documentation for its environment), anything else a
-// directory.
+// directory, with "{host}" expanded (ExpandHost).
 func OpenStore(ctx context.Context, loc string) (Store, error) {
+	loc, err := ExpandHost(loc)
+	if err != nil {
+		return nil, err
+	}
 	if IsRemote(loc) {
 		return openS3(ctx, loc)
 	}
@@ -229,12 +233,16 @@ func storeReadManifest(ctx context.Context, s Store, step int64) (*Manifest, err
 // storeCheckFile streams one object of a step into w, checking its size and
 // sha256.
 func storeCheckFile(ctx context.Context, s Store, step int64, f FileInfo, w io.Writer) error {
-	if f.File != path.Base(f.File) || f.File == "" || f.File == "." || strings.Contains(f.File, `\`) {
-		return fmt.Errorf("manifest names a file %q outside the checkpoint", f.File)
+	if err := checkFileName(f); err != nil {
+		return err
 	}
-	rc, size, err := s.Get(ctx, stepKey(step)+"/"+f.File)
+	key := stepKey(step) + "/" + f.File
+	rc, size, err := s.Get(ctx, key)
+	if errors.Is(err, fs.ErrNotExist) {
+		return &fileError{f.File + " is missing", err}
+	}
 	if err != nil {
-		return fmt.Errorf("%s: %v", f.File, err)
+		return &fileError{f.File + ": " + causeOf(err, strings.TrimSuffix(s.String(), "/")+"/"+key, key), err}
 	}
 	defer rc.Close()
 	return checkStream(f, rc, size, w)
@@ -270,4 +278,54 @@ func storeVerify(ctx context.Context, s Store, step int64, assemble func(*Manife
 		}
 	}
 	return m, nil
+}
+
+// fileError is an error about one file or object whose text names it once
+// (msg); it unwraps to the error it was made from, so errors.Is still sees
+// fs.ErrNotExist, syscall.ENOSPC or a context's error.
+type fileError struct {
+	msg string
+	err error
+}
+
+func (e *fileError) Error() string { return e.msg }
+func (e *fileError) Unwrap() error { return e.err }
+
+// objectErr is err from an operation on the object or file at loc (a
+// path, or an s3:// location and key), said as "loc: cause" with loc once:
+// the cause drops the path an *os.PathError repeats and the location the
+// S3 back end's errors start with.
+func objectErr(loc string, err error) error {
+	return &fileError{loc + ": " + causeOf(err, loc), err}
+}
+
+// causeOf is err's text without the names of the file it is about, which
+// the caller says: an *os.PathError or *os.LinkError gives its operation
+// and cause ("write: no space left on device"); a text that starts with
+// one of names and ": " loses it.
+func causeOf(err error, names ...string) string {
+	var pe *fs.PathError
+	var le *os.LinkError
+	switch {
+	case errors.As(err, &pe) && err == error(pe):
+		return pe.Op + ": " + pe.Err.Error()
+	case errors.As(err, &le) && err == error(le):
+		return le.Op + ": " + le.Err.Error()
+	}
+	text := err.Error()
+	for _, n := range names {
+		if t, ok := strings.CutPrefix(text, n+": "); ok {
+			return t
+		}
+	}
+	return text
+}
+
+// checkFileName refuses a manifest's file name that is not a plain name in
+// the step.
+func checkFileName(f FileInfo) error {
+	if f.File != path.Base(f.File) || f.File == "" || f.File == "." || strings.Contains(f.File, `\`) {
+		return fmt.Errorf("manifest names a file %q outside the checkpoint", f.File)
+	}
+	return nil
 }

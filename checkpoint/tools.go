@@ -14,8 +14,7 @@ import (
 // nothing beyond the manifests: Problem says why a step is not committed or
 // why its manifest could not be read, and is "" otherwise (Scan verifies).
 // A directory that does not exist or is not a directory is an error, in
-// Scan's words. loc is taken as it is: "{host}" is not expanded (gorun
-// checkpoint does that before calling it).
+// Scan's words. "{host}" in a directory is expanded (ExpandHost).
 func List(ctx context.Context, loc string) ([]Entry, error) {
 	s, entries, err := listLoc(ctx, loc)
 	if err != nil {
@@ -41,8 +40,14 @@ func List(ctx context.Context, loc string) ([]Entry, error) {
 // s3://bucket/prefix), committed or not: its manifest first, so that a
 // removal cut short leaves an uncommitted step that Restore skips, never a
 // committed one with files missing. A step that is not there is an error
-// that lists the steps that are.
+// that lists the steps that are. "{host}" in a directory is expanded
+// (ExpandHost). With replicated local checkpoints it removes the step from
+// this location only.
 func Remove(ctx context.Context, loc string, step int64) error {
+	loc, err := ExpandHost(loc)
+	if err != nil {
+		return err
+	}
 	s, entries, err := listLoc(ctx, loc)
 	if err != nil {
 		return err
@@ -72,6 +77,10 @@ const notCommitted = "not committed (no " + ManifestName + "): a save that did n
 // listLoc opens loc's Store and lists its steps, newest first. A directory
 // must exist and be one (in Scan's words).
 func listLoc(ctx context.Context, loc string) (Store, []Entry, error) {
+	loc, err := ExpandHost(loc)
+	if err != nil {
+		return nil, nil, err
+	}
 	if !IsRemote(loc) {
 		if err := checkScanDir(loc); err != nil {
 			return nil, nil, err

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +14,17 @@ import (
 	"github.com/gorun/gorun/checkpoint"
 )
 
+// replicatedHelp is what inspect and verify say of replicated checkpoints.
+const replicatedHelp = `With replicated local checkpoints (a "{host}" directory on every host, and
+--checkpoint-replicas k) each host's directory holds only the files of
+its own ranks and of the k hosts before it: it checks those, and says so
+("this directory holds 4 of 8 files, host 1 of 3; each file is on 2
+hosts"). A file that should be here but is missing or damaged, while other
+hosts keep copies, is not corruption: the checkpoint says DEGRADED, the
+next restore reads the file from another host and writes it back here,
+and the command exits 2 (when nothing is corrupted). Run it on every host
+to check every copy.`
+
 // s3Help is what every checkpoint subcommand says of its LOCATION.
 const s3Help = `LOCATION may be s3://bucket/prefix, with the AWS environment described in
 package checkpoint (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
@@ -23,20 +33,18 @@ must exist. In a directory LOCATION, "{host}" stands for $GORUN_HOST, else
 this host's name, as in checkpoint.New: quote it from the shell.`
 
 // location is the checkpoint location a subcommand was given, with "{host}"
-// replaced in a directory as checkpoint.New replaces it.
-func location(loc string) (string, error) {
-	if checkpoint.IsRemote(loc) || !strings.Contains(loc, "{host}") {
-		return loc, nil
-	}
-	host := os.Getenv(checkpoint.EnvHost)
-	if host == "" {
-		h, err := os.Hostname()
-		if err != nil {
-			return "", fmt.Errorf("checkpoint: %s: naming the host for {host}: %w", loc, err)
-		}
-		host = h
-	}
-	return strings.ReplaceAll(loc, "{host}", host), nil
+// expanded as the library expands it (checkpoint.ExpandHost), for the
+// messages; the library functions take either.
+func location(loc string) (string, error) { return checkpoint.ExpandHost(loc) }
+
+// degradedError is what inspect and verify return when the checkpoints
+// restore but this directory lacks, or holds damaged, some files of a
+// replicated checkpoint that other hosts keep too: exit status 2, so that a
+// script tells "this host's copy needs a restore to heal" from "corrupted"
+// (1).
+func degradedError(w io.Writer, n int, loc string) error {
+	fmt.Fprintf(w, "gorun: %d committed checkpoint(s) in %s are DEGRADED: files this directory should hold are missing or damaged, and other hosts keep copies (see above)\n", n, loc)
+	return exitError(2)
 }
 
 func newCheckpointCmd() *cobra.Command {
@@ -56,6 +64,8 @@ restore would pick and why. It exits 1 when DIR does not exist or is not a
 directory, or when a committed checkpoint is corrupted; an existing DIR
 without checkpoints prints "no checkpoints in DIR" and exits 0.
 
+` + replicatedHelp + `
+
 DIR may be s3://bucket/prefix, with the AWS environment described in
 package checkpoint (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
 AWS_PROFILE, AWS_ENDPOINT_URL, AWS_S3_FORCE_PATH_STYLE=true); the bucket
@@ -73,8 +83,12 @@ host's name, as in checkpoint.New.`,
 			if err != nil {
 				return err
 			}
-			if corrupt := printReport(cmd.OutOrStdout(), args[0], r); corrupt > 0 {
+			corrupt, degraded := printReport(cmd.OutOrStdout(), args[0], r)
+			switch {
+			case corrupt > 0:
 				return fmt.Errorf("%d committed checkpoint(s) in %s are corrupted", corrupt, args[0])
+			case degraded > 0:
+				return degradedError(cmd.ErrOrStderr(), degraded, args[0])
 			}
 			return nil
 		},
@@ -87,7 +101,10 @@ directory or s3:// location given to checkpoint.New), newest first: its step,
 whether it is committed (its manifest.json exists) or NOT COMMITTED (a save
 that did not finish, or a deletion in progress), and, from the manifest, the
 world size that wrote it, the size of the whole checkpoint and its number of
-files (shards and per-rank state, the manifest aside). It reads the
+files (shards and per-rank state, the manifest aside); for a replicated
+checkpoint (replicated local checkpoints, a "{host}" directory on every
+host), what this directory holds of it, which host it is and on how many
+hosts each file is kept. It reads the
 manifests only, never the shards, so it is fast however big the checkpoints
 are, and it checks nothing beyond them: gorun checkpoint verify checks every
 file. It exits 1 when LOCATION is a directory that does not exist; one
@@ -123,6 +140,8 @@ that were never committed are not verified (a restore skips them). It exits
 checkpoint at all included), or when LOCATION is a directory that does not
 exist.
 
+` + replicatedHelp + `
+
 ` + s3Help,
 		Example:       "  gorun checkpoint verify /shared/ckpt\n  AWS_ENDPOINT_URL=http://127.0.0.1:7070 AWS_S3_FORCE_PATH_STYLE=true gorun checkpoint verify s3://ckpt/job1",
 		Args:          exactLocation("verify"),
@@ -136,12 +155,14 @@ exist.
 			if err != nil {
 				return err
 			}
-			corrupt := printVerify(cmd.OutOrStdout(), args[0], r)
+			corrupt, degraded := printVerify(cmd.OutOrStdout(), args[0], r)
 			switch {
 			case corrupt > 0:
 				return fmt.Errorf("%d committed checkpoint(s) in %s are corrupted", corrupt, args[0])
 			case r.Pick < 0:
 				return fmt.Errorf("no committed checkpoint in %s verifies: %s", args[0], r.Reason)
+			case degraded > 0:
+				return degradedError(cmd.ErrOrStderr(), degraded, args[0])
 			}
 			return nil
 		},
@@ -278,15 +299,34 @@ func printList(w io.Writer, loc string, entries []checkpoint.Entry) {
 			fmt.Fprintf(w, "NOT COMMITTED  (no %s: a save that did not finish, or a deletion in progress)\n", checkpoint.ManifestName)
 		case m == nil:
 			fmt.Fprintf(w, "committed      manifest unreadable: %s\n", strings.TrimPrefix(e.Problem, "corrupted: "))
+		case m.Replicated():
+			files, bytes := m.Here()
+			fmt.Fprintf(w, "committed      world size %d  %s of %s here, %d of %d files (%s)\n",
+				m.WorldSize, humanBytes(bytes), humanBytes(m.Size()), files, len(m.Shards)+len(m.Blobs), m.Placement())
 		default:
 			fmt.Fprintf(w, "committed      world size %d  %s in %d files\n", m.WorldSize, humanBytes(m.Size()), len(m.Shards)+len(m.Blobs))
 		}
 	}
 }
 
+// okStatus is how inspect and verify say that a committed checkpoint
+// verified, or is DEGRADED: for a replicated one, what this directory holds.
+func okStatus(e checkpoint.Entry) string {
+	m := e.Manifest
+	if m == nil || !m.Replicated() {
+		return "ok (checksums verified)"
+	}
+	files, _ := m.Here()
+	holds := fmt.Sprintf("this directory holds %d of %d files, %s", files, len(m.Shards)+len(m.Blobs), m.Placement())
+	if e.Degraded != "" {
+		return fmt.Sprintf("DEGRADED (%s): %s", holds, e.Degraded)
+	}
+	return fmt.Sprintf("ok (checksums verified; %s)", holds)
+}
+
 // printVerify is gorun checkpoint verify: a line per committed checkpoint,
 // then the pick.
-func printVerify(w io.Writer, loc string, r *checkpoint.Report) (corrupt int) {
+func printVerify(w io.Writer, loc string, r *checkpoint.Report) (corrupt, degraded int) {
 	if len(r.Entries) == 0 {
 		fmt.Fprintf(w, "no checkpoints in %s\n", loc)
 	}
@@ -299,7 +339,10 @@ func printVerify(w io.Writer, loc string, r *checkpoint.Report) (corrupt int) {
 			fmt.Fprintf(w, "step %d  CORRUPTED: %s\n", e.Step, strings.TrimPrefix(e.Problem, "corrupted: "))
 			corrupt++
 		default:
-			fmt.Fprintf(w, "step %d  ok (checksums verified)\n", e.Step)
+			if e.Degraded != "" {
+				degraded++
+			}
+			fmt.Fprintf(w, "step %d  %s\n", e.Step, okStatus(e))
 		}
 	}
 	if len(uncommitted) > 0 {
@@ -310,7 +353,7 @@ func printVerify(w io.Writer, loc string, r *checkpoint.Report) (corrupt int) {
 	} else {
 		fmt.Fprintf(w, "restore would pick nothing: %s\n", r.Reason)
 	}
-	return corrupt
+	return corrupt, degraded
 }
 
 // humanBytes writes a size as 812 B, 3.1 KiB, 14.2 MiB, 1.50 GiB.
@@ -326,22 +369,29 @@ func humanBytes(n int64) string {
 	return fmt.Sprintf("%d B", n)
 }
 
-func printReport(w io.Writer, dir string, r *checkpoint.Report) (corrupt int) {
+// printReport is gorun checkpoint inspect.
+func printReport(w io.Writer, dir string, r *checkpoint.Report) (corrupt, degraded int) {
 	if len(r.Entries) == 0 {
 		fmt.Fprintf(w, "no checkpoints in %s\n", dir)
 	}
 	for _, e := range r.Entries {
-		status := "ok (checksums verified)"
+		status := okStatus(e)
 		switch {
 		case !e.Committed:
 			status = strings.Replace(e.Problem, "not committed", "NOT COMMITTED", 1)
 		case e.Problem != "":
 			status = "CORRUPTED: " + strings.TrimPrefix(e.Problem, "corrupted: ")
 			corrupt++
+		case e.Degraded != "":
+			degraded++
 		}
 		fmt.Fprintf(w, "step %d  %s\n", e.Step, e.Dir)
 		fmt.Fprintf(w, "  status: %s\n", status)
-		if m := e.Manifest; m != nil {
+		if m := e.Manifest; m != nil && m.Replicated() {
+			files, bytes := m.Here()
+			fmt.Fprintf(w, "  world size %d, %d bytes of tensors, %d bytes in %d files, of which this directory holds %d bytes in %d files (%s)\n",
+				m.WorldSize, m.TotalBytes, m.Size(), len(m.Shards)+len(m.Blobs), bytes, files, m.Placement())
+		} else if m != nil {
 			fmt.Fprintf(w, "  world size %d, %d bytes of tensors, %d bytes on disk in %d files\n",
 				m.WorldSize, m.TotalBytes, m.Size(), len(m.Shards)+len(m.Blobs))
 			for _, t := range m.Tensors {
@@ -357,7 +407,7 @@ func printReport(w io.Writer, dir string, r *checkpoint.Report) (corrupt int) {
 	} else {
 		fmt.Fprintf(w, "restore would pick nothing: %s\n", r.Reason)
 	}
-	return corrupt
+	return corrupt, degraded
 }
 
 // optionalInt is an int flag that may be left unset (--checkpoint-replicas:

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -541,5 +542,111 @@ func TestCheckpointHumanBytes(t *testing.T) {
 		if got := humanBytes(n); got != want {
 			t.Errorf("humanBytes(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+// makeReplicated saves checkpoints of each step from an in-process job of
+// len(hostOf) ranks, rank r in base/host<hostOf[r]> (one directory per
+// host, as "{host}" gives), each file kept on k more hosts. It returns the
+// hosts' directories.
+func makeReplicated(t *testing.T, base string, k int, hostOf []int, steps ...int64) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	np := len(hostOf)
+	job, err := collective.StartLocal(ctx, np)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer job.Close()
+	var hosts []string
+	for h := range slices.Max(hostOf) + 1 {
+		hosts = append(hosts, filepath.Join(base, fmt.Sprintf("host%d", h)))
+	}
+	errs := make([]error, np)
+	var wg sync.WaitGroup
+	for r, comm := range job.Comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := make([]float32, 300)
+			pos := int64(r)
+			st := new(checkpoint.State).Tensor("w", w).Int64("pos", &pos)
+			m, err := checkpoint.New(comm, hosts[hostOf[r]], checkpoint.WithReplicas(k), checkpoint.WithKeep(len(steps)), checkpoint.WithLogger(func(string, ...any) {}))
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			for _, step := range steps {
+				for i := range w {
+					w[i] = float32(step) + float32(i)/7
+				}
+				if err := m.Save(ctx, step, st); err != nil {
+					errs[r] = fmt.Errorf("rank %d, step %d: %w", r, step, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return hosts
+}
+
+// On one host's directory of a replicated checkpoint (3 hosts, k=1) ls,
+// inspect and verify show what that directory holds and check only that;
+// a file missing there is DEGRADED (exit 2), not corrupted.
+func TestCheckpointReplicatedHostView(t *testing.T) {
+	base := t.TempDir()
+	hosts := makeReplicated(t, base, 1, []int{0, 1, 2}, 10, 20)
+	env := []string{"GORUN_HOST=host1"}
+	loc := filepath.Join(base, "{host}")
+
+	stdout, stderr, code := run(t, env, gorunBin, "checkpoint", "ls", loc)
+	t.Logf("ls %s:\n%s", hosts[1], stdout)
+	re := regexp.MustCompile(`^step 20  committed      world size 3  [0-9.]+ (B|KiB) of [0-9.]+ (B|KiB) here, 4 of 6 files \(host 1 of 3; each file is on 2 hosts\)\nstep 10  committed      world size 3  .* here, 4 of 6 files \(host 1 of 3; each file is on 2 hosts\)\n$`)
+	if code != 0 || stderr != "" || !re.MatchString(stdout) {
+		t.Errorf("ls: exit %d\nstdout:\n%s\nstderr:\n%s\nwant it to match %s", code, stdout, stderr, re)
+	}
+
+	stdout, stderr, code = run(t, env, gorunBin, "checkpoint", "inspect", loc)
+	t.Logf("inspect %s:\n%s", hosts[1], stdout)
+	for _, w := range []string{
+		"step 20  " + filepath.Join(hosts[1], "step-000000000020") + "\n",
+		"  status: ok (checksums verified; this directory holds 4 of 6 files, host 1 of 3; each file is on 2 hosts)\n",
+		"  world size 3, 1200 bytes of tensors, ",
+		" of which this directory holds ",
+		"restore would pick step 20: step 20 is the newest committed checkpoint and its checksums verify\n",
+	} {
+		if code != 0 || stderr != "" || !strings.Contains(stdout, w) {
+			t.Errorf("inspect: exit %d, stdout lacks %q\nstdout:\n%s\nstderr:\n%s", code, w, stdout, stderr)
+		}
+	}
+
+	// Host 1 keeps the files of ranks 0 and 1; rank 1's shard goes.
+	if err := os.Remove(filepath.Join(hosts[1], "step-000000000020", "shard-00001-of-00003.bin")); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, code = run(t, env, gorunBin, "checkpoint", "verify", loc)
+	t.Logf("verify with a file missing:\n%s%s", stdout, stderr)
+	want := "step 20  DEGRADED (this directory holds 4 of 6 files, host 1 of 3; each file is on 2 hosts): shard-00001-of-00003.bin is missing here (host 2 also keeps it); the next restore reads it from another host and writes it back here\n" +
+		"step 10  ok (checksums verified; this directory holds 4 of 6 files, host 1 of 3; each file is on 2 hosts)\n" +
+		"restore would pick step 20: step 20 is the newest committed checkpoint and the files this directory holds verify; the ones it lacks or holds damaged are read from other hosts (not checked here)\n"
+	if stdout != want {
+		t.Errorf("verify:\n%s\nwant:\n%s", stdout, want)
+	}
+	if w := "gorun: 1 committed checkpoint(s) in " + hosts[1] + " are DEGRADED: files this directory should hold are missing or damaged, and other hosts keep copies (see above)\n"; code != 2 || stderr != w {
+		t.Errorf("verify: exit %d, stderr %q; want exit 2 and %q", code, stderr, w)
+	}
+	stdout, _, code = run(t, env, gorunBin, "checkpoint", "inspect", hosts[1])
+	if code != 2 || !strings.Contains(stdout, "  status: DEGRADED (this directory holds 4 of 6 files") {
+		t.Errorf("inspect with a file missing: exit %d\n%s", code, stdout)
+	}
+	// Host 2 is intact.
+	stdout, stderr, code = run(t, nil, gorunBin, "checkpoint", "verify", hosts[2])
+	if code != 0 || !strings.Contains(stdout, "step 20  ok (checksums verified; this directory holds 4 of 6 files, host 2 of 3; each file is on 2 hosts)") {
+		t.Errorf("verify of host 2: exit %d\n%s%s", code, stdout, stderr)
 	}
 }

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"gorgonia.org/tensor"
@@ -17,14 +19,35 @@ import (
 // checkpointer saves the training state every --checkpoint-every steps to
 // --checkpoint-dir and restores the newest one at start. Without
 // --checkpoint-dir it does nothing.
+//
+// A save is asynchronous by default (SaveAsync): the loop stops only while
+// the ranks agree on the step and each copies the bytes it writes aside;
+// the files are written in the background while training goes on, and the
+// save commits (its manifest is written) in the Poll of a later step, once
+// every rank's files are durable. Until then the previous checkpoint is the
+// one a restart finds. At most one save is in flight: the next one, and the
+// end of training, first wait for it. --checkpoint-sync saves with Save,
+// which returns once the checkpoint is committed. An elastic job saves
+// synchronously too: a save in flight cannot outlive a change of the job's
+// membership.
 type checkpointer struct {
 	every     int
+	async     bool
 	mgr       *checkpoint.Manager
 	state     *checkpoint.State
 	out       *output
 	global    int // this run's global batch, saved with the state
 	saved     int // the global batch the restored checkpoint was trained with; 0 if unknown
-	lastSaved int // the step of the newest checkpoint on disk; -1 for none
+	lastSaved int // the step of the newest committed checkpoint; -1 for none
+	pending   int // the step of the asynchronous save in flight; -1 for none
+
+	// What the saves cost this rank's training loop: the saves of each
+	// kind and the time it was blocked in Save and in SaveAsync; the Polls
+	// that found a save still being written (one small allreduce each,
+	// which also waits for the slowest rank to get there), and the Polls
+	// and Waits that committed one.
+	nSync, nAsync, nPolls              int
+	inSync, inAsync, inPolls, inCommit time.Duration
 }
 
 // progressBlob is this rank's part of the state: the history of finished
@@ -39,12 +62,13 @@ type progressBlob struct {
 func newCheckpointer(comm *collective.Comm, cfg *Config, out *output, global int, names []string, params []*tensor.Dense,
 	opt Optimizer, history *[]EpochResult, sums *[]float64) (*checkpointer, error) {
 	if cfg.CheckpointDir == "" {
-		return &checkpointer{}, nil
+		return &checkpointer{lastSaved: -1, pending: -1}, nil
 	}
 	if cfg.CheckpointEvery <= 0 {
 		return nil, fmt.Errorf("--checkpoint-every %d must be positive", cfg.CheckpointEvery)
 	}
-	c := &checkpointer{every: cfg.CheckpointEvery, out: out, global: global, lastSaved: -1}
+	c := &checkpointer{every: cfg.CheckpointEvery, async: !cfg.CheckpointSync && !comm.Elastic(),
+		out: out, global: global, lastSaved: -1, pending: -1}
 	st := new(checkpoint.State)
 	// Replicated state: the same on every rank, saved in shards.
 	for i, p := range params {
@@ -68,11 +92,16 @@ func newCheckpointer(comm *collective.Comm, cfg *Config, out *output, global int
 		*history, *sums, c.saved = p.History, p.Sums, p.GlobalBatch
 		return nil
 	})
+	// For s3:// New checks the bucket and the credentials: its error names
+	// the location and says what to fix.
 	mgr, err := checkpoint.New(comm, cfg.CheckpointDir)
 	if err != nil {
 		return nil, fmt.Errorf("--checkpoint-dir: %w", err)
 	}
 	c.mgr, c.state = mgr, st
+	if comm.Elastic() && !cfg.CheckpointSync {
+		out.printf("checkpoint: elastic job: checkpoints are saved synchronously (an asynchronous save cannot outlive a change of the job's ranks)\n")
+	}
 	return c, nil
 }
 
@@ -105,6 +134,15 @@ func (c *checkpointer) restore(ctx context.Context, comm *collective.Comm) (int,
 	return int(step), nil
 }
 
+// dir is the checkpoint location as the Manager names it: {host}
+// replaced, an s3:// location without its options.
+func (c *checkpointer) dir(cfg *Config) string {
+	if c.mgr == nil {
+		return cfg.CheckpointDir
+	}
+	return c.mgr.Dir()
+}
+
 // maybeSave saves after every --checkpoint-every optimizer steps.
 func (c *checkpointer) maybeSave(ctx context.Context, step int) error {
 	if c.mgr == nil || step%c.every != 0 {
@@ -113,26 +151,133 @@ func (c *checkpointer) maybeSave(ctx context.Context, step int) error {
 	return c.save(ctx, step)
 }
 
-// saveFinal saves the end of training, unless that step is saved already,
-// so that a rerun of the finished job finds it complete instead of
-// training its last steps again.
-func (c *checkpointer) saveFinal(ctx context.Context, step int) error {
-	if c.mgr == nil || step == c.lastSaved {
+// poll commits the asynchronous save in flight once every rank has
+// written its files, and says so. Every rank calls it once per optimizer
+// step; with no save in flight it does nothing (every rank knows).
+func (c *checkpointer) poll(ctx context.Context) error {
+	if c.mgr == nil || c.pending < 0 {
 		return nil
 	}
-	return c.save(ctx, step)
+	return c.settle(ctx, c.mgr.Poll)
 }
 
-// save writes a checkpoint and says so on one line.
+// wait commits the asynchronous save in flight, waiting for its writes.
+func (c *checkpointer) wait(ctx context.Context) error {
+	if c.mgr == nil || c.pending < 0 {
+		return nil
+	}
+	return c.settle(ctx, c.mgr.Wait)
+}
+
+// settle runs Poll or Wait and prints the line of the save it committed.
+// No method of the Manager says whether a Poll committed the save in
+// flight: a commit shows as a change of LastSave, which only a committed
+// save updates. A failed save's error (the same on every rank) ends the
+// run; the previous checkpoint is kept.
+func (c *checkpointer) settle(ctx context.Context, pollOrWait func(context.Context) error) error {
+	before := c.mgr.LastSave()
+	t := time.Now()
+	err := pollOrWait(ctx)
+	took := time.Since(t)
+	if err != nil {
+		c.pending = -1
+		return err
+	}
+	st := c.mgr.LastSave()
+	if st == before { // still being written
+		c.nPolls++
+		c.inPolls += took
+		return nil
+	}
+	c.inCommit += took
+	step := c.pending
+	c.pending, c.lastSaved = -1, step
+	c.out.printf("checkpoint: step %d snapshotted in %s (training goes on); committed to %s after %s (%s)\n",
+		step, st.Stall.Round(time.Millisecond), stepLoc(c.mgr.Dir(), int64(step)), st.Total.Round(time.Millisecond), humanBytes(st.Bytes))
+	return nil
+}
+
+// saveFinal saves the end of training, unless that step is saved already,
+// so that a rerun of the finished job finds it complete instead of
+// training its last steps again. It first commits the save in flight: the
+// run never ends with an uncommitted save. The last save is synchronous
+// whatever --checkpoint-sync: the run waits for it anyway.
+func (c *checkpointer) saveFinal(ctx context.Context, step int) error {
+	if c.mgr == nil {
+		return nil
+	}
+	if err := c.wait(ctx); err != nil {
+		return err
+	}
+	if step == c.lastSaved {
+		return nil
+	}
+	return c.saveSync(ctx, step)
+}
+
+// save starts an asynchronous save (after committing the previous one),
+// or with --checkpoint-sync writes a checkpoint and says so on one line.
 func (c *checkpointer) save(ctx context.Context, step int) error {
+	if !c.async {
+		return c.saveSync(ctx, step)
+	}
+	// SaveAsync would wait for the save in flight itself; waiting here
+	// prints its line.
+	if err := c.wait(ctx); err != nil {
+		return err
+	}
+	t := time.Now()
+	if err := c.mgr.SaveAsync(ctx, int64(step), c.state); err != nil {
+		return err
+	}
+	c.inAsync += time.Since(t)
+	c.nAsync++
+	c.pending = step
+	return nil
+}
+
+func (c *checkpointer) saveSync(ctx context.Context, step int) error {
+	t := time.Now()
 	if err := c.mgr.Save(ctx, int64(step), c.state); err != nil {
 		return err
 	}
+	c.inSync += time.Since(t)
+	c.nSync++
 	c.lastSaved = step
 	st := c.mgr.LastSave()
-	c.out.printf("checkpoint: step %d saved to %s (%s, %s)\n", step, checkpoint.StepDir(c.mgr.Dir(), int64(step)),
+	c.out.printf("checkpoint: step %d saved to %s (%s, %s)\n", step, stepLoc(c.mgr.Dir(), int64(step)),
 		humanBytes(st.Bytes), st.Total.Round(time.Millisecond))
 	return nil
+}
+
+// report is the final line on what the saves cost the training loop.
+func (c *checkpointer) report(rank int) {
+	n := c.nSync + c.nAsync
+	if c.mgr == nil || n == 0 {
+		return
+	}
+	total := c.inSync + c.inAsync + c.inPolls + c.inCommit
+	line := fmt.Sprintf("final: checkpoint: %d save(s) blocked training %.1f ms in all, %.1f ms per save", n, ms(total), ms(total)/float64(n))
+	if c.nAsync > 0 {
+		line += fmt.Sprintf(": %d asynchronous (%.1f ms in SaveAsync, %.1f ms in the %d Polls while one was written, %.1f ms in the Polls and Waits that committed them)",
+			c.nAsync, ms(c.inAsync), ms(c.inPolls), c.nPolls, ms(c.inCommit))
+		if c.nSync > 0 {
+			line += fmt.Sprintf(", %d synchronous at the end (%.1f ms)", c.nSync, ms(c.inSync))
+		}
+	} else {
+		line += ", all synchronous"
+	}
+	c.out.printf("%s (rank %d)\n", line, rank)
+}
+
+// stepLoc names the checkpoint of step in a location: a directory
+// (checkpoint.StepDir), or an s3:// prefix, which StepDir's filepath.Join
+// would turn into "s3:/...".
+func stepLoc(dir string, step int64) string {
+	if checkpoint.IsRemote(dir) {
+		return strings.TrimSuffix(dir, "/") + "/" + filepath.Base(checkpoint.StepDir("", step))
+	}
+	return checkpoint.StepDir(dir, step)
 }
 
 // humanBytes is a size in decimal units, as ls -h --si and disk tools say.

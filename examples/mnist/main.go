@@ -11,8 +11,40 @@
 // optional convolutional network), optim.go
 // (SGD and Adam), train.go (the distributed loop: broadcast, Reducer,
 // consistency check), elastic.go (what changes when gorun --min-np makes
-// the job elastic), checkpoint.go (save and resume), output.go and
-// progress.go (summaries, progress bar or lines, plot, metrics).
+// the job elastic), checkpoint.go (asynchronous saves and resume),
+// output.go and progress.go (summaries, progress bar or lines, plot,
+// metrics).
+//
+// With --checkpoint-dir it saves the training state every
+// --checkpoint-every steps and at the end, and resumes from the newest
+// checkpoint at start (also when gorun --max-restarts relaunches the job):
+//
+//	go run ./cmd/gorun -np 4 --max-restarts 1 ./examples/mnist --checkpoint-dir /tmp/ck
+//
+// A save is asynchronous: training stops only while the ranks agree on the
+// step and each copies its part of the state aside (a few milliseconds);
+// the files are written in the background and the checkpoint is committed
+// a few steps later, which its line says:
+//
+//	checkpoint: step 400 snapshotted in 3ms (training goes on); committed to /tmp/ck/step-000000000400 after 41ms (814 kB)
+//
+// Until then a restart resumes from the previous checkpoint; the run never
+// ends with a save uncommitted. --checkpoint-sync waits for every save
+// instead (and an elastic job always does). The location is one of
+//
+//   - a directory that every rank sees at the same path: a local one for a
+//     job on one host, a shared filesystem (NFS, Lustre) across hosts;
+//   - a directory with {host} in it, which each rank replaces by its host's
+//     name (GORUN_HOST, set by gorun; else the host name), for hosts that
+//     do not share a directory: --checkpoint-dir /scratch/ck/{host} keeps
+//     every file on its own host and on 2 other hosts (gorun
+//     --checkpoint-replicas k for k), so that a checkpoint survives lost
+//     hosts;
+//   - s3://bucket/prefix, in S3 or any S3-compatible service, configured
+//     like every AWS SDK program: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+//     AWS_REGION, AWS_ENDPOINT_URL for a service other than AWS and
+//     AWS_S3_FORCE_PATH_STYLE=true for path-style addressing. A missing
+//     bucket or refused credentials stop the run before training.
 package main
 
 import (
@@ -30,6 +62,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun/gorun/checkpoint"
 )
 
 // Config holds the command line.
@@ -53,6 +87,7 @@ type Config struct {
 	CPUProfile      string
 	CheckpointDir   string
 	CheckpointEvery int
+	CheckpointSync  bool
 	FailAtStep      int
 }
 
@@ -77,8 +112,9 @@ func parseFlags(args []string) (*Config, error) {
 	fs.StringVar(&c.Plot, "plot", "", "write loss and accuracy curves to this PNG file (rank 0)")
 	fs.StringVar(&c.Metrics, "metrics", "", "append one JSON object per epoch to this file (rank 0)")
 	fs.StringVar(&c.Progress, "progress", "auto", "progress on stderr: auto (a live bar when there is a terminal, else nothing), on (the bar, or a plain line every tenth of an epoch without a terminal), off")
-	fs.StringVar(&c.CheckpointDir, "checkpoint-dir", "", "save checkpoints here and resume from the newest one at start (also after gorun --max-restarts)")
-	fs.IntVar(&c.CheckpointEvery, "checkpoint-every", 100, "optimizer steps between checkpoints (with --checkpoint-dir)")
+	fs.StringVar(&c.CheckpointDir, "checkpoint-dir", "", "save checkpoints here and resume from the newest one at start (also after gorun --max-restarts): a directory the ranks share, a per-host directory with {host} in it (replaced by the rank's host name; gorun --checkpoint-replicas copies it to other hosts), or s3://bucket/prefix (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL, AWS_S3_FORCE_PATH_STYLE)")
+	fs.IntVar(&c.CheckpointEvery, "checkpoint-every", 100, "optimizer steps between checkpoints (with --checkpoint-dir); a save is asynchronous: training goes on while it is written, and it is committed a few steps later")
+	fs.BoolVar(&c.CheckpointSync, "checkpoint-sync", false, "wait for every checkpoint to be written and committed instead of saving in the background")
 	fs.IntVar(&c.FailAtStep, "fail-at-step", 0, "testing aid: the last rank fails after this optimizer step on the first launch (GORUN_RESTART_COUNT unset or 0); in an elastic job it kills itself with SIGKILL, as kill -9 would")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this rank to this file (rank N writes FILE.rankN when N > 0)")
 	if err := fs.Parse(args); err != nil {
@@ -169,27 +205,39 @@ func startCPUProfile(path string) (stop func(), err error) {
 }
 
 // checkRankPaths checks, before any training, the paths this rank will
-// write: the plot (rank 0) and the checkpoint directory (every rank; it is
-// created if missing, as checkpoint.New would). The metrics file is
-// created right away by output.openMetrics.
+// write: the plot (rank 0) and the checkpoint directory (every rank, with
+// {host} replaced as checkpoint.New does; it is created if missing, as
+// checkpoint.New would). An s3:// location is checked by checkpoint.New
+// (the bucket and the credentials). The metrics file is created right away by
+// output.openMetrics.
 func checkRankPaths(cfg *Config, rank int) error {
 	if rank == 0 {
 		if err := checkOutputFile("--plot", cfg.Plot); err != nil {
 			return err
 		}
 	}
-	dir := cfg.CheckpointDir
-	if dir == "" {
+	if cfg.CheckpointDir == "" {
 		return nil
 	}
+	dir, err := checkpoint.ExpandHost(cfg.CheckpointDir)
+	if err != nil {
+		return fmt.Errorf("--checkpoint-dir: %w", err)
+	}
+	if checkpoint.IsRemote(dir) {
+		return nil
+	}
+	name := dir // in messages: as given, and what it means on this host
+	if dir != cfg.CheckpointDir {
+		name = fmt.Sprintf("%s (%s on this host)", cfg.CheckpointDir, dir)
+	}
 	if st, err := os.Stat(dir); err == nil && !st.IsDir() {
-		return fmt.Errorf("--checkpoint-dir %s is a file, not a directory", dir)
+		return fmt.Errorf("--checkpoint-dir %s is a file, not a directory", name)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("--checkpoint-dir %s cannot be created: %w", dir, err)
+		return fmt.Errorf("--checkpoint-dir %s cannot be created: %w", name, err)
 	}
 	if err := unix.Access(dir, unix.W_OK); err != nil {
-		return fmt.Errorf("--checkpoint-dir %s is not writable: %w", dir, err)
+		return fmt.Errorf("--checkpoint-dir %s is not writable: %w", name, err)
 	}
 	return nil
 }

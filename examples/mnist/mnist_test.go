@@ -248,10 +248,11 @@ func TestGorunRankLeavesTerminalAlone(t *testing.T) {
 	}
 }
 
-// Every save says so on one line, the end of training is saved whatever
-// --checkpoint-every, and a rerun of the finished job says it is complete,
-// trains nothing, exits 0 and reports the same parameters. More --epochs
-// continue it, and --metrics then holds every epoch of the run.
+// Every save says so on one line (an asynchronous one once it is
+// committed), the end of training is saved whatever --checkpoint-every,
+// and a rerun of the finished job says it is complete, trains nothing,
+// exits 0 and reports the same parameters. More --epochs continue it, and
+// --metrics then holds every epoch of the run.
 func TestCheckpointLinesAndFinishedRun(t *testing.T) {
 	_, mnist := binaries(t)
 	dir := filepath.Join(t.TempDir(), "ckpt")
@@ -262,12 +263,17 @@ func TestCheckpointLinesAndFinishedRun(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	for _, step := range []int{50, 100, 125} {
-		re := regexp.MustCompile(fmt.Sprintf(`(?m)^checkpoint: step %d saved to %s \([0-9.]+ (kB|MB), \d+(\.\d+)?(ms|s|µs)\)$`,
-			step, regexp.QuoteMeta(filepath.Join(dir, fmt.Sprintf("step-%012d", step)))))
-		if !re.MatchString(first) {
-			t.Errorf("no line for the checkpoint of step %d (%s)", step, re)
+	for _, step := range []int{50, 100} {
+		if re := asyncLineRe(dir, step); !re.MatchString(first) {
+			t.Errorf("no line for the asynchronous checkpoint of step %d (%s)", step, re)
 		}
+	}
+	// The end of training (not a multiple of 50) is saved synchronously.
+	if re := syncLineRe(dir, 125); !re.MatchString(first) {
+		t.Errorf("no line for the final checkpoint of step 125 (%s)", re)
+	}
+	if !regexp.MustCompile(`(?m)^final: checkpoint: 3 save\(s\) blocked training [0-9.]+ ms in all, [0-9.]+ ms per save: 2 asynchronous \([0-9.]+ ms in SaveAsync, [0-9.]+ ms in the \d+ Polls while one was written, [0-9.]+ ms in the Polls and Waits that committed them\), 1 synchronous at the end \([0-9.]+ ms\) \(rank 0\)$`).MatchString(first) {
+		t.Errorf("no final line on what the checkpoints cost")
 	}
 	again, errOut, code := runCmd(t, mnist, args...)
 	t.Logf("rerun:\n%s%s", again, errOut)
@@ -295,7 +301,7 @@ func TestCheckpointLinesAndFinishedRun(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	if !strings.Contains(more, "mnist: resumed from "+filepath.Join(dir, "step-000000000125")+" at step 125 of 250") ||
-		strings.Contains(more, "epoch 1/2 ") || !strings.Contains(more, "epoch 2/2 ") || !strings.Contains(more, "checkpoint: step 250 saved") {
+		strings.Contains(more, "epoch 1/2 ") || !strings.Contains(more, "epoch 2/2 ") || !asyncLineRe(dir, 250).MatchString(more) {
 		t.Errorf("--epochs 2 did not continue the run from step 125 to 250")
 	}
 	data, err := os.ReadFile(metrics)
@@ -333,11 +339,20 @@ func TestPathsCheckedBeforeTraining(t *testing.T) {
 		t.Fatal(err)
 	}
 	missing := filepath.Join(tmp, "missing", "dir")
+	// {host} in --checkpoint-dir is this host's name (GORUN_HOST is unset).
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tmp, host), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct{ flag, path, want string }{
 		{"--plot", filepath.Join(missing, "curves.png"), "directory " + missing + " does not exist"},
 		{"--plot", tmp, "is a directory"},
 		{"--metrics", filepath.Join(missing, "m.jsonl"), "no such file or directory"},
 		{"--checkpoint-dir", file, "is a file, not a directory"},
+		{"--checkpoint-dir", filepath.Join(tmp, "{host}"), "(" + filepath.Join(tmp, host) + " on this host) is a file, not a directory"},
 		{"--cpuprofile", filepath.Join(missing, "cpu.prof"), "does not exist"},
 		{"--timeline", filepath.Join(missing, "trace.json"), "does not exist"},
 	} {

@@ -16,7 +16,6 @@ import (
 
 	"gorgonia.org/tensor"
 
-	"github.com/gorun/gorun/checkpoint"
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/compress"
 )
@@ -256,7 +255,7 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 		return nil, err
 	}
 	if total := cfg.Epochs * steps; gstep >= total {
-		out.finishedRun(cfg.CheckpointDir, gstep, total, history)
+		out.finishedRun(ck.dir(cfg), gstep, total, history)
 		if err := out.writeMetrics(history...); err != nil {
 			return nil, err
 		}
@@ -264,7 +263,7 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 		return &runResult{Hash: hash, History: history, Steps: steps}, out.final(ctx, comm, history, time.Since(start), hash, false)
 	}
 	if gstep > 0 {
-		out.printf("mnist: resumed from %s at step %d of %d\n", checkpoint.StepDir(cfg.CheckpointDir, int64(gstep)), gstep, cfg.Epochs*steps)
+		out.printf("mnist: resumed from %s at step %d of %d\n", stepLoc(ck.dir(cfg), int64(gstep)), gstep, cfg.Epochs*steps)
 		// Compression's error-feedback residuals are not in the checkpoint.
 		red.ResetResiduals()
 		if err := out.writeMetrics(history...); err != nil {
@@ -403,6 +402,11 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 		opt.Step(params, grads)
 		gstep++
 		out.prog.stepDone(gstep)
+		// Commit the asynchronous checkpoint in flight once every rank
+		// has written it (one small allreduce while there is one).
+		if err := ck.poll(ctx); err != nil {
+			return err
+		}
 		if step+1 < steps { // the epoch's last step is saved after its summary
 			if err := ck.maybeSave(ctx, gstep); err != nil {
 				return err
@@ -517,11 +521,13 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 				return err
 			}
 		}
-		// The end of training is always saved, whatever --checkpoint-every.
+		// The end of training is always saved, whatever --checkpoint-every,
+		// and the save in flight is committed first.
 		if err := ck.saveFinal(ctx, gstep); err != nil {
 			return err
 		}
 		out.stopProgress()
+		ck.report(rank)
 		if elastic && commits > 0 {
 			out.printf("final: elastic: %d reset(s); a commit after every step took %.2f ms on average, %.1f%% of the %.1f ms of a step (rank %d)\n",
 				len(res.Resets), ms(commitTime)/float64(commits), 100*commitTime.Seconds()/stepsTime.Seconds(), ms(stepsTime)/float64(commits), rank)

@@ -8,13 +8,28 @@
 //	CKPTPROG_STEPS=S      steps to train (default 60)
 //	CKPTPROG_EVERY=K      checkpoint every K steps (default 5)
 //	CKPTPROG_SEED=N       seed of the data, the model and the RNGs (default 1)
+//	CKPTPROG_KEEP=K       keep the newest K checkpoints (default: the
+//	                      package's, 2)
 //	CKPTPROG_KILL=R:S     rank R sends itself SIGKILL before step S, on the
 //	                      first launch only (GORUN_RESTART_COUNT=0)
 //	CKPTPROG_KILL=R:S:D   rank R sends itself SIGKILL a random time in [0, D)
 //	                      after step S starts, wherever it then is (often in
-//	                      the middle of a checkpoint save), first launch only
+//	                      the middle of a checkpoint save; if training ends
+//	                      first, it waits for the kill there), first launch
+//	                      only
 //	CKPTPROG_OUT=F        rank 0 writes the final parameters to F, as the hex
 //	                      of their float32 bits
+//	CKPTPROG_ASYNC=1      save with SaveAsync (the writes run in the background
+//	                      while training goes on), Poll every step, and Wait
+//	                      before the final result; the default is Save
+//	CKPTPROG_PAUSE=S:F    on the first launch only, once the save of step S
+//	                      returns (with Save: the checkpoint is committed;
+//	                      with SaveAsync: it is started, its writes in the
+//	                      background and its commit to come), rank 0 prints
+//	                      "ckptprog: paused after saving step S" and opens
+//	                      the FIFO F for reading, which blocks it (and the
+//	                      others at their next collective) until a writer
+//	                      opens F: a test's moment to act
 //	CKPTPROG_BENCH=BYTES  instead: time Save of a BYTES-sized state against
 //	                      an allreduce of it, and print the numbers
 //
@@ -101,6 +116,29 @@ func train(ctx context.Context, comm *collective.Comm, dir string) {
 		}
 	}
 	firstLaunch := os.Getenv("GORUN_RESTART_COUNT") == "" || os.Getenv("GORUN_RESTART_COUNT") == "0"
+	async := os.Getenv("CKPTPROG_ASYNC") == "1"
+	pauseStep, pauseFIFO := int64(-1), ""
+	if p := os.Getenv("CKPTPROG_PAUSE"); p != "" && firstLaunch {
+		s, f, ok := strings.Cut(p, ":")
+		ps, err := strconv.ParseInt(s, 10, 64)
+		if !ok || err != nil || f == "" {
+			fatal("CKPTPROG_PAUSE=%q: want STEP:FIFO", p)
+		}
+		pauseStep, pauseFIFO = ps, f
+	}
+	// saved is called once Save or SaveAsync of step s returns.
+	saved := func(s int64) {
+		if rank == 0 && s == pauseStep {
+			fmt.Printf("ckptprog: paused after saving step %d\n", s)
+			f, err := os.Open(pauseFIFO) // blocks until a writer opens it
+			if err != nil {
+				fatal("CKPTPROG_PAUSE: %v", err)
+			}
+			f.Close()
+			fmt.Printf("ckptprog: going on after step %d\n", s)
+		}
+	}
+	var saveTimes []time.Duration // of each Save
 
 	// The data set: x ~ U(-1,1), y = x·wTrue + noise, the same on every rank.
 	data := rand.New(rand.NewPCG(seed, 0xda7a))
@@ -128,7 +166,11 @@ func train(ctx context.Context, comm *collective.Comm, dir string) {
 	noise := rand.NewPCG(seed, uint64(rank)+1)
 	var pos int64 // samples of the current epoch this rank has consumed
 	st := new(checkpoint.State).Tensor("w", w).Tensor("momentum", mom).Binary("noise", noise).Int64("pos", &pos)
-	ckpt, err := checkpoint.New(comm, dir)
+	var opts []checkpoint.Option
+	if k := envInt("CKPTPROG_KEEP", 0); k > 0 {
+		opts = append(opts, checkpoint.WithKeep(k))
+	}
+	ckpt, err := checkpoint.New(comm, dir, opts...)
 	if err != nil {
 		fatal("%v", err)
 	}
@@ -148,10 +190,12 @@ func train(ctx context.Context, comm *collective.Comm, dir string) {
 	var order []int
 	orderEpoch := int64(-1)
 	grad := make([]float32, features+1)
+	armed := false // a delayed SIGKILL of this rank is pending
 	for step := start; step < steps; step++ {
 		if firstLaunch && rank == killRank && step == killStep {
 			if killWithin > 0 {
 				d := time.Duration(rand.Int64N(int64(killWithin)))
+				armed = true
 				go func() {
 					time.Sleep(d)
 					fmt.Printf("rank %d: SIGKILL %v after step %d started\n", rank, d, step)
@@ -194,10 +238,37 @@ func train(ctx context.Context, comm *collective.Comm, dir string) {
 			mom[i] = beta*mom[i] + grad[i]
 			w[i] -= lr * mom[i]
 		}
-		if (step+1)%every == 0 {
-			if err := ckpt.Save(ctx, step+1, st); err != nil {
-				fatal("%v", err)
+		if async {
+			// Collective, every step: commits the save in flight once
+			// every rank has written its files.
+			if err := ckpt.Poll(ctx); err != nil {
+				fatal("step %d: %v", step, err)
 			}
+		}
+		if (step+1)%every == 0 {
+			if async {
+				if err := ckpt.SaveAsync(ctx, step+1, st); err != nil {
+					fatal("%v", err)
+				}
+				saved(step + 1)
+			} else {
+				if err := ckpt.Save(ctx, step+1, st); err != nil {
+					fatal("%v", err)
+				}
+				saveTimes = append(saveTimes, ckpt.LastSave().Total)
+				saved(step + 1)
+			}
+		}
+	}
+	if armed {
+		// Training ended before the delayed SIGKILL: wait for it, so that
+		// the first launch always dies (here, the others in their next
+		// collective or done).
+		<-make(chan struct{})
+	}
+	if async {
+		if err := ckpt.Wait(ctx); err != nil {
+			fatal("%v", err)
 		}
 	}
 	if rank == 0 {
@@ -210,6 +281,10 @@ func train(ctx context.Context, comm *collective.Comm, dir string) {
 			loss += float64((pred - ys[s]) * (pred - ys[s]))
 		}
 		fmt.Printf("done: %d steps, loss %.6f\n", steps, loss/samples)
+		if len(saveTimes) > 0 {
+			slices.Sort(saveTimes)
+			fmt.Printf("saves: %d, median %v, max %v\n", len(saveTimes), saveTimes[len(saveTimes)/2], saveTimes[len(saveTimes)-1])
+		}
 		if out := os.Getenv("CKPTPROG_OUT"); out != "" {
 			var raw []byte
 			for _, v := range append(append([]float32(nil), w...), mom...) {
