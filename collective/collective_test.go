@@ -631,3 +631,52 @@ func TestStartLocalErrors(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestWithCallTimeout: a call made with WithCallTimeout waits for a rank
+// that arrives after the collective timeout; the same call without it fails
+// naming the timeout. The late rank is held back by a channel the test
+// closes only after the others' plain call has failed, so the first part
+// cannot pass by luck.
+func TestWithCallTimeout(t *testing.T) {
+	const bound = 300 * time.Millisecond
+	comms := newJob(t, 3, WithTimeout(bound))
+	late := make(chan struct{})
+	errs := onEach(comms, func(c *Comm) error {
+		buf := []int64{int64(c.Rank() + 1)}
+		ctx := WithCallTimeout(context.Background(), time.Minute)
+		if c.Rank() == 2 {
+			<-late
+		} else if c.Rank() == 0 {
+			// Rank 0 releases rank 2 once it has itself waited longer
+			// than the collective timeout inside the long call.
+			go func() { time.Sleep(3 * bound); close(late) }()
+		}
+		if err := c.Allreduce(ctx, buf, Sum); err != nil {
+			return err
+		}
+		if buf[0] != 6 {
+			return fmt.Errorf("rank %d: sum %d, want 6", c.Rank(), buf[0])
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	// Without it, the same late arrival fails the call on the waiting ranks.
+	comms = newJob(t, 2, WithTimeout(bound))
+	release := make(chan struct{})
+	errs = onEach(comms, func(c *Comm) error {
+		buf := []int64{1}
+		if c.Rank() == 1 {
+			<-release
+			return nil
+		}
+		defer close(release)
+		return c.Allreduce(context.Background(), buf, Sum)
+	})
+	if errs[0] == nil || !strings.Contains(errs[0].Error(), "collective timeout (set by WithTimeout or GORUN_TIMEOUT)") {
+		t.Fatalf("rank 0: %v, want the collective timeout", errs[0])
+	}
+}

@@ -42,6 +42,32 @@ type CallOption func(*ring.Call)
 // of the gradient it reduces.
 func Name(name string) CallOption { return func(c *ring.Call) { c.Name = name } }
 
+// callTimeoutKey carries a per-call bound in a context (WithCallTimeout).
+type callTimeoutKey struct{}
+
+// WithCallTimeout returns a context whose collective calls are bounded by d
+// instead of the communicator's collective timeout (WithTimeout,
+// GORUN_TIMEOUT). It is for calls that wait on other ranks' storage rather
+// than on the network, such as the barrier after which a checkpoint is
+// committed: a rank still writing a large shard to S3 is slow, not dead.
+// A dead or frozen peer still ends such a call at once (broken links,
+// heartbeats), and the caller's own deadline on ctx still applies. Every
+// rank should use the same bound; d <= 0 leaves the collective timeout.
+func WithCallTimeout(ctx context.Context, d time.Duration) context.Context {
+	if d <= 0 {
+		return ctx
+	}
+	return context.WithValue(ctx, callTimeoutKey{}, d)
+}
+
+// callTimeout is the bound of a call made with ctx.
+func (c *Comm) callTimeout(ctx context.Context) (time.Duration, string) {
+	if d, ok := ctx.Value(callTimeoutKey{}).(time.Duration); ok && d > 0 {
+		return d, "the caller's WithCallTimeout"
+	}
+	return c.timeout, "WithTimeout or " + EnvTimeout
+}
+
 // Handle is a collective in flight. Wait for it before touching its buffers.
 type Handle struct {
 	call ring.Call
@@ -216,8 +242,9 @@ func (c *Comm) execute(h *Handle) error {
 	// The op's context ends on the first of: the caller's context, the
 	// collective timeout, an abort of the job, or (elastic) the end of the
 	// call's membership epoch.
-	ctx, cancel := context.WithTimeoutCause(h.ctx, c.timeout,
-		fmt.Errorf("no progress within the %v collective timeout (set by WithTimeout or %s)", c.timeout, EnvTimeout))
+	bound, setBy := c.callTimeout(h.ctx)
+	ctx, cancel := context.WithTimeoutCause(h.ctx, bound,
+		fmt.Errorf("no progress within the %v collective timeout (set by %s)", bound, setBy))
 	defer cancel()
 	stop := context.AfterFunc(c.life, func() { cancel() })
 	defer stop()

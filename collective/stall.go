@@ -55,8 +55,9 @@ func (c *Comm) watchStall(h *Handle, start time.Time) func() {
 // what this rank can tell about the ranks that have not reached it.
 func (c *Comm) stallMessage(h *Handle, start time.Time) string {
 	waited := time.Since(start).Round(time.Millisecond)
+	bound, _ := c.callTimeout(h.ctx)
 	msg := fmt.Sprintf("gorun: stall warning: rank %d has waited %v in call #%d %s (after %v in the queue); the collective timeout is %v",
-		h.rank(), waited, h.call.Seq, h.call, start.Sub(h.queued).Round(time.Millisecond), c.timeout)
+		h.rank(), waited, h.call.Seq, h.call, start.Sub(h.queued).Round(time.Millisecond), bound)
 	if c.node == nil {
 		return msg
 	}
