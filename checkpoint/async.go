@@ -2,17 +2,66 @@ package checkpoint
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/gorun/gorun/collective"
 )
 
-// inflight is an asynchronous save whose files are being written.
+// inflight is an asynchronous save. It is in one of two phases: its files
+// are being written (done not yet closed everywhere), then, once the
+// written barrier confirmed them, its manifest is being committed by the
+// domains' lead ranks (committing; cdone not yet closed everywhere). It is
+// over when every rank's commit is done.
 type inflight struct {
 	p     *plan
 	done  chan struct{} // closed when res is final
 	res   writeResult
 	stall time.Duration
+
+	committing bool
+	cdone      chan struct{} // closed when cerr is final (at once on a rank that leads no domain)
+	cerr       error
+	mstart     time.Time
+
+	// The Polls of the current phase, and the one that issues the next
+	// allreduce (see pollGap); the same on every rank.
+	calls, next, gap int
+}
+
+// maxPollGap is the most Polls between two allreduces of a phase: a phase
+// that lasts many steps (a slow disk, a commit that deletes old
+// checkpoints) costs a few collectives, not one per step, and ends at
+// most maxPollGap-1 steps late.
+const maxPollGap = 8
+
+// due counts a Poll of the phase and reports whether it issues the
+// allreduce: the 1st, 2nd, 4th, 8th, then every maxPollGap-th.
+func (fl *inflight) due() bool {
+	fl.calls++
+	if fl.next == 0 {
+		fl.next, fl.gap = 1, 1
+	}
+	if fl.calls < fl.next {
+		return false
+	}
+	fl.next += fl.gap
+	fl.gap = min(2*fl.gap, maxPollGap)
+	return true
+}
+
+// busy reports whether this rank still has background work for fl.
+func (fl *inflight) busy() bool {
+	ch := fl.done
+	if fl.committing {
+		ch = fl.cdone
+	}
+	select {
+	case <-ch:
+		return false
+	default:
+		return true
+	}
 }
 
 // SaveAsync starts a barrier checkpoint of st at step and returns as soon
@@ -21,9 +70,10 @@ type inflight struct {
 // the step, the layout and free space; then each rank copies its shard (and
 // the replicas and blob files it keeps) into a staging buffer that is
 // reused from save to save, and writes them to the store in the background.
-// The save commits (manifest, retention) in a later Poll or Wait, once every
-// rank's writes are durable; until then the previous checkpoint is the one
-// a restore finds.
+// The save commits in later Polls (or Wait): once every rank's writes are
+// durable, the domains' lead ranks write the manifest and apply retention
+// in the background, and a later Poll finds that done everywhere. Until
+// then the previous checkpoint is the one a restore finds.
 //
 // At most one save is in flight: SaveAsync first commits the previous one
 // (Wait), or with WithSkipIfBusy skips this save on every rank while any
@@ -66,46 +116,176 @@ func (m *Manager) SaveAsync(ctx context.Context, step int64, st *State) error {
 	return nil
 }
 
-// Poll commits the asynchronous save in flight once every rank has written
-// its files. It is collective and cheap: with no save in flight it does
-// nothing (every rank knows, SaveAsync being collective); with one it does
-// one small allreduce, and when every rank has finished it runs the commit
-// of Save (the written barrier, the manifest, retention). Call it once per
-// training step. It returns the save's error, on every rank, when it fails.
+// InFlight reports the step of the asynchronous save in flight on this
+// rank (being written or being committed), if any. It issues no
+// collective. Every rank of a job gives the same answer at the same call,
+// except that after the job re-formed the survivors may still report a
+// save that their next Poll, Wait or save abandons, while a joiner reports
+// none.
+func (m *Manager) InFlight() (step int64, ok bool) {
+	if m.flight == nil {
+		return 0, false
+	}
+	return m.flight.p.step, true
+}
+
+// Poll advances the asynchronous save in flight. It is collective and
+// cheap: with no save in flight it does nothing (every rank knows,
+// SaveAsync being collective); with one it does one small allreduce of
+// whether this rank's background work is done. While the files are being
+// written it returns nil until every rank has written its own; then it
+// runs the written barrier (one small allgather of the files' sizes and
+// sha256) and starts the commit in the background: each domain's lead rank
+// writes the manifest and applies retention. A later Poll that finds the
+// commit done on every rank ends the save (LastSave then describes it).
+// Call it once per training step, on every rank (the Polls of a phase are
+// counted: the allreduce is issued by the 1st, 2nd, 4th and 8th, then
+// every 8th, so that a phase that lasts many steps costs few collectives).
+// It returns the save's error, on every rank, when it fails.
+//
+// When the job re-formed (an elastic Comm whose membership epoch changed)
+// since the save began, Poll abandons it without a collective, with one
+// line in the log: the previous checkpoint is kept.
 func (m *Manager) Poll(ctx context.Context) error {
+	return m.poll(ctx, false)
+}
+
+// poll is Poll; force issues the allreduce whatever the count (Wait, on
+// every rank).
+func (m *Manager) poll(ctx context.Context, force bool) error {
+	m.dropIfReformed()
 	fl := m.flight
 	if fl == nil {
 		return nil
 	}
-	fin := []int64{0}
-	select {
-	case <-fl.done:
-		fin[0] = 1
-	default:
+	if !fl.due() && !force {
+		return nil
 	}
-	if err := m.comm.Allreduce(ctx, fin, collective.Min, collective.Name("checkpoint.poll")); err != nil {
-		return err
+	p := fl.p
+	// Whether this rank's part is done, and (committing) whether its
+	// commit failed and which rank it is: summed, count and rank+1 name
+	// the failed rank when there is one.
+	busy := fl.busy()
+	flags := []int64{boolI64(busy), 0, 0}
+	if fl.committing && !busy && fl.cerr != nil {
+		if errors.Is(fl.cerr, errHook) {
+			m.flight = nil // the process is gone, as in Save
+			return fl.cerr
+		}
+		flags[1], flags[2] = 1, int64(m.comm.Rank())+1
 	}
-	if fin[0] == 0 {
+	name := "checkpoint.poll"
+	if fl.committing {
+		name = "checkpoint.poll.commit"
+	}
+	if err := m.comm.Allreduce(ctx, flags, collective.Sum, collective.Name(name)); err != nil {
+		return err // the job's failure, not the save's: it stays in flight
+	}
+	if flags[0] != 0 {
+		return nil
+	}
+	if !fl.committing {
+		man, err := m.confirm(ctx, p, &fl.res, true)
+		if err != nil {
+			m.flight = nil
+			return err
+		}
+		fl.committing, fl.cdone, fl.mstart = true, make(chan struct{}), time.Now()
+		fl.calls, fl.next, fl.gap = 0, 0, 0
+		if !p.dom.leads(m.comm.Rank()) {
+			close(fl.cdone)
+			return nil
+		}
+		cctx := context.WithoutCancel(ctx)
+		go func() {
+			defer close(fl.cdone)
+			fl.cerr = m.commitLead(cctx, man)
+		}()
 		return nil
 	}
 	m.flight = nil
-	return m.finish(ctx, fl.p, &fl.res, true, fl.stall)
+	if flags[1] != 0 {
+		first := -1
+		if flags[1] == 1 {
+			first = int(flags[2]) - 1
+		}
+		if fl.cerr != nil {
+			return failed(p.step, true, fl.cerr)
+		}
+		return failed(p.step, true, m.commitFailure(p, nil, int(flags[1]), first))
+	}
+	m.last = SaveStats{Step: p.step, Bytes: p.need, Written: fl.res.bytes, Write: fl.res.dur, Total: time.Since(p.start),
+		Manifest: time.Since(fl.mstart), Stall: fl.stall}
+	return nil
 }
 
-// Wait waits until this rank's writes of the asynchronous save in flight
-// are done, then commits it like Poll. It is collective; call it at the end
-// of training. Save, SaveAsync and Restore call it themselves.
+// Wait waits until this rank's part of the asynchronous save in flight is
+// done (its writes, then its commit), polling as it goes, until the save is
+// committed or failed. It is collective; call it at the end of training.
+// Save, SaveAsync and Restore call it themselves.
 func (m *Manager) Wait(ctx context.Context) error {
+	m.dropIfReformed()
 	for m.flight != nil {
+		fl := m.flight
+		ch := fl.done
+		if fl.committing {
+			ch = fl.cdone
+		}
 		select {
-		case <-m.flight.done:
+		case <-ch:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		if err := m.Poll(ctx); err != nil {
+		if err := m.poll(ctx, true); err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// dropIfReformed abandons the save in flight when the job re-formed since
+// it began (an elastic Comm's membership epoch changed): the plan is for
+// members that are no longer the job, and a joiner has no save in flight,
+// so no collective about it can be issued. Every member sees the same
+// epoch at the same call, so they all agree. The save's background work
+// goes on; the next save or restore waits for it (waitOrphan).
+func (m *Manager) dropIfReformed() {
+	fl := m.flight
+	if fl == nil {
+		return
+	}
+	epoch, n := m.comm.Epoch(), m.comm.Size()
+	if epoch == fl.p.epoch {
+		return
+	}
+	m.flight, m.orphan = nil, fl
+	if fl.committing {
+		m.logf("checkpoint: async save of step %d abandoned: the job re-formed (epoch %d→%d, %d→%d ranks) while its manifest was being written; it is committed only where that write completed, elsewhere the previous checkpoint is kept",
+			fl.p.step, fl.p.epoch, epoch, fl.p.n, n)
+		return
+	}
+	m.logf("checkpoint: async save of step %d abandoned: the job re-formed (epoch %d→%d, %d→%d ranks) before it was committed; the previous checkpoint is kept",
+		fl.p.step, fl.p.epoch, epoch, fl.p.n, n)
+}
+
+// waitOrphan waits for the background work of an abandoned save, so that
+// it neither writes from the staging buffer that the next save reuses nor
+// races with the next save's prepare, retention or restore.
+func (m *Manager) waitOrphan(ctx context.Context) error {
+	fl := m.orphan
+	if fl == nil {
+		return nil
+	}
+	for _, ch := range []chan struct{}{fl.done, fl.cdone} {
+		if ch == nil {
+			continue
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	m.orphan = nil
 	return nil
 }

@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gorun/gorun/collective"
 )
@@ -72,8 +75,8 @@ func TestSaveAsyncSnapshot(t *testing.T) {
 	}
 }
 
-// Poll commits only once every rank's writes are done, and then within
-// one call.
+// Poll commits only once every rank's writes are done, and every rank
+// ends the save at the same call.
 func TestPollCommitsAfterWrites(t *testing.T) {
 	dir := t.TempDir()
 	comms := newJob(t, 3)
@@ -302,4 +305,247 @@ func TestSaveAsyncTinyStateAndDomains(t *testing.T) {
 		restoreDirs(t, comms, dirs, 8, 8, WithReplicas(1))
 		checkHolds(t, hosts[0], 8, 0, 2)
 	})
+}
+
+// The commit of an asynchronous save (manifest, retention) runs in the
+// background: while retention is held on rank 0, Poll keeps returning nil
+// at once on every rank, the save stays in flight, and the next Poll after
+// it is released ends it.
+func TestPollCommitsInBackground(t *testing.T) {
+	dir := t.TempDir()
+	comms := newJob(t, 3)
+	mustAll(t, save(t, comms, dir, 1, 1, WithKeep(1)))
+	ms := managers(t, comms, dir, WithKeep(1))
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	testHook = func(p string, rank int) error {
+		if p == "retention" && rank == 0 {
+			once.Do(func() { close(held) })
+			<-release
+		}
+		return nil
+	}
+	defer func() { testHook = nil }()
+	mustAll(t, onEach(comms, func(r int, c *collective.Comm) error {
+		ctx := context.Background()
+		s := newRankState(r)
+		s.fill(2, r)
+		if err := ms[r].SaveAsync(ctx, 2, s.st); err != nil {
+			return err
+		}
+		s.fill(50, r)
+		// Polls until the writes are confirmed everywhere: the same call
+		// on every rank starts the commit.
+		for !ms[r].flight.committing {
+			if err := ms[r].Poll(ctx); err != nil {
+				return err
+			}
+		}
+		if r == 0 {
+			<-held // rank 0 is deleting step 1, and stays there
+		}
+		for range 5 { // training goes on
+			if err := ms[r].Poll(ctx); err != nil {
+				return err
+			}
+		}
+		if step, ok := ms[r].InFlight(); !ok || step != 2 || ms[r].LastSave() != (SaveStats{}) {
+			return fmt.Errorf("rank %d: in flight %d %v, LastSave %+v during retention; want step 2 in flight, none saved", r, step, ok, ms[r].LastSave())
+		}
+		return nil
+	}))
+	// Retention removed step 1's manifest first, and holds there.
+	if _, err := os.Stat(StepDir(dir, 1)); !committed(dir, 2) || err != nil {
+		t.Fatalf("during retention: step 2 committed %v, step 1's directory: %v", committed(dir, 2), err)
+	}
+	close(release)
+	mustAll(t, onEach(comms, func(r int, c *collective.Comm) error {
+		if err := ms[r].Wait(context.Background()); err != nil {
+			return err
+		}
+		if _, ok := ms[r].InFlight(); ok || ms[r].LastSave().Step != 2 || ms[r].LastSave().Stall <= 0 {
+			return fmt.Errorf("rank %d: after Wait: LastSave %+v", r, ms[r].LastSave())
+		}
+		return nil
+	}))
+	if _, err := os.Stat(StepDir(dir, 1)); !os.IsNotExist(err) {
+		t.Fatalf("retention left step 1: %v", err)
+	}
+	restore(t, comms, dir, 2, 2)
+}
+
+// A manifest that rank 0 cannot write in the background fails the save on
+// every rank, from the Poll that finds the commit done, with the same
+// wording as every failed asynchronous save; the next save works.
+func TestSaveAsyncManifestErrorOnPoll(t *testing.T) {
+	dir := t.TempDir()
+	comms := newJob(t, 3)
+	mustAll(t, save(t, comms, dir, 1, 1))
+	var lb logBuf
+	ms := managers(t, comms, dir, WithLogger(lb.logf))
+	man := filepath.Join(StepDir(dir, 2), ManifestName)
+	testHook = func(p string, rank int) error {
+		if p == "manifest" && rank == 0 {
+			// A non-empty directory where the manifest goes: its
+			// rename fails.
+			return os.MkdirAll(filepath.Join(man, "x"), 0o755)
+		}
+		return nil
+	}
+	defer func() { testHook = nil }()
+	polls := make([]int, 3)
+	errs := onEach(comms, func(r int, c *collective.Comm) error {
+		s := newRankState(r)
+		s.fill(2, r)
+		if err := ms[r].SaveAsync(context.Background(), 2, s.st); err != nil {
+			return fmt.Errorf("SaveAsync: %w", err)
+		}
+		for ms[r].flight != nil {
+			polls[r]++
+			if err := ms[r].Poll(context.Background()); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	testHook = nil
+	for r, err := range errs {
+		want := "checkpoint: async save of step 2: " + man + " could not be written by rank 0 (see its log for the cause); previous checkpoint kept"
+		if r == 0 {
+			want = "checkpoint: async save of step 2: " + man + ": rename: file exists; previous checkpoint kept"
+		}
+		if err == nil || err.Error() != want {
+			t.Errorf("rank %d: %v\nwant %s", r, err, want)
+		}
+	}
+	if polls[0] != polls[1] || polls[1] != polls[2] {
+		t.Errorf("the ranks failed at polls %v", polls)
+	}
+	if !strings.Contains(lb.String(), "checkpoint: rank 0: step 2: committing the manifest: "+man+": rename: file exists") {
+		t.Errorf("log:\n%s", lb.String())
+	}
+	if err := os.RemoveAll(man); err != nil {
+		t.Fatal(err)
+	}
+	restore(t, comms, dir, 1, 1)
+	mustAll(t, onEach(comms, func(r int, c *collective.Comm) error {
+		s := newRankState(r)
+		s.fill(3, r)
+		if err := ms[r].SaveAsync(context.Background(), 3, s.st); err != nil {
+			return err
+		}
+		return ms[r].Wait(context.Background())
+	}))
+	restore(t, comms, dir, 3, 3)
+}
+
+// An elastic job loses a rank between SaveAsync and its commit: the
+// survivors' first Poll after the job re-formed abandons the save without
+// a collective (one line each), a new save on the new membership commits,
+// and Restore returns it bit for bit.
+func TestSaveAsyncAbandonedWhenJobReforms(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	j, err := collective.StartLocal(ctx, 3, collective.WithTimeout(30*time.Second), collective.WithLogger(t.Logf), collective.WithElastic(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { j.Close() })
+	dir := t.TempDir()
+	var lb logBuf
+	errCrashed := errors.New("crashed")
+	errs := onEach(j.Comms, func(r int, c *collective.Comm) error {
+		m, err := New(c, dir, WithLogger(lb.logf))
+		if err != nil {
+			return err
+		}
+		var counter int
+		est := collective.NewElasticState(c)
+		if err := est.Register("counter", &counter); err != nil {
+			return err
+		}
+		return collective.RunElastic(ctx, c, est, func(ctx context.Context) error {
+			rank := c.Rank()
+			s := newRankState(rank)
+			if c.Epoch() == 0 {
+				s.fill(1, rank)
+				if err := m.Save(ctx, 1, s.st); err != nil {
+					return err
+				}
+				s.fill(2, rank)
+				if err := m.SaveAsync(ctx, 2, s.st); err != nil {
+					return err
+				}
+				if rank == 2 {
+					<-m.flight.done // its files are written, none is committed
+					j.Crash(c)
+					return errCrashed
+				}
+				for { // until the collective fails for the lost rank
+					if err := m.Poll(ctx); err != nil {
+						return err
+					}
+				}
+			}
+			if step, ok := m.InFlight(); !ok || step != 2 {
+				return fmt.Errorf("rank %d after the reset: in flight %d %v, want step 2", rank, step, ok)
+			}
+			if err := m.Poll(ctx); err != nil {
+				return fmt.Errorf("rank %d: Poll after the reset: %w", rank, err)
+			}
+			if _, ok := m.InFlight(); ok {
+				return fmt.Errorf("rank %d: the save of step 2 is still in flight after the reset", rank)
+			}
+			s.fill(3, rank)
+			if err := m.SaveAsync(ctx, 3, s.st); err != nil {
+				return err
+			}
+			s.fill(99, rank)
+			if err := m.Wait(ctx); err != nil {
+				return err
+			}
+			if st := m.LastSave(); st.Step != 3 {
+				return fmt.Errorf("rank %d: LastSave %+v, want step 3", rank, st)
+			}
+			got := newRankState(rank)
+			step, found, err := m.Restore(ctx, got.st)
+			if err != nil || !found || step != 3 {
+				return fmt.Errorf("rank %d: Restore: step %d found %v err %v", rank, step, found, err)
+			}
+			return got.check(3, rank)
+		})
+	})
+	for r, err := range errs {
+		if r == 2 {
+			if !errors.Is(err, errCrashed) {
+				t.Errorf("rank 2: %v", err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+	re := regexp.MustCompile(`(?m)^checkpoint: async save of step 2 abandoned: the job re-formed \(epoch 0→\d+, 3→2 ranks\) before it was committed; the previous checkpoint is kept$`)
+	if got := len(re.FindAllString(lb.String(), -1)); got != 2 {
+		t.Errorf("%d abandon lines, want one per survivor:\n%s", got, lb.String())
+	}
+	if committed(dir, 2) || !committed(dir, 3) {
+		t.Errorf("committed: step 2 %v, step 3 %v", committed(dir, 2), committed(dir, 3))
+	}
+}
+
+// The Polls of a phase issue their allreduce at the 1st, 2nd, 4th and 8th
+// call, then every maxPollGap-th; a new phase starts over.
+func TestPollGap(t *testing.T) {
+	var fl inflight
+	var due []int
+	for i := 1; i <= 40; i++ {
+		if fl.due() {
+			due = append(due, i)
+		}
+	}
+	if want := []int{1, 2, 4, 8, 16, 24, 32, 40}; !slices.Equal(due, want) {
+		t.Errorf("due at %v, want %v", due, want)
+	}
 }

@@ -52,7 +52,8 @@ type Manager struct {
 	dom    *domains // the storage domains of domKey
 	domKey [2]int   // comm size and membership epoch they were found for
 
-	flight *inflight // the asynchronous save being written, if any
+	flight *inflight // the asynchronous save being written or committed, if any
+	orphan *inflight // a save abandoned by a re-formed job whose goroutines may still run
 	stage  []byte    // SaveAsync's snapshot buffer, reused
 
 	last SaveStats
@@ -144,11 +145,12 @@ func (m *Manager) Dir() string { return m.dir }
 
 // SaveStats describe this rank's last successful Save or SaveAsync.
 type SaveStats struct {
+	Step     int64         // the committed step
 	Bytes    int64         // the whole checkpoint: every shard and blob file, one copy
 	Written  int64         // what this rank wrote
 	Write    time.Duration // this rank writing and syncing its files
 	Total    time.Duration // the whole save, agreement to commit
-	Manifest time.Duration // manifest commit and retention
+	Manifest time.Duration // manifest commit and retention (in the background for SaveAsync)
 	// Stall is how long the caller was blocked: the whole Save, or for
 	// SaveAsync its agreement and snapshot (not Poll or Wait).
 	Stall time.Duration
@@ -180,6 +182,7 @@ const agreeLen = 8 + 32 + 8 + 8 + 8 + 8
 type plan struct {
 	step    int64
 	n       int
+	epoch   int     // the comm's membership epoch when the save began
 	total   int64   // tensor bytes
 	blobLen []int64 // per rank
 	need    int64   // one copy of every file
@@ -238,13 +241,17 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 	if step < 0 {
 		return nil, fmt.Errorf("checkpoint: step %d is negative", step)
 	}
+	m.dropIfReformed()
+	if err := m.waitOrphan(ctx); err != nil {
+		return nil, err
+	}
 	busyDefer := async && m.skipIfBusy && m.flight != nil
 	if m.flight != nil && !busyDefer {
 		if err := m.Wait(ctx); err != nil {
 			return nil, err
 		}
 	}
-	rank, n := m.comm.Rank(), m.comm.Size()
+	rank, n, epoch := m.comm.Rank(), m.comm.Size(), m.comm.Epoch()
 	dom, err := m.domains(ctx)
 	if err != nil {
 		return nil, err
@@ -260,14 +267,7 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 	if _, ok := m.store.(DirStore); ok {
 		free, ferr = freeSpace(m.dir)
 	}
-	busy := false
-	if m.flight != nil {
-		select {
-		case <-m.flight.done:
-		default:
-			busy = true
-		}
-	}
+	busy := m.flight != nil && m.flight.busy()
 	rec := make([]byte, 0, agreeLen)
 	rec = binary.LittleEndian.AppendUint64(rec, uint64(step))
 	lh := st.layoutHash()
@@ -278,9 +278,9 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 	rec = binary.LittleEndian.AppendUint64(rec, boolU64(busy))
 	all := make([]byte, agreeLen*n)
 	if err := m.comm.Allgather(ctx, rec, all, collective.Name("checkpoint.agree")); err != nil {
-		return nil, fmt.Errorf("checkpoint: step %d: agreeing on the step: %w", step, err)
+		return nil, failed(step, async, fmt.Errorf("agreeing on the step: %w", err))
 	}
-	p := &plan{step: step, n: n, total: st.totalBytes(), blobLen: make([]int64, n), dom: dom, k: m.replicaCount(dom), start: start}
+	p := &plan{step: step, n: n, epoch: epoch, total: st.totalBytes(), blobLen: make([]int64, n), dom: dom, k: m.replicaCount(dom), start: start}
 	var off int64
 	for _, t := range st.tensors {
 		p.tensors = append(p.tensors, TensorInfo{Name: t.name, DType: t.dtype, Shape: slices.Clone(t.shape), Offset: off, Bytes: int64(len(t.bytes))})
@@ -309,7 +309,11 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 	}
 	if busyDefer {
 		if anyBusy {
-			m.logf("checkpoint: step %d: skipped: the save of step %d is still being written (WithSkipIfBusy)", step, m.flight.p.step)
+			doing := "written"
+			if m.flight.committing {
+				doing = "committed"
+			}
+			m.logf("checkpoint: step %d: skipped: the save of step %d is still being %s (WithSkipIfBusy)", step, m.flight.p.step, doing)
 			return nil, nil
 		}
 		// Every rank has finished writing the previous save: commit it
@@ -323,16 +327,16 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 		for _, s := range slices.Sorted(maps.Keys(steps)) {
 			parts = append(parts, fmt.Sprintf("ranks %v at step %d", steps[s], s))
 		}
-		return nil, fmt.Errorf("checkpoint: ranks disagree on the step: %s", strings.Join(parts, ", "))
+		return nil, failed(step, async, fmt.Errorf("ranks disagree on the step: %s", strings.Join(parts, ", ")))
 	}
 	if len(layoutDiff) > 0 {
-		return nil, fmt.Errorf("checkpoint: step %d: ranks %v registered different tensors or blobs than this rank %d (names, dtypes and shapes must match on every rank)", step, layoutDiff, rank)
+		return nil, failed(step, async, fmt.Errorf("ranks %v registered different tensors or blobs than this rank %d (names, dtypes and shapes must match on every rank)", layoutDiff, rank))
 	}
 	if len(statfsBad) > 0 {
 		if ferr != nil {
-			return nil, fmt.Errorf("checkpoint: step %d: checking free space in %s: %w", step, m.dir, ferr)
+			return nil, failed(step, async, fmt.Errorf("checking free space in %s: %w", m.dir, ferr))
 		}
-		return nil, fmt.Errorf("checkpoint: step %d: ranks %v could not check free space in %s", step, statfsBad, m.dir)
+		return nil, failed(step, async, fmt.Errorf("ranks %v could not check free space in %s", statfsBad, m.dir))
 	}
 	// Free space, per domain: the bytes of every file that domain keeps.
 	needs := make([]int64, dom.h())
@@ -354,8 +358,8 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 			margin = max(needs[d]/10, 1<<20)
 		}
 		if uint64(needs[d]+margin) > minFree {
-			return nil, fmt.Errorf("checkpoint: step %d: not enough disk space in %s: the checkpoint needs %s plus a margin of %s, but rank %d sees only %s free; nothing was written and the previous checkpoint is kept",
-				step, m.dir, human(needs[d]), human(margin), minRank, human(int64(minFree)))
+			return nil, failed(step, async, fmt.Errorf("not enough disk space in %s: the checkpoint needs %s plus a margin of %s, but rank %d sees only %s free; nothing was written",
+				m.dir, human(needs[d]), human(margin), minRank, human(int64(minFree))))
 		}
 	}
 	// Which files this rank writes, and the most any rank writes (the
@@ -382,7 +386,7 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 			copy(in, blobs)
 			out := make([]byte, maxLen*int64(n))
 			if err := m.comm.Allgather(ctx, in, out, collective.Name("checkpoint.blobs")); err != nil {
-				return nil, fmt.Errorf("checkpoint: step %d: sharing the per-rank state with the replica domains: %w", step, err)
+				return nil, failed(step, async, fmt.Errorf("sharing the per-rank state with the replica domains: %w", err))
 			}
 			for r := range n {
 				p.blobs[r] = out[int64(r)*maxLen : int64(r)*maxLen+p.blobLen[r]]
@@ -397,15 +401,23 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 	if dom.leads(rank) {
 		prepErr = m.prepare(ctx, step)
 	}
-	flag := []int64{boolI64(prepErr != nil)}
-	if err := m.comm.Allreduce(ctx, flag, collective.Max, collective.Name("checkpoint.prepare")); err != nil {
-		return nil, fmt.Errorf("checkpoint: step %d: preparing %s: %w", step, m.stepLoc(step), err)
+	// Summed: how many failed, and (when one did) which rank, plus one.
+	flag := []int64{boolI64(prepErr != nil), 0}
+	if prepErr != nil {
+		flag[1] = int64(rank) + 1
+	}
+	if err := m.comm.Allreduce(ctx, flag, collective.Sum, collective.Name("checkpoint.prepare")); err != nil {
+		return nil, failed(step, async, fmt.Errorf("preparing %s: %w", m.StepLocation(step), err))
 	}
 	if flag[0] != 0 {
 		if prepErr == nil {
-			return nil, fmt.Errorf("checkpoint: step %d: preparing %s: another rank failed (see its log)", step, m.stepLoc(step))
+			if flag[0] == 1 {
+				return nil, failed(step, async, fmt.Errorf("preparing %s: rank %d failed (see its log for the cause)", m.StepLocation(step), flag[1]-1))
+			}
+			return nil, failed(step, async, fmt.Errorf("preparing %s: %d ranks failed (see their logs for the cause)", m.StepLocation(step), flag[0]))
 		}
-		return nil, fmt.Errorf("checkpoint: step %d: preparing %w", step, objectErr(m.stepLoc(step), prepErr))
+		m.logf("checkpoint: rank %d: step %d: preparing %v", rank, step, objectErr(m.StepLocation(step), prepErr))
+		return nil, failed(step, async, fmt.Errorf("preparing %w", objectErr(m.StepLocation(step), prepErr)))
 	}
 	return p, nil
 }
@@ -419,7 +431,7 @@ func (m *Manager) prepare(ctx context.Context, step int64) error {
 		return err
 	}
 	if len(keys) > 0 {
-		m.logf("checkpoint: replacing existing %s", m.stepLoc(step))
+		m.logf("checkpoint: replacing existing %s", m.StepLocation(step))
 		if err := storeDeleteStep(ctx, m.store, step, nil); err != nil {
 			return err
 		}
@@ -471,7 +483,7 @@ func (m *Manager) write(ctx context.Context, p *plan, data func(f int) [][]byte)
 			err = hook("write", rank) // an I/O error, not a crash
 		}
 		if err != nil {
-			res.err = objectErr(m.stepLoc(p.step)+"/"+p.name(f), err)
+			res.err = objectErr(m.StepLocation(p.step)+"/"+p.name(f), err)
 			break
 		}
 		res.files = append(res.files, wrote{f, size, [32]byte(hexBytes(sum))})
@@ -502,27 +514,88 @@ func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
 	}
 	// 3. Every rank writes its files straight from the state.
 	res := m.write(ctx, p, func(f int) [][]byte { return p.chunks(st, f) })
-	return m.finish(ctx, p, &res, false, 0)
+	return m.finish(ctx, p, &res)
 }
 
-// finish runs the commit of a save on every rank, once every rank's writes
-// are done: the barrier that gathers every file's size and sha256, the
-// manifest in every domain, retention, and the outcome. Save and the
-// asynchronous save share it.
-func (m *Manager) finish(ctx context.Context, p *plan, res *writeResult, async bool, stall time.Duration) error {
-	rank, n, step := m.comm.Rank(), p.n, p.step
-	loc := m.stepLoc(step)
-	fail := func(format string, args ...any) error {
-		if async {
-			return fmt.Errorf("checkpoint: async save of step %d: %s; previous checkpoint kept", step, fmt.Sprintf(format, args...))
-		}
-		return fmt.Errorf("checkpoint: step %d: %s (previous checkpoint kept)", step, fmt.Sprintf(format, args...))
+// failed is the error of a save that failed with what: "checkpoint: step
+// S: what (previous checkpoint kept)", or for an asynchronous save
+// "checkpoint: async save of step S: what; previous checkpoint kept".
+func failed(step int64, async bool, what error) error {
+	if async {
+		return fmt.Errorf("checkpoint: async save of step %d: %w; previous checkpoint kept", step, what)
 	}
-	if err := hook("after-shard", rank); err != nil {
+	return fmt.Errorf("checkpoint: step %d: %w (previous checkpoint kept)", step, what)
+}
+
+// finish runs the commit of a synchronous save on every rank, once every
+// rank's writes are done: the barrier that gathers every file's size and
+// sha256 (confirm), the manifest and retention in every domain
+// (commitLead), and the outcome, allgathered.
+func (m *Manager) finish(ctx context.Context, p *plan, res *writeResult) error {
+	rank, n, step := m.comm.Rank(), p.n, p.step
+	man, err := m.confirm(ctx, p, res, false)
+	if err != nil {
 		return err
 	}
-	// 4. The barrier that confirms every file is durable, and gathers
-	// their sizes and checksums for the manifest.
+	mstart := time.Now()
+	var commitErr error
+	if p.dom.leads(rank) {
+		if commitErr = m.commitLead(ctx, man); errors.Is(commitErr, errHook) {
+			return commitErr
+		}
+	}
+	// 7. Every rank learns every domain's outcome.
+	flags := make([]byte, n)
+	if err := m.comm.Allgather(ctx, []byte{byte(boolU64(commitErr != nil))}, flags, collective.Name("checkpoint.commit")); err != nil {
+		return failed(step, false, fmt.Errorf("committing the manifest: %w", err))
+	}
+	var bad []int
+	for r, f := range flags {
+		if f != 0 {
+			bad = append(bad, r)
+		}
+	}
+	if len(bad) > 0 {
+		return failed(step, false, m.commitFailure(p, commitErr, len(bad), bad[0]))
+	}
+	total := time.Since(p.start)
+	m.last = SaveStats{Step: step, Bytes: p.need, Written: res.bytes, Write: res.dur, Total: total, Manifest: time.Since(mstart), Stall: total}
+	return nil
+}
+
+// commitFailure says why the commit failed: this rank's own error, or
+// which lead ranks failed (count of them; first, the lowest, when known,
+// else -1).
+func (m *Manager) commitFailure(p *plan, own error, count, first int) error {
+	if own != nil {
+		return own
+	}
+	where := "the manifest"
+	if p.dom.h() == 1 {
+		where = m.StepLocation(p.step) + "/" + ManifestName
+	}
+	switch {
+	case count == 1:
+		return fmt.Errorf("%s could not be written by rank %d (see its log for the cause)", where, first)
+	case first >= 0:
+		return fmt.Errorf("%s could not be written by %d ranks, the first rank %d (see their logs for the cause)", where, count, first)
+	}
+	return fmt.Errorf("%s could not be written by %d ranks (see their logs for the cause)", where, count)
+}
+
+// confirm is step 4 of a save, on every rank once every rank's writes are
+// done: the barrier that confirms every file is durable and gathers their
+// sizes and checksums; it returns this rank's domain's manifest. Its errors
+// are the same on every rank (apart from the cause a failed rank names).
+func (m *Manager) confirm(ctx context.Context, p *plan, res *writeResult, async bool) (*Manifest, error) {
+	rank, n, step := m.comm.Rank(), p.n, p.step
+	loc := m.StepLocation(step)
+	fail := func(format string, args ...any) error {
+		return failed(step, async, fmt.Errorf(format, args...))
+	}
+	if err := hook("after-shard", rank); err != nil {
+		return nil, err
+	}
 	const slot = 8 + 8 + 32
 	resLen := 8 + slot*p.maxMine
 	rec := make([]byte, resLen)
@@ -535,25 +608,19 @@ func (m *Manager) finish(ctx context.Context, p *plan, res *writeResult, async b
 	}
 	all := make([]byte, resLen*n)
 	if err := m.comm.Allgather(ctx, rec, all, collective.Name("checkpoint.written")); err != nil {
-		return fmt.Errorf("checkpoint: step %d: confirming the shards: %w", step, err)
+		return nil, fail("confirming the shards in %s: %w", loc, err)
 	}
-	var failed []int
+	var bad []int
 	for r := range n {
 		if binary.LittleEndian.Uint64(all[r*resLen:]) == 0 {
-			failed = append(failed, r)
+			bad = append(bad, r)
 		}
 	}
-	if len(failed) > 0 {
+	if len(bad) > 0 {
 		if res.err != nil {
-			if async {
-				return fmt.Errorf("checkpoint: async save of step %d: %w; previous checkpoint kept", step, res.err)
-			}
-			return fmt.Errorf("checkpoint: step %d: %w (previous checkpoint kept)", step, res.err)
+			return nil, failed(step, async, res.err)
 		}
-		if async {
-			return fail("ranks %v could not write their shards to %s (see their logs)", failed, loc)
-		}
-		return fmt.Errorf("checkpoint: step %d: ranks %v could not write their shards to %s (see their logs); previous checkpoint kept", step, failed, loc)
+		return nil, fail("ranks %v could not write their shards to %s (see their logs)", bad, loc)
 	}
 	// Every copy of a file must be the same bytes: a shard's replicas are
 	// written by different ranks from their own memory.
@@ -573,21 +640,21 @@ func (m *Manager) finish(ctx context.Context, p *plan, res *writeResult, async b
 			c := copyOf{r, int64(binary.LittleEndian.Uint64(b[8:])), [32]byte(b[16:48])}
 			for _, o := range copies[f] {
 				if o.size != c.size || o.sum != c.sum {
-					return fail("ranks %d and %d wrote different bytes for %s (sha256 %s and %s): the registered tensors must hold the same values on every rank (they are replicated state; a rank whose values diverged is a bug in the training loop)",
+					return nil, fail("ranks %d and %d wrote different bytes for %s (sha256 %s and %s): the registered tensors must hold the same values on every rank (they are replicated state; a rank whose values diverged is a bug in the training loop)",
 						o.rank, c.rank, p.name(f), hex.EncodeToString(o.sum[:8]), hex.EncodeToString(c.sum[:8]))
 				}
 			}
 			copies[f] = append(copies[f], c)
 		}
 	}
-	man := Manifest{Format: Format, Step: step, WorldSize: n, ByteOrder: "little", TotalBytes: p.total, Tensors: p.tensors}
+	man := &Manifest{Format: Format, Step: step, WorldSize: n, ByteOrder: "little", TotalBytes: p.total, Tensors: p.tensors}
 	if p.dom.h() > 1 {
 		// Each domain's copy of the manifest says which files are there.
 		man.Hosts, man.Replicas, man.Host = p.dom.h(), p.k, p.dom.of[rank]
 	}
 	for f := range 2 * n {
 		if len(copies[f]) == 0 {
-			return fail("no rank reported writing %s", p.name(f))
+			return nil, fail("no rank reported writing %s", p.name(f))
 		}
 		c := copies[f][0]
 		fi := FileInfo{Rank: f % n, File: p.name(f), Size: c.size, SHA256: hex.EncodeToString(c.sum[:])}
@@ -602,50 +669,31 @@ func (m *Manager) finish(ctx context.Context, p *plan, res *writeResult, async b
 			man.Blobs = append(man.Blobs, fi)
 		}
 	}
+	return man, nil
+}
 
-	// 5. Each domain's lowest rank commits the manifest, then applies
-	// retention.
-	mstart := time.Now()
-	var commitErr error
-	if p.dom.leads(rank) {
-		if commitErr = m.commit(ctx, &man); errors.Is(commitErr, errHook) {
-			return commitErr
-		} else if commitErr != nil {
-			m.logf("checkpoint: rank %d: step %d: committing the manifest: %v", rank, step, commitErr)
-		} else if err := hook("committed", rank); err != nil {
+// commitLead is steps 5 and 6 on a domain's lowest rank: it commits the
+// manifest, then applies retention. It issues no collective, so that an
+// asynchronous save runs it in the background. A manifest that cannot be
+// written is its error (logged here); retention that fails is only logged.
+// An error of the test hook is returned as is.
+func (m *Manager) commitLead(ctx context.Context, man *Manifest) error {
+	rank := m.comm.Rank()
+	if err := m.commit(ctx, man); errors.Is(err, errHook) {
+		return err
+	} else if err != nil {
+		m.logf("checkpoint: rank %d: step %d: committing the manifest: %v", rank, man.Step, err)
+		return err
+	}
+	if err := hook("committed", rank); err != nil {
+		return err
+	}
+	if err := m.retain(ctx); err != nil {
+		if errors.Is(err, errHook) {
 			return err
-		} else if err := m.retain(ctx); err != nil {
-			if errors.Is(err, errHook) {
-				return err
-			}
-			m.logf("checkpoint: step %d: deleting old checkpoints: %v", step, err)
 		}
+		m.logf("checkpoint: step %d: deleting old checkpoints: %v", man.Step, err)
 	}
-	// 6. Every rank learns every domain's outcome.
-	flags := make([]byte, n)
-	if err := m.comm.Allgather(ctx, []byte{byte(boolU64(commitErr != nil))}, flags, collective.Name("checkpoint.commit")); err != nil {
-		return fmt.Errorf("checkpoint: step %d: committing the manifest: %w", step, err)
-	}
-	var bad []int
-	for r, f := range flags {
-		if f != 0 {
-			bad = append(bad, r)
-		}
-	}
-	if len(bad) > 0 {
-		if commitErr == nil {
-			commitErr = fmt.Errorf("ranks %v failed (see their logs)", bad)
-		}
-		if async {
-			return fmt.Errorf("checkpoint: async save of step %d: committing the manifest: %w", step, commitErr)
-		}
-		return fmt.Errorf("checkpoint: step %d: committing the manifest: %w", step, commitErr)
-	}
-	total := time.Since(p.start)
-	if !async {
-		stall = total
-	}
-	m.last = SaveStats{Bytes: p.need, Written: res.bytes, Write: res.dur, Total: total, Manifest: time.Since(mstart), Stall: stall}
 	return nil
 }
 
@@ -669,7 +717,7 @@ func (m *Manager) commit(ctx context.Context, man *Manifest) error {
 		return err
 	}
 	if err := m.store.Put(ctx, stepKey(man.Step)+"/"+ManifestName, data); err != nil {
-		return objectErr(m.stepLoc(man.Step)+"/"+ManifestName, err)
+		return objectErr(m.StepLocation(man.Step)+"/"+ManifestName, err)
 	}
 	return nil
 }
@@ -795,8 +843,10 @@ func human(n int64) string {
 	return fmt.Sprintf("%d bytes", n)
 }
 
-// stepLoc names a step's directory or object prefix, for messages.
-func (m *Manager) stepLoc(step int64) string {
+// StepLocation is where the checkpoint of step is kept: its directory
+// (StepDir of Dir), or for an s3:// location its prefix,
+// s3://bucket/prefix/step-<N>.
+func (m *Manager) StepLocation(step int64) string {
 	if d, ok := m.store.(DirStore); ok {
 		return StepDir(string(d), step)
 	}

@@ -133,7 +133,9 @@ func (m *Manifest) Placement() string {
 	return fmt.Sprintf("host %d of %d; %s", m.Host, m.Hosts, copies)
 }
 
-// StepDir is the directory of the checkpoint of step under dir.
+// StepDir is the directory of the checkpoint of step under the directory
+// dir. It is for directories only: filepath.Join would turn an s3://
+// location into "s3:/..."; Manager.StepLocation names a step in either.
 func StepDir(dir string, step int64) string {
 	return filepath.Join(dir, fmt.Sprintf("step-%012d", step))
 }
@@ -204,7 +206,7 @@ func Scan(dir string) (*Report, error) {
 	}
 	entries, err := storeSteps(ctx, s)
 	if err != nil {
-		return nil, err
+		return nil, pkgErr(err)
 	}
 	return scanEntries(entries, func(e *Entry) error { return storeCheckHere(ctx, s, e) }), nil
 }

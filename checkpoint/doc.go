@@ -57,11 +57,25 @@
 // returns: the training loop may change the state at once, and is blocked
 // only for the agreement and the copy (SaveStats.Stall). The writes issue
 // no collective. Poll, called once per training step, is a no-op with no
-// save in flight and otherwise one small allreduce of "my writes are done";
-// once they are done on every rank it runs steps 4 to 7, so a save commits
-// within a step of the slowest rank's last write. Wait waits for this
-// rank's writes, then commits; call it at the end of training (Save,
-// SaveAsync and Restore call it first themselves):
+// save in flight and otherwise one small allreduce of "my part is done".
+// A save in flight goes through two phases:
+//
+//   - writing: once every rank's writes are done, Poll runs step 4 (one
+//     small allgather of the files' sizes and sha256, which also detects
+//     replicas that differ) and starts the commit: each domain's lowest
+//     rank writes the manifest and applies retention (steps 5 and 6) in the
+//     background;
+//   - committing: once that is done on every rank, Poll ends the save
+//     (LastSave then describes it), or fails it on every rank.
+//
+// So the training loop never waits for the manifest's fsyncs or the
+// deletion of old checkpoints. The Polls of a phase issue the allreduce at
+// their 1st, 2nd, 4th and 8th call, then every 8th (every rank counts the
+// same calls), so that a phase that lasts many steps costs a few
+// collectives and ends at most 7 steps late. Wait waits for this rank's part of each
+// phase and polls until the save is over; call it at the end of training
+// (Save, SaveAsync and Restore call it first themselves). InFlight says
+// which step is in flight, if any:
 //
 //	for step := start; step < steps; step++ {
 //		train(step)
@@ -72,13 +86,30 @@
 //	}
 //	if err := ckpt.Wait(ctx); err != nil { log.Fatal(err) }
 //
-// At most one save is in flight: a SaveAsync while one is being written
-// first commits it, or with WithSkipIfBusy skips the new save on every rank
-// (logging why) while any rank is still writing. A background write error
-// is logged at once and returned by the next Poll, Wait, SaveAsync or Save
-// on every rank, as "checkpoint: async save of step S: ...; previous
-// checkpoint kept". Save itself writes straight from the state, without the
-// copy.
+// At most one save is in flight (until its commit is over): a SaveAsync
+// while one is in flight first commits it, or with WithSkipIfBusy skips
+// the new save on every rank (logging why) while any rank is still writing
+// or committing it. A background error (a write, or a lead rank's
+// manifest) is logged at once and returned by the Poll that finds the
+// phase done everywhere (or Wait, SaveAsync, Save), on every rank, as
+// "checkpoint: async save of step S: <what, naming the location or file
+// once>; previous checkpoint kept"; a rank other than the one that failed
+// says which rank did and that its log has the cause. A synchronous save
+// fails as "checkpoint: step S: <what> (previous checkpoint kept)". Save
+// itself writes straight from the state, without the copy, and commits in
+// the foreground.
+//
+// In an elastic job (collective.Comm.Elastic) the membership may change
+// between SaveAsync and its commit: the survivors then hold a save planned
+// for the old ranks, and a joiner holds none. The plan records the Comm's
+// membership epoch; Poll, Wait, SaveAsync, Save and Restore first compare
+// it with the current one, and when the job re-formed they abandon the
+// save without any collective (every member sees the same epoch at the
+// same call), logging once "checkpoint: async save of step S abandoned:
+// the job re-formed (epoch E→E', N→M ranks) before it was committed; the
+// previous checkpoint is kept". The abandoned save's background work is
+// left to finish; the next save (or restore) waits for it before it
+// reuses the staging buffer or touches the store.
 //
 // # On disk
 //
@@ -105,7 +136,9 @@
 // all expand it). On its first Save or Restore (and again after the
 // job changes size) a Manager finds out which ranks share a directory: each
 // rank creates a file with a random name in DIR/.gorun-tokens/, the names
-// are allgathered, and each rank says which it sees. Ranks that see each
+// are allgathered, and each rank says which it sees, looking each name up
+// (on NFS a lookup is revalidated with the server, where a directory
+// listing may be served from a stale cache). Ranks that see each
 // other's files form a storage domain; domains are numbered by their
 // lowest rank.
 //

@@ -108,16 +108,16 @@ func (m *Manager) domains(ctx context.Context) (*domains, error) {
 		}
 		return nil, fmt.Errorf("checkpoint: ranks %v could not create a file in their checkpoint directories (see their errors)", bad)
 	}
-	// Every token is created before the allgather returns anywhere, so
-	// this listing sees every token of the directory.
-	seen := map[string]bool{}
-	des, _ := os.ReadDir(tdir)
-	for _, de := range des {
-		seen[de.Name()] = true
-	}
+	// Every token is created before the allgather returns anywhere, so a
+	// look-up sees every token of the directory. Each is looked up by name:
+	// on NFS a lookup revalidates the name with the server (close-to-open
+	// consistency), whereas a READDIR may be answered from a stale cache.
 	sees := make([]byte, n)
 	for r := range n {
-		sees[r] = byte(boolU64(seen[string(all[r*(tokLen+1):r*(tokLen+1)+tokLen])]))
+		tok := string(all[r*(tokLen+1) : r*(tokLen+1)+tokLen])
+		if _, err := os.Lstat(filepath.Join(tdir, tok)); err == nil {
+			sees[r] = 1
+		}
 	}
 	matrix := make([]byte, n*n)
 	if err := m.comm.Allgather(ctx, sees, matrix, collective.Name("checkpoint.domains.seen")); err != nil {

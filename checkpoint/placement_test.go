@@ -255,3 +255,47 @@ func TestSaveWriteErrorSaysFileOnceS3(t *testing.T) {
 		t.Errorf("rank 1: %v\nwant it to start %q and name s3:// once", err, prefix)
 	}
 }
+
+// A save that cannot prepare its step on S3 (the server is gone) says the
+// step's location once, without a second "checkpoint: ", sync and async
+// alike, and keeps the previous checkpoint.
+func TestPrepareErrorSaysLocationOnceS3(t *testing.T) {
+	v := startVersity(t, "ckpt")
+	loc := "s3://ckpt/down"
+	comms := newJob(t, 2)
+	ms := managers(t, comms, loc, WithLogger(t.Logf))
+	v.Kill()
+	errs := onEach(comms, func(r int, c *collective.Comm) error {
+		s := newRankState(r)
+		s.fill(15, r)
+		err := ms[r].Save(context.Background(), 15, s.st)
+		aerr := ms[r].SaveAsync(context.Background(), 16, s.st)
+		return errors.Join(err, aerr)
+	})
+	v.Restart()
+	for r, err := range errs {
+		if err == nil {
+			t.Fatalf("rank %d: the saves succeeded with the server down", r)
+		}
+		lines := strings.Split(err.Error(), "\n")
+		t.Logf("rank %d:\n%s", r, err)
+		for i, l := range lines {
+			step := int64(15 + i)
+			head, tail := fmt.Sprintf("checkpoint: step %d: ", step), " (previous checkpoint kept)"
+			if i == 1 {
+				head, tail = fmt.Sprintf("checkpoint: async save of step %d: ", step), "; previous checkpoint kept"
+			}
+			head += "preparing " + loc + "/" + stepKey(step) + ": "
+			what := "listing on http"
+			if r == 1 {
+				what = "rank 0 failed (see its log for the cause)"
+			}
+			if !strings.HasPrefix(l, head+what) || !strings.HasSuffix(l, tail) || strings.Count(l, "s3://") != 1 || strings.Count(l, "checkpoint: ") != 1 {
+				t.Errorf("rank %d: %s\nwant it to start %q, end %q and name s3:// and checkpoint: once", r, l, head+what, tail)
+			}
+		}
+		if len(lines) != 2 {
+			t.Errorf("rank %d: %d errors, want 2", r, len(lines))
+		}
+	}
+}

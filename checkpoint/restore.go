@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,33 +39,53 @@ const errTextLen = 512
 // read and verified (size, sha256) by one rank that holds a copy, in the
 // background, and broadcast to every rank as it comes, so that reading,
 // verification and the broadcasts overlap and every rank holds identical
-// tensors. A file that is corrupt on one host is read again from another
-// host's copy; a checkpoint with a file that no host holds intact, or whose
-// tensors do not fit st, is skipped with a warning and the previous one
-// tried. The checkpoint may come from a job of another size: rank r gets the
-// blobs rank r wrote (ranks beyond the old size keep theirs, with a
-// warning). With several storage domains, files of the restored step that
-// lost copies are written again from memory (re-replication).
+// tensors. Every rank must have registered the same tensors and blobs
+// (names, dtypes, shapes): otherwise every rank fails at once, naming the
+// ranks that differ. A file that is corrupt on one host is read again from
+// another host's copy; a checkpoint with a file that no host holds intact,
+// or whose tensors do not fit st, is skipped with a warning and the
+// previous one tried. A manifest that cannot be read or parsed is read from
+// another host's copy before the step is given up.
+//
+// A read that fails with an I/O error (a connection reset in the middle of
+// an object, a refused request) is retried, from the start of the file, up
+// to 3 times, each retry logged. Only a copy that is missing, of the wrong
+// size or whose sha256 differs counts as corrupt; a file that cannot be
+// read from any copy fails the restore with that error instead of falling
+// back to an older checkpoint, which would silently lose the progress
+// since.
+//
+// The checkpoint may come from a job of another size: rank r gets the blobs
+// rank r wrote (ranks beyond the old size keep theirs, with a warning; with
+// fewer ranks than wrote it, rank 0 warns that the per-rank state of the
+// ranks beyond is not restored). With several storage domains, files of the
+// restored step that lost copies are written again from memory
+// (re-replication).
 //
 // With no checkpoint at all, Restore returns found=false and a nil error;
-// when checkpoints exist but none can be loaded, it returns an error. An
-// asynchronous save in flight is committed first (Wait).
+// when checkpoints exist but none can be loaded, it returns an error. A
+// failed Restore may leave the registered tensors partly overwritten (by a
+// checkpoint that was being loaded when it failed): its error says so, and
+// they must be re-initialized before the job starts fresh. An asynchronous
+// save in flight is committed first (Wait).
 func (m *Manager) Restore(ctx context.Context, st *State) (step int64, found bool, err error) {
 	if st.err != nil {
 		return 0, false, st.err
 	}
-	if m.flight != nil {
-		if err := m.Wait(ctx); err != nil {
-			return 0, false, err
-		}
-	}
-	rank, n := m.comm.Rank(), m.comm.Size()
-	dom, err := m.domains(ctx)
-	if err != nil {
+	if err := m.Wait(ctx); err != nil { // abandons a save the job re-formed under
 		return 0, false, err
 	}
-	// R1. Every rank lists the committed steps in its own store.
-	const recLen = 8 * (2 + maxCandidates)
+	if err := m.waitOrphan(ctx); err != nil {
+		return 0, false, err
+	}
+	rank, n := m.comm.Rank(), m.comm.Size()
+	// R1. Every rank lists the committed steps in its own store, and says
+	// what it registered (st.layoutHash): ranks whose states differ would
+	// take different collective paths below (fits, the one-allgather
+	// restore), so they fail here, every one of them, before any other
+	// collective of the restore.
+	const hashOff, stepsOff = 16, 16 + 32
+	const recLen = stepsOff + 8*maxCandidates
 	rec := make([]byte, recLen)
 	entries, lerr := storeSteps(ctx, m.store)
 	if lerr != nil {
@@ -74,26 +95,35 @@ func (m *Manager) Restore(ctx context.Context, st *State) (step int64, found boo
 	cnt := 0
 	for _, e := range entries {
 		if e.Committed && cnt < maxCandidates {
-			binary.LittleEndian.PutUint64(rec[16+8*cnt:], uint64(e.Step))
+			binary.LittleEndian.PutUint64(rec[stepsOff+8*cnt:], uint64(e.Step))
 			cnt++
 		}
 	}
 	binary.LittleEndian.PutUint64(rec[8:], uint64(cnt))
+	lh := st.layoutHash()
+	copy(rec[hashOff:stepsOff], lh[:])
 	all := make([]byte, recLen*n)
 	if err := m.comm.Allgather(ctx, rec, all, collective.Name("checkpoint.restore.steps")); err != nil {
 		return 0, false, fmt.Errorf("checkpoint: restore: %w", err)
 	}
 	has := map[int64][]int{} // step -> the ranks that list it, ascending
-	var listBad []int
+	var listBad, layoutDiff []int
 	for r := range n {
 		b := all[r*recLen:]
 		if binary.LittleEndian.Uint64(b) != 0 {
 			listBad = append(listBad, r)
 		}
+		if [32]byte(b[hashOff:stepsOff]) != lh {
+			layoutDiff = append(layoutDiff, r)
+		}
 		for i := range min(int(binary.LittleEndian.Uint64(b[8:])), maxCandidates) {
-			s := int64(binary.LittleEndian.Uint64(b[16+8*i:]))
+			s := int64(binary.LittleEndian.Uint64(b[stepsOff+8*i:]))
 			has[s] = append(has[s], r)
 		}
+	}
+	if len(layoutDiff) > 0 {
+		// Not all equal: every rank sees some rank differ from itself.
+		return 0, false, fmt.Errorf("checkpoint: restore from %s: ranks %v registered different tensors or blobs than this rank %d (names, dtypes and shapes must match on every rank)", m.dir, layoutDiff, rank)
 	}
 	cands := slices.Sorted(maps.Keys(has))
 	slices.Reverse(cands)
@@ -108,59 +138,116 @@ func (m *Manager) Restore(ctx context.Context, st *State) (step int64, found boo
 		}
 		return 0, false, nil
 	}
+	dom, err := m.domains(ctx)
+	if err != nil {
+		return 0, false, err
+	}
 	// A rank that could not list its directory holds nothing as far as
 	// this restore goes: other hosts' copies serve.
 	var problems []string
+	touched := false // bytes of the registered state were overwritten
 	for _, s := range cands {
-		problem, fatal := m.restoreStep(ctx, st, dom, s, has[s][0])
+		problem, fatal := m.restoreStep(ctx, st, dom, s, has[s], &touched)
 		if fatal != nil {
-			return 0, false, fatal
+			return 0, false, overwritten(fatal, touched)
 		}
 		if problem == nil {
 			return s, true, nil
 		}
 		problems = append(problems, fmt.Sprintf("step %d: %v", s, problem))
 		if rank == 0 {
-			m.logf("checkpoint: WARNING: skipping the checkpoint of step %d in %s: %v; falling back to an older one", s, m.stepLoc(s), problem)
+			m.logf("checkpoint: WARNING: skipping the checkpoint of step %d in %s: %v; falling back to an older one", s, m.StepLocation(s), problem)
 		}
 	}
-	return 0, false, fmt.Errorf("checkpoint: restore from %s: none of the %d committed checkpoints can be loaded: %s", m.dir, len(cands), strings.Join(problems, "; "))
+	return 0, false, overwritten(fmt.Errorf("checkpoint: restore from %s: none of the %d committed checkpoints can be loaded: %s", m.dir, len(cands), strings.Join(problems, "; ")), touched)
 }
 
-// restoreStep runs R2–R5 for one candidate step on every rank. problem is
-// why the step cannot be loaded (the caller tries an older one); fatal ends
-// the restore (a collective failed, or a rank could not load its blobs).
-func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step int64, root int) (problem, fatal error) {
+// overwritten adds to a failed restore's error that the registered tensors
+// hold part of a checkpoint, when bytes of them were written.
+func overwritten(err error, touched bool) error {
+	if !touched {
+		return err
+	}
+	return fmt.Errorf("%w; the registered tensors were partly overwritten: re-initialize them before starting fresh", err)
+}
+
+// restoreStep runs R2–R5 for one candidate step on every rank; listers are
+// the ranks that list it, ascending. problem is why the step cannot be
+// loaded (the caller tries an older one); fatal ends the restore (a
+// collective failed, a rank could not load its blobs, or a file or the
+// manifest could not be read from any copy because of I/O errors: falling
+// back would silently lose progress). *touched is set once bytes of the
+// registered state may have been overwritten.
+func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step int64, listers []int, touched *bool) (problem, fatal error) {
 	rank, n := m.comm.Rank(), m.comm.Size()
 	wrap := func(err error) error { return fmt.Errorf("checkpoint: restore: step %d: %w", step, err) }
 
 	// R2. The lowest rank that lists the step reads its manifest for all.
-	hdr := []int64{0, 0}
-	var data []byte
-	if rank == root {
-		var err error
-		if data, err = readManifestBytes(ctx, m.store, step); err != nil {
-			hdr[0], data = 1, []byte(err.Error())
+	// When that copy cannot be read or parsed, the lowest lister of the
+	// next domain that lists the step reads its own, and so on: every rank
+	// learns each outcome from the broadcast, so all move on together.
+	var roots []int // the lowest lister of each domain, ascending
+	inRoots := map[int]bool{}
+	for _, r := range listers {
+		if !inRoots[dom.of[r]] {
+			inRoots[dom.of[r]] = true
+			roots = append(roots, r)
 		}
-		hdr[1] = int64(len(data))
 	}
-	if err := m.comm.Broadcast(ctx, hdr, root, collective.Name("checkpoint.restore.manifest")); err != nil {
-		return nil, wrap(err)
-	}
-	if rank != root {
-		data = make([]byte, hdr[1])
-	}
-	if len(data) > 0 {
-		if err := m.comm.Broadcast(ctx, data, root); err != nil {
+	var man *Manifest
+	var manProblems, manUnreadable []string
+	badMan := map[int]bool{} // domains whose manifest could not be used
+	for k, root := range roots {
+		hdr := []int64{0, 0} // the copy's status (verified, corrupt, unreadable), the length of data
+		var data []byte
+		if rank == root {
+			var err error
+			if data, err = m.readManifestBytes(ctx, step); err != nil {
+				hdr[0], data = int64(copyStatus(err)), []byte(err.Error())
+			}
+			hdr[1] = int64(len(data))
+		}
+		if err := m.comm.Broadcast(ctx, hdr, root, collective.Name("checkpoint.restore.manifest")); err != nil {
 			return nil, wrap(err)
 		}
+		if rank != root {
+			data = make([]byte, hdr[1])
+		}
+		if len(data) > 0 {
+			if err := m.comm.Broadcast(ctx, data, root); err != nil {
+				return nil, wrap(err)
+			}
+		}
+		var merr error
+		if hdr[0] == int64(statusVerified) {
+			if man, merr = parseManifest(data); merr == nil {
+				break
+			}
+		} else {
+			merr = errors.New(string(data))
+		}
+		man = nil
+		badMan[dom.of[root]] = true
+		text := merr.Error()
+		if len(roots) > 1 {
+			text = fmt.Sprintf("rank %d's copy: %s", root, text)
+		}
+		if hdr[0] == int64(statusUnreadable) {
+			manUnreadable = append(manUnreadable, text)
+		}
+		manProblems = append(manProblems, text)
+		if rank == 0 && k+1 < len(roots) {
+			m.logf("checkpoint: WARNING: step %d: rank %d's copy of %s cannot be used (%v); reading rank %d's", step, root, ManifestName, merr, roots[k+1])
+		}
 	}
-	if hdr[0] != 0 {
-		return errors.New(string(data)), nil
-	}
-	man, err := parseManifest(data)
-	if err != nil {
-		return err, nil
+	if man == nil {
+		if len(manUnreadable) > 0 {
+			return nil, unreadable(step, strings.Join(manUnreadable, "; "))
+		}
+		if len(manProblems) == 0 { // no lister: cannot happen
+			return fmt.Errorf("no rank lists the step"), nil
+		}
+		return errors.New(strings.Join(manProblems, "; ")), nil
 	}
 	if err := fits(man, st); err != nil {
 		return err, nil
@@ -176,7 +263,7 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 	// R3. Which ranks hold which files (and the manifest, index nf).
 	keys, lerr := m.store.List(ctx, stepKey(step)+"/")
 	if lerr != nil {
-		m.logf("checkpoint: rank %d: listing %s: %v", rank, m.stepLoc(step), lerr)
+		m.logf("checkpoint: rank %d: listing %s: %v", rank, m.StepLocation(step), lerr)
 	}
 	present := map[string]bool{}
 	for _, k := range keys {
@@ -208,6 +295,9 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 	wrongSize := make([][]int, nf)
 	for r := range n {
 		for i := range nf + 1 {
+			if i == nf && badMan[dom.of[r]] {
+				continue // its manifest is unusable: written again if the domain is complete
+			}
 			switch allBits[r*(nf+1)+i] {
 			case 1:
 				holders[i] = append(holders[i], r)
@@ -235,11 +325,7 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 		}
 	}
 	if len(missing) > 0 {
-		if dom.h() == 1 {
-			return fmt.Errorf("no copy of %s is left in %s", strings.Join(missing, ", "), m.stepLoc(step)), nil
-		}
-		return fmt.Errorf("no copy of %s is left on any host (they were kept on %d hosts; more hosts lost their checkpoint directory than --checkpoint-replicas allows)",
-			strings.Join(missing, ", "), min(m.replicaCount(dom)+1, dom.h())), nil
+		return m.noCopyLeft(man, dom, step, missing), nil
 	}
 
 	// R4. One reader per file.
@@ -252,10 +338,13 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 	// small allgather then says which copies did not verify, and only
 	// those take the per-file path below. No buffer, no copy.
 	blobData := make([][]byte, man.WorldSize)
-	var todo []int                  // the files for the per-file path
-	inPlaceErr := make([]error, nf) // this rank's failed in-place reads
-	failedInPlace := make([]bool, nf)
+	var todo []int                    // the files for the per-file path
+	inPlaceErr := make([]error, nf)   // this rank's failed in-place reads
+	failedInPlace := make([]byte, nf) // their status (copyStatus), agreed
 	ns := len(man.Shards)
+	if st.totalBytes() > 0 {
+		*touched = true // the reads and broadcasts below write into the tensors
+	}
 	if m.restoreRank0 {
 		for i := range nf {
 			todo = append(todo, i)
@@ -272,20 +361,19 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 		bad := make([]byte, nf)
 		var ownBlob []byte
 		if selfBlobs {
-			if ownBlob, inPlaceErr[ns+rank] = readFile(ctx, m.store, step, files[ns+rank]); inPlaceErr[ns+rank] != nil {
-				bad[ns+rank] = 1
-			}
+			ownBlob, inPlaceErr[ns+rank] = m.readFile(ctx, step, files[ns+rank])
+			bad[ns+rank] = copyStatus(inPlaceErr[ns+rank])
 		}
 		var err error
 		if failedInPlace, err = m.restoreShards(ctx, st, step, files, assign, ns, inPlaceErr, bad); err != nil {
 			return nil, wrap(err)
 		}
 		for i := range nf {
-			if failedInPlace[i] || i >= ns && !selfBlobs {
+			if failedInPlace[i] != statusVerified || i >= ns && !selfBlobs {
 				todo = append(todo, i)
 			}
 		}
-		if selfBlobs && !failedInPlace[ns+rank] {
+		if selfBlobs && failedInPlace[ns+rank] == statusVerified {
 			blobData[rank] = ownBlob[:files[ns+rank].Size]
 		}
 	}
@@ -296,7 +384,7 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 	// broadcast with a status byte that says whether it verified.
 	var mine []int
 	for _, i := range todo {
-		if assign[i] == rank && !failedInPlace[i] {
+		if assign[i] == rank && failedInPlace[i] == statusVerified {
 			mine = append(mine, i)
 		}
 	}
@@ -317,7 +405,7 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 		defer wg.Done()
 		defer close(allRead)
 		for _, i := range mine {
-			buf, err := readFile(rctx, m.store, step, files[i])
+			buf, err := m.readFile(rctx, step, files[i])
 			select {
 			case ch <- readOut{buf, err}:
 			case <-rctx.Done():
@@ -341,11 +429,13 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 		f := files[i]
 		reader := assign[i]
 		first := true
-		known := failedInPlace[i] // the reader's in-place copy did not verify
+		known := failedInPlace[i] // the status of the reader's in-place copy
+		var ioText string         // why a copy could not be read, if one could not
 		for {
 			var rerr error
-			if known {
-				known, first = false, false
+			var status byte
+			if known != statusVerified {
+				status, known, first = known, statusVerified, false
 				rerr = inPlaceErr[i] // on the reader
 			} else {
 				var buf []byte
@@ -358,7 +448,7 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 						return nil, wrap(ctx.Err())
 					}
 				case rank == reader:
-					buf, rerr = readFile(ctx, m.store, step, f)
+					buf, rerr = m.readFile(ctx, step, f)
 				default:
 					if int64(cap(recv)) < f.Size+1 {
 						recv = make([]byte, f.Size+1)
@@ -367,15 +457,14 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 				}
 				if rank == reader {
 					if rerr != nil {
-						buf = make([]byte, f.Size+1) // status 0
-					} else {
-						buf[f.Size] = 1
+						buf = make([]byte, f.Size+1)
 					}
+					buf[f.Size] = copyStatus(rerr)
 				}
 				if err := m.comm.Broadcast(ctx, buf, reader, collective.Name("checkpoint.restore.file")); err != nil {
 					return nil, wrap(err)
 				}
-				if buf[f.Size] == 1 {
+				if status = buf[f.Size]; status == statusVerified {
 					if i < ns {
 						st.writeAt(f.Offset, buf[:f.Size])
 					} else {
@@ -384,8 +473,9 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 					break
 				}
 			}
-			// The reader's copy is corrupt or unreadable: every rank
-			// learns why, and the next holder in another domain reads it.
+			// The reader's copy is corrupt or unreadable (status): every
+			// rank learns why, and the next holder in another domain reads
+			// it.
 			msg := make([]byte, errTextLen)
 			if rank == reader {
 				copy(msg, rerr.Error())
@@ -394,6 +484,9 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 				return nil, wrap(err)
 			}
 			text := strings.TrimRight(string(msg), "\x00")
+			if status == statusUnreadable {
+				ioText = text
+			}
 			if badDom[i] == nil {
 				badDom[i] = map[int]bool{}
 			}
@@ -407,6 +500,11 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 				}
 			}
 			if next < 0 {
+				if ioText != "" {
+					// Not known to be corrupt: an older checkpoint would
+					// silently lose the progress since this one.
+					return nil, unreadable(step, ioText)
+				}
 				return errors.New(text), nil
 			}
 			if rank == 0 {
@@ -440,7 +538,46 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 			return nil, wrap(err)
 		}
 	}
+	if rank == 0 {
+		m.warnDropped(man, n)
+	}
 	return nil, nil
+}
+
+// warnDropped logs, once, the per-rank state that a job smaller than the
+// one that wrote the checkpoint does not restore: the blob files of the
+// old ranks n and beyond.
+func (m *Manager) warnDropped(man *Manifest, n int) {
+	if man.WorldSize <= n || len(man.Blobs) <= n {
+		return
+	}
+	var names []string
+	var bytes int64
+	blobs := map[string]bool{}
+	for _, f := range man.Blobs[n:] {
+		names = append(names, f.File)
+		bytes += f.Size
+		for _, b := range f.Blobs {
+			blobs[b] = true
+		}
+	}
+	if bytes == 0 {
+		return // no rank registered per-rank state: nothing is lost
+	}
+	which := fmt.Sprintf("ranks %d to %d", n, man.WorldSize-1)
+	if man.WorldSize-n == 1 {
+		which = fmt.Sprintf("rank %d", n)
+	}
+	what := ""
+	if len(blobs) > 0 {
+		var q []string
+		for _, b := range slices.Sorted(maps.Keys(blobs)) {
+			q = append(q, strconv.Quote(b))
+		}
+		what = ": blobs " + strings.Join(q, ", ")
+	}
+	m.logf("checkpoint: WARNING: the checkpoint of step %d was written by %d ranks and this job has %d: the per-rank state of old %s (%s%s) is not restored; what it held (data-loader positions, RNG states) is dropped, and only ranks 0 to %d get their own back",
+		man.Step, man.WorldSize, n, which, strings.Join(names, ", "), what, n-1)
 }
 
 // assign picks the rank that reads each file, among its holders, balancing
@@ -486,13 +623,14 @@ func (m *Manager) assign(files []FileInfo, holders [][]int, oldN, n int) []int {
 // straight from and into the tensors (a shard that spans tensors is one
 // broadcast per tensor); shards read elsewhere land in disjoint bytes, so
 // the reads and the broadcasts overlap. One allgather then tells every
-// rank which shards' copies did not verify (failed, of every file; the
-// reader's error is in errs), together with the other files this rank
-// read for itself (bad, of every file, comes with their bits set). The
+// rank which shards' copies did not verify (the status of every file,
+// copyStatus of the reader's error, which is in errs), together with the
+// other files this rank read for itself (bad, of every file, comes with
+// their statuses set). The
 // shards' bytes in st are wrong until read again. When every rank reads
 // exactly its own shard of equal ones into one tensor, the broadcasts are
 // one allgather instead.
-func (m *Manager) restoreShards(ctx context.Context, st *State, step int64, files []FileInfo, assign []int, ns int, errs []error, bad []byte) ([]bool, error) {
+func (m *Manager) restoreShards(ctx context.Context, st *State, step int64, files []FileInfo, assign []int, ns int, errs []error, bad []byte) ([]byte, error) {
 	rank, n := m.comm.Rank(), m.comm.Size()
 	shards := files[:ns]
 	if buf, ok := allgatherable(st, shards, assign[:ns], n); ok {
@@ -502,9 +640,8 @@ func (m *Manager) restoreShards(ctx context.Context, st *State, step int64, file
 		allgatherRestores.Add(1)
 		size := shards[rank].Size
 		own := buf[int64(rank)*size : int64(rank+1)*size]
-		if errs[rank] = readInto(ctx, m.store, step, shards[rank], [][]byte{own}); errs[rank] != nil {
-			bad[rank] = 1
-		}
+		errs[rank] = m.readInto(ctx, step, shards[rank], [][]byte{own})
+		bad[rank] = copyStatus(errs[rank])
 		if err := m.comm.Allgather(ctx, own, buf, collective.Name("checkpoint.restore.shards")); err != nil {
 			return nil, err
 		}
@@ -525,7 +662,7 @@ func (m *Manager) restoreShards(ctx context.Context, st *State, step int64, file
 		defer wg.Done()
 		for _, i := range mine {
 			f := shards[i]
-			done[i] <- readInto(rctx, m.store, step, f, st.slice(f.Offset, f.Offset+f.Size))
+			done[i] <- m.readInto(rctx, step, f, st.slice(f.Offset, f.Offset+f.Size))
 		}
 	}()
 	defer func() { cancel(); wg.Wait() }()
@@ -536,9 +673,7 @@ func (m *Manager) restoreShards(ctx context.Context, st *State, step int64, file
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
-			if errs[i] != nil {
-				bad[i] = 1 // its bytes go out anyway, and are ignored
-			}
+			bad[i] = copyStatus(errs[i]) // a bad copy's bytes go out anyway, and are ignored
 		}
 		for _, v := range st.slice(f.Offset, f.Offset+f.Size) {
 			if err := m.comm.Broadcast(ctx, v, assign[i], collective.Name("checkpoint.restore.shard")); err != nil {
@@ -549,19 +684,20 @@ func (m *Manager) restoreShards(ctx context.Context, st *State, step int64, file
 	return m.shardsVerified(ctx, bad, assign)
 }
 
-// shardsVerified allgathers which files' copies did not verify (bad[i] on
-// their reader) and returns them.
-func (m *Manager) shardsVerified(ctx context.Context, bad []byte, assign []int) ([]bool, error) {
+// shardsVerified allgathers the status of the files' copies (bad[i] on
+// their reader: statusVerified, statusCorrupt or statusUnreadable) and
+// returns them, the same on every rank.
+func (m *Manager) shardsVerified(ctx context.Context, bad []byte, assign []int) ([]byte, error) {
 	ns := len(bad)
 	all := make([]byte, ns*m.comm.Size())
 	if err := m.comm.Allgather(ctx, bad, all, collective.Name("checkpoint.restore.verified")); err != nil {
 		return nil, err
 	}
-	failed := make([]bool, ns)
+	status := make([]byte, ns)
 	for i := range ns {
-		failed[i] = all[assign[i]*ns+i] != 0
+		status[i] = all[assign[i]*ns+i]
 	}
-	return failed, nil
+	return status, nil
 }
 
 // allgatherable returns the tensors' bytes as one buffer when the shards
@@ -583,9 +719,80 @@ func allgatherable(st *State, shards []FileInfo, assign []int, n int) ([]byte, b
 	return views[0], true
 }
 
+// The status of one copy of a file (or a manifest) as its reader found it,
+// which every rank learns from a broadcast or an allgather.
+const (
+	statusVerified   byte = 0 // read, and its size and sha256 are the manifest's
+	statusCorrupt    byte = 1 // missing, of the wrong size, or its sha256 differs
+	statusUnreadable byte = 2 // reads failed with I/O errors, retries included
+)
+
+// readRetries is how many times a read that failed with an I/O error is
+// tried again, from the start of the file.
+const readRetries = 3
+
+// readFailed is the error of a copy that could not be read (the store
+// refused or dropped the request, the disk returned an error): unlike a
+// copy that is missing, of the wrong size or that does not verify, it says
+// nothing about the checkpoint, so it is retried and never makes a restore
+// fall back to an older step.
+type readFailed struct {
+	msg string // names the file's location and the cause
+	err error
+}
+
+func (e *readFailed) Error() string { return e.msg }
+func (e *readFailed) Unwrap() error { return e.err }
+
+// copyStatus is the status of a copy whose read returned err.
+func copyStatus(err error) byte {
+	var rf *readFailed
+	switch {
+	case err == nil:
+		return statusVerified
+	case errors.As(err, &rf):
+		return statusUnreadable
+	}
+	return statusCorrupt
+}
+
+// unreadable is the error of a restore that stops because a file of step
+// could not be read from any copy (what says which and why).
+func unreadable(step int64, what string) error {
+	return fmt.Errorf("checkpoint: restore: step %d: %s; the checkpoint itself may be intact, so the restore stops rather than fall back to an older checkpoint, which would lose the progress since: fix the storage and restart", step, what)
+}
+
+// readFailure is a failed read of key in s.
+func readFailure(s Store, key string, err error) error {
+	loc := strings.TrimSuffix(s.String(), "/") + "/" + key
+	return &readFailed{"reading " + loc + ": " + causeOf(err, loc, key), err}
+}
+
+// retryRead runs read, and again up to readRetries times while it fails
+// with an I/O error (readFailed), logging each retry. A context that is
+// done ends it.
+func (m *Manager) retryRead(ctx context.Context, step int64, read func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := read()
+		if copyStatus(err) != statusUnreadable || ctx.Err() != nil {
+			return err
+		}
+		if attempt > readRetries {
+			return &readFailed{fmt.Sprintf("%v (%d attempts)", err, attempt), err}
+		}
+		m.logf("checkpoint: WARNING: rank %d: step %d: %v; reading it again from the start (retry %d of %d)", m.comm.Rank(), step, err, attempt, readRetries)
+	}
+}
+
 // readInto reads one file of a step straight into dst (views whose lengths
-// add up to the file's size), checking its size and sha256 as it goes.
-func readInto(ctx context.Context, s Store, step int64, f FileInfo, dst [][]byte) error {
+// add up to the file's size), checking its size and sha256 as it goes, and
+// retries I/O errors (retryRead).
+func (m *Manager) readInto(ctx context.Context, step int64, f FileInfo, dst [][]byte) error {
+	return m.retryRead(ctx, step, func() error { return readOnce(ctx, m.store, step, f, dst) })
+}
+
+// readOnce is one attempt of readInto.
+func readOnce(ctx context.Context, s Store, step int64, f FileInfo, dst [][]byte) error {
 	if err := checkFileName(f); err != nil {
 		return err
 	}
@@ -595,7 +802,7 @@ func readInto(ctx context.Context, s Store, step int64, f FileInfo, dst [][]byte
 		return &fileError{f.File + " is missing", err}
 	}
 	if err != nil {
-		return &fileError{f.File + ": " + causeOf(err, strings.TrimSuffix(s.String(), "/")+"/"+key, key), err}
+		return readFailure(s, key, err)
 	}
 	defer rc.Close()
 	if size != f.Size {
@@ -607,7 +814,10 @@ func readInto(ctx context.Context, s Store, step int64, f FileInfo, dst [][]byte
 		for len(d) > 0 {
 			p := d[:min(len(d), piece)]
 			if _, err := io.ReadFull(rc, p); err != nil {
-				return fmt.Errorf("%s: %v", f.File, causeOf(err))
+				// A body that ends early (a dropped connection) or an
+				// error of the disk: read again, which sees a file that
+				// really shrank as of the wrong size.
+				return readFailure(s, key, err)
 			}
 			h.Write(p)
 			d = d[len(p):]
@@ -618,26 +828,62 @@ func readInto(ctx context.Context, s Store, step int64, f FileInfo, dst [][]byte
 
 // readFile reads and verifies one file of a step into a buffer one byte
 // longer than the file (for the broadcast's status byte).
-func readFile(ctx context.Context, s Store, step int64, f FileInfo) ([]byte, error) {
+func (m *Manager) readFile(ctx context.Context, step int64, f FileInfo) ([]byte, error) {
 	buf := make([]byte, f.Size+1)
-	if err := storeCheckFile(ctx, s, step, f, &sliceWriter{buf: buf[:f.Size]}); err != nil {
+	if err := m.readInto(ctx, step, f, [][]byte{buf[:f.Size]}); err != nil {
 		return nil, err
 	}
 	return buf, nil
 }
 
-// readManifestBytes reads a step's manifest as it is stored.
-func readManifestBytes(ctx context.Context, s Store, step int64) ([]byte, error) {
-	rc, _, err := s.Get(ctx, stepKey(step)+"/"+ManifestName)
-	if err != nil {
-		return nil, err
+// readManifestBytes reads a step's manifest as it is stored, retrying I/O
+// errors (retryRead).
+func (m *Manager) readManifestBytes(ctx context.Context, step int64) ([]byte, error) {
+	var data []byte
+	err := m.retryRead(ctx, step, func() error {
+		key := stepKey(step) + "/" + ManifestName
+		rc, _, err := m.store.Get(ctx, key)
+		if errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		if err != nil {
+			return readFailure(m.store, key, err)
+		}
+		defer rc.Close()
+		if data, err = io.ReadAll(rc); err != nil {
+			return readFailure(m.store, key, err)
+		}
+		return nil
+	})
+	return data, err
+}
+
+// noCopyLeft says why files of a step that no rank holds are lost, from
+// the placement the checkpoint recorded (not this job's replica count).
+func (m *Manager) noCopyLeft(man *Manifest, dom *domains, step int64, missing []string) error {
+	list := strings.Join(missing, ", ")
+	if !man.Replicated() {
+		// Written to one location (a shared directory, S3, one host):
+		// the only copy is gone.
+		where := m.StepLocation(step)
+		if dom.h() > 1 {
+			where = fmt.Sprintf("the checkpoint directories of all %d hosts (this one's is %s)", dom.h(), where)
+		}
+		verb := "is"
+		if len(missing) > 1 {
+			verb = "are"
+		}
+		return fmt.Errorf("%s %s missing from %s (deleted?); the checkpoint was written to one location, with no other copy", list, verb, where)
 	}
-	defer rc.Close()
-	data, err := io.ReadAll(rc)
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", ManifestName, err)
+	copies := man.Replicas + 1
+	for _, f := range man.Files() {
+		if slices.Contains(missing, f.File) && len(f.Hosts) > 0 {
+			copies = len(f.Hosts)
+			break
+		}
 	}
-	return data, nil
+	return fmt.Errorf("no copy of %s is left on any host (the checkpoint kept each file on %d of its %d hosts, --checkpoint-replicas %d; more hosts lost their checkpoint directory than that allows)",
+		list, copies, man.Hosts, man.Replicas)
 }
 
 // loadBlobs gives this rank its per-rank state back from the blob files
@@ -674,8 +920,10 @@ func (m *Manager) loadBlobs(st *State, man *Manifest, blobData [][]byte) error {
 // Each file goes first to its owner's domain, then to the domains after
 // it, so the layout a save of this job size makes comes back. The
 // manifest follows the files in every domain that received any, and goes
-// to a domain that lost only it. A failure
-// here is logged, not returned: the restore itself succeeded.
+// to a domain that lost only it; it is written once every rank knows which
+// domains' file writes succeeded, and names as holders of a file only the
+// domains whose copy is verified (read by this restore, or written here).
+// A failure here is logged, not returned: the restore itself succeeded.
 func (m *Manager) rereplicate(ctx context.Context, st *State, dom *domains, man *Manifest, files []FileInfo, holders [][]int, blobData [][]byte) error {
 	rank, n, h := m.comm.Rank(), m.comm.Size(), dom.h()
 	want := min(m.replicaCount(dom)+1, h)
@@ -742,8 +990,13 @@ func (m *Manager) rereplicate(ctx context.Context, st *State, dom *domains, man 
 	if len(targets) == 0 {
 		return nil
 	}
+	// The files first, in every domain that lacks some; then every rank
+	// learns which domains wrote theirs, and only then the manifests are
+	// written, each recording as holders only the verified copies: those
+	// read above and those just written.
 	var werr error
-	if dom.leads(rank) && targets[dom.of[rank]] {
+	lead := dom.leads(rank) && targets[dom.of[rank]]
+	if lead {
 		for _, j := range jobs {
 			if j.dom != dom.of[rank] || werr != nil {
 				continue
@@ -764,45 +1017,54 @@ func (m *Manager) rereplicate(ctx context.Context, st *State, dom *domains, man 
 				break
 			}
 			if err := m.store.Put(ctx, stepKey(man.Step)+"/"+f.File, chunks...); err != nil {
-				werr = objectErr(m.stepLoc(man.Step)+"/"+f.File, err)
-			}
-		}
-		if werr == nil {
-			// The manifest says where the files are now, in this job's
-			// numbering of the domains, and that this copy is here.
-			nm := *man
-			nm.Hosts, nm.Replicas, nm.Host = h, want-1, dom.of[rank]
-			nm.Shards, nm.Blobs = slices.Clone(man.Shards), slices.Clone(man.Blobs)
-			for i := range nf {
-				at := map[int]bool{}
-				for _, r := range holders[i] {
-					at[dom.of[r]] = true
-				}
-				for _, j := range jobs {
-					if j.file == i {
-						at[j.dom] = true
-					}
-				}
-				hs := slices.Sorted(maps.Keys(at))
-				if i < len(nm.Shards) {
-					nm.Shards[i].Hosts = hs
-				} else {
-					nm.Blobs[i-len(nm.Shards)].Hosts = hs
-				}
-			}
-			var data []byte
-			if data, werr = json.MarshalIndent(&nm, "", "  "); werr == nil {
-				if err := m.store.Put(ctx, stepKey(man.Step)+"/"+ManifestName, append(data, '\n')); err != nil {
-					werr = objectErr(m.stepLoc(man.Step)+"/"+ManifestName, err)
-				}
+				werr = objectErr(m.StepLocation(man.Step)+"/"+f.File, err)
 			}
 		}
 		if werr != nil {
 			m.logf("checkpoint: WARNING: rank %d: step %d: re-replicating: %v", rank, man.Step, werr)
 		}
 	}
+	fileFlags := make([]byte, n)
+	if err := m.comm.Allgather(ctx, []byte{byte(boolU64(werr != nil))}, fileFlags, collective.Name("checkpoint.restore.rereplicate.files")); err != nil {
+		return err
+	}
+	wrote := func(d int) bool { return fileFlags[dom.members[d][0]] == 0 }
+	var merr error
+	if lead && werr == nil {
+		// The manifest says where the files are now, in this job's
+		// numbering of the domains, and that this copy is here.
+		nm := *man
+		nm.Hosts, nm.Replicas, nm.Host = h, want-1, dom.of[rank]
+		nm.Shards, nm.Blobs = slices.Clone(man.Shards), slices.Clone(man.Blobs)
+		for i := range nf {
+			at := map[int]bool{}
+			for _, r := range holders[i] {
+				at[dom.of[r]] = true
+			}
+			for _, j := range jobs {
+				if j.file == i && wrote(j.dom) {
+					at[j.dom] = true
+				}
+			}
+			hs := slices.Sorted(maps.Keys(at))
+			if i < len(nm.Shards) {
+				nm.Shards[i].Hosts = hs
+			} else {
+				nm.Blobs[i-len(nm.Shards)].Hosts = hs
+			}
+		}
+		var data []byte
+		if data, merr = json.MarshalIndent(&nm, "", "  "); merr == nil {
+			if err := m.store.Put(ctx, stepKey(man.Step)+"/"+ManifestName, append(data, '\n')); err != nil {
+				merr = objectErr(m.StepLocation(man.Step)+"/"+ManifestName, err)
+			}
+		}
+		if merr != nil {
+			m.logf("checkpoint: WARNING: rank %d: step %d: re-replicating: %v", rank, man.Step, merr)
+		}
+	}
 	flags := make([]byte, n)
-	if err := m.comm.Allgather(ctx, []byte{byte(boolU64(werr != nil))}, flags, collective.Name("checkpoint.restore.rereplicate")); err != nil {
+	if err := m.comm.Allgather(ctx, []byte{byte(boolU64(werr != nil || merr != nil))}, flags, collective.Name("checkpoint.restore.rereplicate")); err != nil {
 		return err
 	}
 	if rank == 0 {

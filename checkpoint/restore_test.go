@@ -131,7 +131,7 @@ func TestRestoreMissingFileNamed(t *testing.T) {
 		return err
 	})
 	for r, err := range errs {
-		if err == nil || !strings.Contains(err.Error(), "none of the 1 committed checkpoints can be loaded: step 1: no copy of rank-00002.state is left in") {
+		if err == nil || !strings.Contains(err.Error(), "none of the 1 committed checkpoints can be loaded: step 1: rank-00002.state is missing from "+StepDir(dir, 1)+" (deleted?)") {
 			t.Errorf("rank %d: %v", r, err)
 		}
 	}

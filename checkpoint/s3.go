@@ -2,8 +2,10 @@ package checkpoint
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"io/fs"
 	"net"
@@ -114,8 +116,9 @@ func openS3(ctx context.Context, loc string) (*s3Store, error) {
 
 // err turns an S3 error into one that names the object and says what to
 // do. Like DirStore's, it does not start with the package's "checkpoint: ":
-// the Manager wraps the errors of Put, Get and Delete in its own. The errors
-// that reach callers as they are, of openS3 (New, Scan) and List (Scan),
+// the Manager wraps the errors of Put, Get, List and Delete in its own, and
+// the package's functions that return one as it is (Scan, List, Remove) add
+// the prefix. The errors of openS3, which New and Scan return as they are,
 // get it from pkgErr.
 func (s *s3Store) err(op, key string, err error) error {
 	what := s.loc
@@ -137,7 +140,7 @@ func (s *s3Store) err(op, key string, err error) error {
 		case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden", "InvalidToken", "ExpiredToken", "InvalidClientTokenId":
 			return fmt.Errorf("%s: %s: %s refused the credentials (%s): check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's permissions: %w", what, op, s.where, ae.ErrorCode(), err)
 		case "QuotaExceeded", "EntityTooLarge", "InsufficientStorage", "XMinioStorageFull":
-			return fmt.Errorf("%s: %s: the S3 service is out of space or quota (%s); the previous checkpoint is kept: %w", what, op, ae.ErrorCode(), err)
+			return fmt.Errorf("%s: %s: the S3 service is out of space or quota (%s): free space or raise the quota: %w", what, op, ae.ErrorCode(), err)
 		}
 	}
 	return fmt.Errorf("%s: %s on %s: %w", what, op, s.where, err)
@@ -280,19 +283,76 @@ func (s *s3Store) putMultipart(ctx context.Context, key string, size int64, data
 			MultipartUpload: &types.CompletedMultipartUpload{Parts: parts},
 		})
 		cancel()
-		if err == nil {
+		if err == nil || s.completed(ctx, key, size, parts, data) {
 			return nil
 		}
 		failed = s.err(fmt.Sprintf("completing a multipart upload of %d parts", nparts), key, err)
 	}
-	// ctx may be done: the abort gets a deadline of its own.
+	// ctx may be done: the abort gets a deadline of its own. NoSuchUpload
+	// says that the upload was completed or aborted already: none of its
+	// parts stays.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s3AbortTimeout)
 	defer cancel()
-	if _, err := s.client.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{Bucket: bucket, Key: okey, UploadId: id}); err != nil {
+	_, err = s.client.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{Bucket: bucket, Key: okey, UploadId: id})
+	var ae smithy.APIError
+	if err != nil && !(errors.As(err, &ae) && ae.ErrorCode() == "NoSuchUpload") {
 		return fmt.Errorf("%w; aborting the multipart upload also failed, so its parts may stay on the server until they are aborted (upload ID %s) or a lifecycle rule removes them: %v",
 			failed, aws.ToString(id), err)
 	}
 	return failed
+}
+
+// completed reports whether key holds the object of a multipart upload of
+// parts (the bytes of data, size in all) that CompleteMultipartUpload
+// failed to confirm. Its response may have been lost (a time-out, a reset
+// connection) after the server completed the upload; the SDK's retry of it
+// then gets NoSuchUpload from some servers. The object must have the size,
+// the ETag's part count ("…-N") and the CRC32 checksum of the upload, the
+// latter two when the server gives them.
+func (s *s3Store) completed(ctx context.Context, key string, size int64, parts []types.CompletedPart, data [][]byte) bool {
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s3AbortTimeout)
+	defer cancel()
+	h, err := s.client.HeadObject(hctx, &s3.HeadObjectInput{
+		Bucket: aws.String(s.bucket), Key: aws.String(s.prefix + key), ChecksumMode: types.ChecksumModeEnabled,
+	})
+	if err != nil || aws.ToInt64(h.ContentLength) != size {
+		return false
+	}
+	etag := strings.Trim(aws.ToString(h.ETag), `"`)
+	if i := strings.LastIndexByte(etag, '-'); i >= 0 {
+		if n, err := strconv.Atoi(etag[i+1:]); err == nil && n != len(parts) {
+			return false
+		}
+	}
+	if sum := aws.ToString(h.ChecksumCRC32); sum != "" {
+		return s3CRC32Matches(sum, parts, data)
+	}
+	return true
+}
+
+// s3CRC32Matches reports whether sum, an object's CRC32 checksum as S3
+// gives it, is that of the upload of parts, the bytes of data: the
+// composite checksum of the parts' checksums ("…-N"), or the checksum of
+// the whole object. A part without a checksum cannot be told apart.
+func s3CRC32Matches(sum string, parts []types.CompletedPart, data [][]byte) bool {
+	h := crc32.NewIEEE()
+	if c, n, ok := strings.Cut(sum, "-"); ok { // base64 has no '-'
+		if n != strconv.Itoa(len(parts)) {
+			return false
+		}
+		for _, p := range parts {
+			b, err := base64.StdEncoding.DecodeString(aws.ToString(p.ChecksumCRC32))
+			if err != nil || len(b) != crc32.Size {
+				return true
+			}
+			h.Write(b)
+		}
+		return c == base64.StdEncoding.EncodeToString(h.Sum(nil))
+	}
+	for _, d := range data {
+		h.Write(d)
+	}
+	return sum == base64.StdEncoding.EncodeToString(h.Sum(nil))
 }
 
 // chunkReader reads the bytes [lo, hi) of the concatenation of some chunks
@@ -390,7 +450,7 @@ func (s *s3Store) List(ctx context.Context, prefix string) ([]string, error) {
 		page, err := p.NextPage(cctx)
 		cancel()
 		if err != nil {
-			return nil, pkgErr(s.err("listing", prefix, err))
+			return nil, s.err("listing", prefix, err)
 		}
 		for _, o := range page.Contents {
 			out = append(out, strings.TrimPrefix(aws.ToString(o.Key), s.prefix))

@@ -3,15 +3,20 @@ package checkpoint
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"io/fs"
 	"math/rand/v2"
+	"net"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -19,7 +24,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/aws/smithy-go"
 	"github.com/aws/smithy-go/middleware"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/internal/s3test"
@@ -536,6 +543,270 @@ func TestS3PartLayout(t *testing.T) {
 	} {
 		if part, n := s3PartLayout(c.size); part != c.part || n != c.n || int64(n)*part < c.size || n > s3MaxParts {
 			t.Errorf("s3PartLayout(%d) = %d, %d, want %d, %d", c.size, part, n, c.part, c.n)
+		}
+	}
+}
+
+// hookMultipart makes s's client call complete at each
+// CompleteMultipartUpload and abort at each AbortMultipartUpload (each
+// call, with the SDK's retries inside), and attempt at each attempt of a
+// CompleteMultipartUpload, as the request is sent.
+func hookMultipart(s *s3Store,
+	complete func(in *s3.CompleteMultipartUploadInput, call func() error) error,
+	abort func(call func() error) error,
+	attempt func(send func() error) error,
+) {
+	type completing struct{}
+	s.client = s3.New(s.client.Options(), func(o *s3.Options) {
+		o.APIOptions = append(o.APIOptions, func(st *middleware.Stack) error {
+			err := st.Initialize.Add(middleware.InitializeMiddlewareFunc("hookMultipart",
+				func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (out middleware.InitializeOutput, md middleware.Metadata, err error) {
+					call := func() error {
+						out, md, err = next.HandleInitialize(ctx, in)
+						return err
+					}
+					switch p := in.Parameters.(type) {
+					case *s3.CompleteMultipartUploadInput:
+						ctx = context.WithValue(ctx, completing{}, true)
+						if complete != nil {
+							return out, md, complete(p, call)
+						}
+					case *s3.AbortMultipartUploadInput:
+						if abort != nil {
+							return out, md, abort(call)
+						}
+					}
+					call()
+					return out, md, err
+				}), middleware.After)
+			if err != nil || attempt == nil {
+				return err
+			}
+			// Last in the Finalize step: after the retryer and the signer.
+			return st.Finalize.Add(middleware.FinalizeMiddlewareFunc("hookMultipartAttempt",
+				func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (out middleware.FinalizeOutput, md middleware.Metadata, err error) {
+					if ctx.Value(completing{}) == nil {
+						return next.HandleFinalize(ctx, in)
+					}
+					err = attempt(func() error {
+						out, md, err = next.HandleFinalize(ctx, in)
+						return err
+					})
+					return out, md, err
+				}), middleware.After)
+		})
+	})
+}
+
+func errorCode(err error) string {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorCode()
+	}
+	return fmt.Sprint(err)
+}
+
+// The server completes the upload but the response is lost (the connection
+// resets as it comes), and the SDK retries CompleteMultipartUpload. Some
+// servers answer the retry with NoSuchUpload, the upload being gone
+// (versitygw completes it again: the retries are answered as those servers
+// do); or every response is lost. Put finds the object, whole, and
+// succeeds.
+func TestS3MultipartCompleteResponseLost(t *testing.T) {
+	v := startVersity(t, "ckpt")
+	withMultipart(t, 5<<20, 5<<20)
+	reset := &smithyhttp.RequestSendError{Err: &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}}
+	data := randomChunks(6, 13<<20, 18<<20) // 7 parts
+	for i, mode := range []string{"retry gets NoSuchUpload", "every response lost"} {
+		t.Run(strings.ReplaceAll(mode, " ", "_"), func(t *testing.T) {
+			s, err := openS3(context.Background(), "s3://ckpt/job")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var (
+				mu       sync.Mutex
+				attempts []string // what each attempt of CompleteMultipartUpload got
+				final    error    // what the call got, after the SDK's retries
+				aborts   int
+			)
+			hookMultipart(s, func(_ *s3.CompleteMultipartUploadInput, call func() error) error {
+				err := call()
+				mu.Lock()
+				final = err
+				mu.Unlock()
+				return err
+			}, func(call func() error) error {
+				mu.Lock()
+				aborts++
+				mu.Unlock()
+				return call()
+			}, func(send func() error) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if len(attempts) > 0 && mode == "retry gets NoSuchUpload" {
+					attempts = append(attempts, "NoSuchUpload")
+					return &types.NoSuchUpload{Message: aws.String("The specified multipart upload does not exist.")}
+				}
+				err := send()
+				if err != nil {
+					attempts = append(attempts, errorCode(err))
+					return err
+				}
+				attempts = append(attempts, "completed, response lost")
+				return reset
+			})
+			key := stepKey(int64(i+1)) + "/" + shardName(0, 1)
+			if err := s.Put(context.Background(), key, data...); err != nil {
+				t.Fatalf("Put: %v (attempts of CompleteMultipartUpload: %q)", err, attempts)
+			}
+			t.Logf("attempts of CompleteMultipartUpload: %q; the call returned %v", attempts, final)
+			if len(attempts) < 2 || final == nil {
+				t.Fatalf("CompleteMultipartUpload was not retried, or did not fail: attempts %q, error %v", attempts, final)
+			}
+			if aborts != 0 {
+				t.Errorf("%d AbortMultipartUpload calls after a completed upload", aborts)
+			}
+			if got, want := getAll(t, s, key), bytes.Join(data, nil); !bytes.Equal(got, want) {
+				t.Fatalf("Get returned %d bytes that differ from the %d put", len(got), len(want))
+			}
+			if ups := multipartUploads(t, v, "ckpt"); len(ups) != 0 {
+				t.Errorf("uploads left in progress: %d", len(ups))
+			}
+		})
+	}
+
+	// An object of another size, part count or checksum at the key is not
+	// taken for the upload's, nor is a missing one.
+	s, err := openS3(context.Background(), "s3://ckpt/job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := stepKey(1) + "/" + shardName(0, 1)
+	head, err := v.Client().HeadObject(context.Background(), &s3.HeadObjectInput{
+		Bucket: aws.String("ckpt"), Key: aws.String("job/" + key), ChecksumMode: types.ChecksumModeEnabled,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the object: ETag %s, CRC32 %s", aws.ToString(head.ETag), aws.ToString(head.ChecksumCRC32))
+	partSums := func(data [][]byte) []types.CompletedPart { // of 5 MiB parts
+		all := bytes.Join(data, nil)
+		var parts []types.CompletedPart
+		for lo := 0; lo < len(all); lo += 5 << 20 {
+			c := crc32.ChecksumIEEE(all[lo:min(lo+5<<20, len(all))])
+			parts = append(parts, types.CompletedPart{ChecksumCRC32: aws.String(base64.StdEncoding.EncodeToString(binary.BigEndian.AppendUint32(nil, c)))})
+		}
+		return parts
+	}
+	parts := partSums(data)
+	ctx := context.Background()
+	if !s.completed(ctx, key, 31<<20, parts, data) {
+		t.Error("completed: the upload's object not recognized")
+	}
+	other := randomChunks(8, 31<<20)
+	if aws.ToString(head.ChecksumCRC32) != "" && s.completed(ctx, key, 31<<20, partSums(other), other) {
+		t.Error("completed: an object of other bytes taken for the upload's")
+	}
+	if s.completed(ctx, key, 31<<20+1, parts, data) {
+		t.Error("completed: an object of another size taken for the upload's")
+	}
+	if s.completed(ctx, key, 31<<20, make([]types.CompletedPart, 6), data) {
+		t.Error("completed: an object of 7 parts taken for an upload of 6")
+	}
+	if s.completed(ctx, stepKey(3)+"/"+shardName(0, 1), 31<<20, parts, data) {
+		t.Error("completed: a missing object taken for the upload's")
+	}
+}
+
+// The upload is gone when CompleteMultipartUpload comes (another client, or
+// a lifecycle rule, aborted it): Complete fails with NoSuchUpload, and so
+// does the abort, which is no reason to warn that parts may stay.
+func TestS3MultipartAbortNoSuchUpload(t *testing.T) {
+	v := startVersity(t, "ckpt")
+	withMultipart(t, 5<<20, 5<<20)
+	s, err := openS3(context.Background(), "s3://ckpt/job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var abortErr error
+	hookMultipart(s, func(in *s3.CompleteMultipartUploadInput, call func() error) error {
+		if _, err := v.Client().AbortMultipartUpload(context.Background(), &s3.AbortMultipartUploadInput{
+			Bucket: in.Bucket, Key: in.Key, UploadId: in.UploadId,
+		}); err != nil {
+			t.Errorf("aborting the upload from another client: %v", err)
+		}
+		return call()
+	}, func(call func() error) error {
+		abortErr = call()
+		return abortErr
+	}, nil)
+	key := stepKey(1) + "/" + shardName(0, 1)
+	err = s.Put(context.Background(), key, randomChunks(7, 31<<20)...) // 7 parts
+	if err == nil {
+		t.Fatal("Put succeeded although its upload was aborted")
+	}
+	t.Logf("Put: %v; its abort: %v", err, abortErr)
+	if errorCode(abortErr) != "NoSuchUpload" {
+		t.Fatalf("the abort of an aborted upload returned %v, want NoSuchUpload", abortErr)
+	}
+	for _, want := range []string{"s3://ckpt/job/" + key + ": completing a multipart upload of 7 parts on " + v.Endpoint(), "NoSuchUpload"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "aborting the multipart upload") || strings.Contains(err.Error(), "may stay") || strings.HasPrefix(err.Error(), "checkpoint: ") {
+		t.Errorf("unexpected error wording: %v", err)
+	}
+	if _, _, err := s.Get(context.Background(), key); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Get of the object of an aborted upload: %v, want not found", err)
+	}
+}
+
+// List's errors name the location and the prefix, without the package's
+// "checkpoint: ", which the callers that return them as they are add.
+func TestS3ListError(t *testing.T) {
+	v := startVersity(t, "ckpt")
+	s, err := openS3(context.Background(), "s3://ckpt/job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = s.List(ctx, "step-")
+	t.Log(err)
+	if want := "s3://ckpt/job/step-: listing on " + v.Endpoint() + ": "; err == nil || !strings.HasPrefix(err.Error(), want) || !errors.Is(err, context.Canceled) {
+		t.Errorf("List with a cancelled context: %v, want an error that starts %q and wraps context.Canceled", err, want)
+	}
+}
+
+// The CRC32 checksum S3 gives a multipart object: the composite one of its
+// parts ("…-N"), or that of the whole object.
+func TestS3CRC32Matches(t *testing.T) {
+	data := randomChunks(9, 3, 10, 4)
+	sum := func(b ...[]byte) string {
+		return base64.StdEncoding.EncodeToString(binary.BigEndian.AppendUint32(nil, crc32.ChecksumIEEE(bytes.Join(b, nil))))
+	}
+	all := bytes.Join(data, nil)
+	parts := []types.CompletedPart{{ChecksumCRC32: aws.String(sum(all[:8]))}, {ChecksumCRC32: aws.String(sum(all[8:]))}}
+	raw := func(p types.CompletedPart) []byte {
+		b, _ := base64.StdEncoding.DecodeString(aws.ToString(p.ChecksumCRC32))
+		return b
+	}
+	composite := sum(raw(parts[0]), raw(parts[1]))
+	for _, c := range []struct {
+		sum   string
+		parts []types.CompletedPart
+		want  bool
+	}{
+		{composite + "-2", parts, true},
+		{composite + "-3", parts, false},
+		{sum(all[1:]) + "-2", parts, false},
+		{composite + "-2", []types.CompletedPart{parts[0], {}}, true}, // cannot tell
+		{sum(all), parts, true},
+		{sum(all[1:]), parts, false},
+	} {
+		if got := s3CRC32Matches(c.sum, c.parts, data); got != c.want {
+			t.Errorf("s3CRC32Matches(%q) = %v, want %v", c.sum, got, c.want)
 		}
 	}
 }

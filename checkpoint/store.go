@@ -296,13 +296,18 @@ func (e *fileError) Unwrap() error { return e.err }
 // the cause drops the path an *os.PathError repeats and the location the
 // S3 back end's errors start with.
 func objectErr(loc string, err error) error {
-	return &fileError{loc + ": " + causeOf(err, loc), err}
+	c := causeOf(err, loc)
+	if strings.HasPrefix(c, loc+"/") { // it names a file under loc itself
+		return &fileError{c, err}
+	}
+	return &fileError{loc + ": " + c, err}
 }
 
 // causeOf is err's text without the names of the file it is about, which
 // the caller says: an *os.PathError or *os.LinkError gives its operation
-// and cause ("write: no space left on device"); a text that starts with
-// one of names and ": " loses it.
+// and cause ("write: no space left on device"); a text loses the
+// package's "checkpoint: " prefix and then one of names (or name + "/")
+// and ": " that it starts with.
 func causeOf(err error, names ...string) string {
 	var pe *fs.PathError
 	var le *os.LinkError
@@ -312,10 +317,14 @@ func causeOf(err error, names ...string) string {
 	case errors.As(err, &le) && err == error(le):
 		return le.Op + ": " + le.Err.Error()
 	}
-	text := err.Error()
+	// The package's own prefix, which an error of the S3 back end may
+	// carry, is said once by the caller's error.
+	text := strings.TrimPrefix(err.Error(), "checkpoint: ")
 	for _, n := range names {
-		if t, ok := strings.CutPrefix(text, n+": "); ok {
-			return t
+		for _, p := range []string{n + ": ", n + "/: "} { // a prefix is named with its slash
+			if t, ok := strings.CutPrefix(text, p); ok {
+				return t
+			}
 		}
 	}
 	return text

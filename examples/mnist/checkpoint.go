@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"gorgonia.org/tensor"
@@ -22,14 +20,15 @@ import (
 //
 // A save is asynchronous by default (SaveAsync): the loop stops only while
 // the ranks agree on the step and each copies the bytes it writes aside;
-// the files are written in the background while training goes on, and the
-// save commits (its manifest is written) in the Poll of a later step, once
-// every rank's files are durable. Until then the previous checkpoint is the
-// one a restart finds. At most one save is in flight: the next one, and the
-// end of training, first wait for it. --checkpoint-sync saves with Save,
-// which returns once the checkpoint is committed. An elastic job saves
-// synchronously too: a save in flight cannot outlive a change of the job's
-// membership.
+// the files are written in the background while training goes on; once
+// every rank's files are durable a Poll starts the commit (the manifest
+// and the deletion of old checkpoints), in the background too, and the
+// Poll of a later step finds it done. Until then the previous checkpoint
+// is the one a restart finds. At most one save is in flight: the next one,
+// and the end of training, first wait for it. --checkpoint-sync saves with Save,
+// which returns once the checkpoint is committed. In an elastic job a save
+// in flight when the job re-forms (a rank lost or joined) is abandoned by
+// the Manager, which logs it; the previous checkpoint is kept.
 type checkpointer struct {
 	every     int
 	async     bool
@@ -39,13 +38,12 @@ type checkpointer struct {
 	global    int // this run's global batch, saved with the state
 	saved     int // the global batch the restored checkpoint was trained with; 0 if unknown
 	lastSaved int // the step of the newest committed checkpoint; -1 for none
-	pending   int // the step of the asynchronous save in flight; -1 for none
 
 	// What the saves cost this rank's training loop: the saves of each
 	// kind and the time it was blocked in Save and in SaveAsync; the Polls
-	// that found a save still being written (one small allreduce each,
-	// which also waits for the slowest rank to get there), and the Polls
-	// and Waits that committed one.
+	// that found a save still being written or committed (at most one
+	// small allreduce each, which also waits for the slowest rank to get
+	// there), and the Polls and Waits that ended one.
 	nSync, nAsync, nPolls              int
 	inSync, inAsync, inPolls, inCommit time.Duration
 }
@@ -62,13 +60,12 @@ type progressBlob struct {
 func newCheckpointer(comm *collective.Comm, cfg *Config, out *output, global int, names []string, params []*tensor.Dense,
 	opt Optimizer, history *[]EpochResult, sums *[]float64) (*checkpointer, error) {
 	if cfg.CheckpointDir == "" {
-		return &checkpointer{lastSaved: -1, pending: -1}, nil
+		return &checkpointer{lastSaved: -1}, nil
 	}
 	if cfg.CheckpointEvery <= 0 {
 		return nil, fmt.Errorf("--checkpoint-every %d must be positive", cfg.CheckpointEvery)
 	}
-	c := &checkpointer{every: cfg.CheckpointEvery, async: !cfg.CheckpointSync && !comm.Elastic(),
-		out: out, global: global, lastSaved: -1, pending: -1}
+	c := &checkpointer{every: cfg.CheckpointEvery, async: !cfg.CheckpointSync, out: out, global: global, lastSaved: -1}
 	st := new(checkpoint.State)
 	// Replicated state: the same on every rank, saved in shards.
 	for i, p := range params {
@@ -99,9 +96,6 @@ func newCheckpointer(comm *collective.Comm, cfg *Config, out *output, global int
 		return nil, fmt.Errorf("--checkpoint-dir: %w", err)
 	}
 	c.mgr, c.state = mgr, st
-	if comm.Elastic() && !cfg.CheckpointSync {
-		out.printf("checkpoint: elastic job: checkpoints are saved synchronously (an asynchronous save cannot outlive a change of the job's ranks)\n")
-	}
 	return c, nil
 }
 
@@ -143,6 +137,9 @@ func (c *checkpointer) dir(cfg *Config) string {
 	return c.mgr.Dir()
 }
 
+// stepLoc names the checkpoint of step: its directory or s3:// prefix.
+func (c *checkpointer) stepLoc(step int) string { return c.mgr.StepLocation(int64(step)) }
+
 // maybeSave saves after every --checkpoint-every optimizer steps.
 func (c *checkpointer) maybeSave(ctx context.Context, step int) error {
 	if c.mgr == nil || step%c.every != 0 {
@@ -155,45 +152,50 @@ func (c *checkpointer) maybeSave(ctx context.Context, step int) error {
 // written its files, and says so. Every rank calls it once per optimizer
 // step; with no save in flight it does nothing (every rank knows).
 func (c *checkpointer) poll(ctx context.Context) error {
-	if c.mgr == nil || c.pending < 0 {
+	if c.mgr == nil {
 		return nil
 	}
-	return c.settle(ctx, c.mgr.Poll)
+	if step, ok := c.mgr.InFlight(); ok {
+		return c.settle(ctx, int(step), c.mgr.Poll)
+	}
+	return nil
 }
 
 // wait commits the asynchronous save in flight, waiting for its writes.
 func (c *checkpointer) wait(ctx context.Context) error {
-	if c.mgr == nil || c.pending < 0 {
+	if c.mgr == nil {
 		return nil
 	}
-	return c.settle(ctx, c.mgr.Wait)
+	if step, ok := c.mgr.InFlight(); ok {
+		return c.settle(ctx, int(step), c.mgr.Wait)
+	}
+	return nil
 }
 
-// settle runs Poll or Wait and prints the line of the save it committed.
-// No method of the Manager says whether a Poll committed the save in
-// flight: a commit shows as a change of LastSave, which only a committed
-// save updates. A failed save's error (the same on every rank) ends the
-// run; the previous checkpoint is kept.
-func (c *checkpointer) settle(ctx context.Context, pollOrWait func(context.Context) error) error {
-	before := c.mgr.LastSave()
+// settle runs Poll or Wait on the save of step and prints its line once it
+// is committed. A failed save's error (the same on every rank) ends the
+// run; the previous checkpoint is kept. A save that the re-formed job
+// abandoned is neither: the Manager logged it.
+func (c *checkpointer) settle(ctx context.Context, step int, pollOrWait func(context.Context) error) error {
 	t := time.Now()
 	err := pollOrWait(ctx)
 	took := time.Since(t)
 	if err != nil {
-		c.pending = -1
 		return err
 	}
-	st := c.mgr.LastSave()
-	if st == before { // still being written
+	if _, ok := c.mgr.InFlight(); ok { // still being written or committed
 		c.nPolls++
 		c.inPolls += took
 		return nil
 	}
 	c.inCommit += took
-	step := c.pending
-	c.pending, c.lastSaved = -1, step
+	st := c.mgr.LastSave()
+	if st.Step != int64(step) { // abandoned
+		return nil
+	}
+	c.lastSaved = step
 	c.out.printf("checkpoint: step %d snapshotted in %s (training goes on); committed to %s after %s (%s)\n",
-		step, st.Stall.Round(time.Millisecond), stepLoc(c.mgr.Dir(), int64(step)), st.Total.Round(time.Millisecond), humanBytes(st.Bytes))
+		step, st.Stall.Round(time.Millisecond), c.stepLoc(step), st.Total.Round(time.Millisecond), humanBytes(st.Bytes))
 	return nil
 }
 
@@ -232,7 +234,6 @@ func (c *checkpointer) save(ctx context.Context, step int) error {
 	}
 	c.inAsync += time.Since(t)
 	c.nAsync++
-	c.pending = step
 	return nil
 }
 
@@ -245,7 +246,7 @@ func (c *checkpointer) saveSync(ctx context.Context, step int) error {
 	c.nSync++
 	c.lastSaved = step
 	st := c.mgr.LastSave()
-	c.out.printf("checkpoint: step %d saved to %s (%s, %s)\n", step, stepLoc(c.mgr.Dir(), int64(step)),
+	c.out.printf("checkpoint: step %d saved to %s (%s, %s)\n", step, c.stepLoc(step),
 		humanBytes(st.Bytes), st.Total.Round(time.Millisecond))
 	return nil
 }
@@ -268,16 +269,6 @@ func (c *checkpointer) report(rank int) {
 		line += ", all synchronous"
 	}
 	c.out.printf("%s (rank %d)\n", line, rank)
-}
-
-// stepLoc names the checkpoint of step in a location: a directory
-// (checkpoint.StepDir), or an s3:// prefix, which StepDir's filepath.Join
-// would turn into "s3:/...".
-func stepLoc(dir string, step int64) string {
-	if checkpoint.IsRemote(dir) {
-		return strings.TrimSuffix(dir, "/") + "/" + filepath.Base(checkpoint.StepDir("", step))
-	}
-	return checkpoint.StepDir(dir, step)
 }
 
 // humanBytes is a size in decimal units, as ls -h --si and disk tools say.

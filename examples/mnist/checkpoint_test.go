@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/checkpoint"
 	"github.com/gorun/gorun/internal/s3test"
 )
 
@@ -207,4 +208,13 @@ func TestCheckpointS3(t *testing.T) {
 			t.Errorf("%s: exit %d, stderr:\n%s\nwant exit 1 before training, and one line naming %s and saying %q", tc.name, code, errOut, tc.loc, tc.want)
 		}
 	}
+}
+
+// stepLoc names the checkpoint of step in a directory or s3:// location,
+// as Manager.StepLocation does.
+func stepLoc(dir string, step int64) string {
+	if checkpoint.IsRemote(dir) {
+		return strings.TrimSuffix(dir, "/") + "/" + filepath.Base(checkpoint.StepDir("", step))
+	}
+	return checkpoint.StepDir(dir, step)
 }

@@ -30,7 +30,9 @@
 //
 // Until then a restart resumes from the previous checkpoint; the run never
 // ends with a save uncommitted. --checkpoint-sync waits for every save
-// instead (and an elastic job always does). The location is one of
+// instead. In an elastic job a save still in flight when the job re-forms
+// is abandoned (one log line) and the previous checkpoint kept. The
+// location is one of
 //
 //   - a directory that every rank sees at the same path: a local one for a
 //     job on one host, a shared filesystem (NFS, Lustre) across hosts;

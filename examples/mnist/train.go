@@ -263,7 +263,7 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 		return &runResult{Hash: hash, History: history, Steps: steps}, out.final(ctx, comm, history, time.Since(start), hash, false)
 	}
 	if gstep > 0 {
-		out.printf("mnist: resumed from %s at step %d of %d\n", stepLoc(ck.dir(cfg), int64(gstep)), gstep, cfg.Epochs*steps)
+		out.printf("mnist: resumed from %s at step %d of %d\n", ck.stepLoc(gstep), gstep, cfg.Epochs*steps)
 		// Compression's error-feedback residuals are not in the checkpoint.
 		red.ResetResiduals()
 		if err := out.writeMetrics(history...); err != nil {
