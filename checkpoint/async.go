@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/gorun/gorun/collective"
@@ -71,9 +72,11 @@ func (fl *inflight) busy() bool {
 // the replicas and blob files it keeps) into a staging buffer that is
 // reused from save to save, and writes them to the store in the background.
 // The save commits in later Polls (or Wait): once every rank's writes are
-// durable, the domains' lead ranks write the manifest and apply retention
-// in the background, and a later Poll finds that done everywhere. Until
-// then the previous checkpoint is the one a restore finds.
+// durable, the domains' lead ranks write the manifest in the background,
+// and a later Poll finds that done everywhere (the leads then apply
+// retention in the background). Until then the previous checkpoint is the
+// one a restore finds. The step this Manager restored or committed last is
+// not saved again while it is committed (nil, nothing in flight).
 //
 // At most one save is in flight: SaveAsync first commits the previous one
 // (Wait), or with WithSkipIfBusy skips this save on every rank while any
@@ -99,7 +102,7 @@ func (m *Manager) SaveAsync(ctx context.Context, step int64, st *State) error {
 		v := stage[off : off+p.size(f)]
 		n := 0
 		for _, c := range p.chunks(st, f) {
-			n += copy(v[n:], c)
+			n += copyPieces(v[n:], c)
 		}
 		views[f] = v
 		off += p.size(f)
@@ -136,8 +139,9 @@ func (m *Manager) InFlight() (step int64, ok bool) {
 // written it returns nil until every rank has written its own; then it
 // runs the written barrier (one small allgather of the files' sizes and
 // sha256) and starts the commit in the background: each domain's lead rank
-// writes the manifest and applies retention. A later Poll that finds the
-// commit done on every rank ends the save (LastSave then describes it).
+// writes the manifest. A later Poll that finds the commit done on every
+// rank ends the save (LastSave then describes it), and each lead rank
+// starts retention in the background.
 // Call it once per training step, on every rank (the Polls of a phase are
 // counted: the allreduce is issued by the 1st, 2nd, 4th and 8th, then
 // every 8th, so that a phase that lasts many steps costs few collectives).
@@ -178,7 +182,12 @@ func (m *Manager) poll(ctx context.Context, force bool) error {
 	if fl.committing {
 		name = "checkpoint.poll.commit"
 	}
-	if err := m.comm.Allreduce(ctx, flags, collective.Sum, collective.Name(name)); err != nil {
+	actx := ctx
+	if force {
+		// Wait: the other ranks may still be writing.
+		actx = m.ioCtx(ctx)
+	}
+	if err := m.comm.Allreduce(actx, flags, collective.Sum, collective.Name(name)); err != nil {
 		return err // the job's failure, not the save's: it stays in flight
 	}
 	if flags[0] != 0 {
@@ -209,11 +218,39 @@ func (m *Manager) poll(ctx context.Context, force bool) error {
 		if flags[1] == 1 {
 			first = int(flags[2]) - 1
 		}
-		if fl.cerr != nil {
-			return failed(p.step, true, fl.cerr)
+		// Which leads failed, to say where the step is committed anyway
+		// (every rank comes here together: the sum is the same).
+		where := ""
+		if p.dom.h() > 1 {
+			all := make([]byte, p.n)
+			if err := m.comm.Allgather(ctx, []byte{byte(boolU64(fl.cerr != nil))}, all, collective.Name("checkpoint.commit.failed")); err == nil {
+				failedRanks := make([]bool, p.n)
+				for r, f := range all {
+					failedRanks[r] = f != 0
+				}
+				where = m.committedElsewhere(p, failedRanks)
+			}
 		}
-		return failed(p.step, true, m.commitFailure(p, nil, int(flags[1]), first))
+		if fl.cerr != nil {
+			return failed(p.step, true, fmt.Errorf("%w%s", fl.cerr, where))
+		}
+		return failed(p.step, true, fmt.Errorf("%w%s", m.commitFailure(p, nil, int(flags[1]), first), where))
 	}
+	// Committed in every domain: the leads apply retention in the
+	// background (no collective); the next save, a restore or Wait waits
+	// for it.
+	if p.dom.leads(m.comm.Rank()) {
+		done := make(chan struct{})
+		m.retaining = done
+		rctx := context.WithoutCancel(ctx)
+		go func() {
+			defer close(done)
+			if err := m.retainLead(rctx, p.step); err != nil {
+				m.logf("checkpoint: rank %d: step %d: deleting old checkpoints: %v", m.comm.Rank(), p.step, err)
+			}
+		}()
+	}
+	m.good = p.step
 	m.last = SaveStats{Step: p.step, Bytes: p.need, Written: fl.res.bytes, Write: fl.res.dur, Total: time.Since(p.start),
 		Manifest: time.Since(fl.mstart), Stall: fl.stall}
 	return nil
@@ -221,10 +258,13 @@ func (m *Manager) poll(ctx context.Context, force bool) error {
 
 // Wait waits until this rank's part of the asynchronous save in flight is
 // done (its writes, then its commit), polling as it goes, until the save is
-// committed or failed. It is collective; call it at the end of training.
-// Save, SaveAsync and Restore call it themselves.
+// committed or failed, and then for this rank's retention in the
+// background, if it leads a domain. It is collective; call it at the end
+// of training. Save, SaveAsync and Restore call it themselves. Its
+// allreduces are bounded by WithIOTimeout.
 func (m *Manager) Wait(ctx context.Context) error {
 	m.dropIfReformed()
+	defer m.waitRetention(ctx)
 	for m.flight != nil {
 		fl := m.flight
 		ch := fl.done
@@ -268,10 +308,28 @@ func (m *Manager) dropIfReformed() {
 		fl.p.step, fl.p.epoch, epoch, fl.p.n, n)
 }
 
+// waitRetention waits for this rank's background retention of the last
+// asynchronous save, if any (rank-local: no collective).
+func (m *Manager) waitRetention(ctx context.Context) error {
+	if m.retaining == nil {
+		return nil
+	}
+	select {
+	case <-m.retaining:
+		m.retaining = nil
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // waitOrphan waits for the background work of an abandoned save, so that
 // it neither writes from the staging buffer that the next save reuses nor
 // races with the next save's prepare, retention or restore.
 func (m *Manager) waitOrphan(ctx context.Context) error {
+	if err := m.waitRetention(ctx); err != nil {
+		return err
+	}
 	fl := m.orphan
 	if fl == nil {
 		return nil

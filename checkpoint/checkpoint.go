@@ -42,6 +42,7 @@ type Manager struct {
 	margin     int64
 	replicas   int // -1: EnvReplicas, else 2
 	skipIfBusy bool
+	ioTimeout  time.Duration
 	logf       func(format string, args ...any)
 
 	// restoreRank0 restores the old way: rank 0 reads and verifies every
@@ -56,7 +57,14 @@ type Manager struct {
 	orphan *inflight // a save abandoned by a re-formed job whose goroutines may still run
 	stage  []byte    // SaveAsync's snapshot buffer, reused
 
+	retaining chan struct{} // closed when this lead's background retention is over
+
 	last SaveStats
+	// good is the step this Manager restored or committed last (-1: none):
+	// a committed checkpoint known to load. Saving it again is skipped;
+	// another committed step of the same number (one a restore skipped as
+	// unloadable, or another run's) is replaced.
+	good int64
 }
 
 // Option configures a Manager.
@@ -85,12 +93,29 @@ func WithReplicas(k int) Option { return func(m *Manager) { m.replicas = max(k, 
 // is still writing the previous one, instead of waiting for it.
 func WithSkipIfBusy() Option { return func(m *Manager) { m.skipIfBusy = true } }
 
+// WithIOTimeout bounds the collectives of a save or restore that wait on
+// another rank's storage I/O (default 30 minutes) instead of the
+// communicator's collective timeout (collective.WithTimeout,
+// GORUN_TIMEOUT): the barrier after every rank's writes and the outcome of
+// the commit in Save, the allreduces of Wait, and the broadcasts and
+// allgathers of Restore that wait for a reader. A rank uploading a big
+// shard with retries is slow, not dead; a dead or frozen peer still ends
+// those collectives at once (broken links, heartbeats). Every rank must
+// give the same value; d <= 0 leaves the collective timeout.
+func WithIOTimeout(d time.Duration) Option { return func(m *Manager) { m.ioTimeout = d } }
+
+// ioCtx is ctx for the collectives that wait on other ranks' storage I/O
+// (WithIOTimeout).
+func (m *Manager) ioCtx(ctx context.Context) context.Context {
+	return collective.WithCallTimeout(ctx, m.ioTimeout)
+}
+
 // New returns a Manager for the job of comm, keeping its checkpoints under
 // dir (created if missing). In a directory location "{host}" is replaced by
 // $GORUN_HOST, else the host name (ExpandHost), so that one location names
 // a local directory on every host.
 func New(comm *collective.Comm, dir string, opts ...Option) (*Manager, error) {
-	m := &Manager{comm: comm, dir: dir, keep: 2, margin: -1, replicas: -1, logf: log.Printf}
+	m := &Manager{comm: comm, dir: dir, good: -1, keep: 2, margin: -1, replicas: -1, ioTimeout: 30 * time.Minute, logf: log.Printf}
 	for _, o := range opts {
 		o(m)
 	}
@@ -175,8 +200,9 @@ func hook(point string, rank int) error {
 // errHook wraps errors returned by testHook.
 var errHook = errors.New("checkpoint test hook")
 
-// agreeLen: step, layout hash, blob bytes, free bytes, statfs ok, busy.
-const agreeLen = 8 + 32 + 8 + 8 + 8 + 8
+// agreeLen: step, layout hash, blob bytes, free bytes, statfs ok, state
+// ok, step committed here, replicas, disk margin.
+const agreeLen = 8 + 32 + 8 + 8 + 8 + 8 + 8 + 8 + 8
 
 // plan is what every rank agreed a save writes, and where.
 type plan struct {
@@ -230,24 +256,29 @@ func (p *plan) chunks(st *State, f int) [][]byte {
 
 // begin runs the steps of a save up to the writes, on every rank: waits
 // for an asynchronous save in flight (unless skipIfBusy allows skipping),
-// finds the storage domains, agrees on the step, the layout and free space,
-// shares the blobs when they are replicated and prepares the step in every
-// domain. It returns a nil plan and nil error when the save is skipped.
+// finds the storage domains, agrees on the step, the layout, the settings
+// and free space, shares the blobs when they are replicated and prepares
+// the step in every domain. It returns a nil plan and nil error when the
+// save is skipped (busy, or the step is already committed).
 func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) (*plan, error) {
 	start := time.Now()
-	if st.err != nil {
-		return nil, st.err
-	}
-	if step < 0 {
-		return nil, fmt.Errorf("checkpoint: step %d is negative", step)
-	}
 	m.dropIfReformed()
 	if err := m.waitOrphan(ctx); err != nil {
 		return nil, err
 	}
-	busyDefer := async && m.skipIfBusy && m.flight != nil
-	if m.flight != nil && !busyDefer {
+	if m.flight != nil {
+		if async {
+			// Every rank has a save in flight (SaveAsync is collective):
+			// agree on whether to skip this one before any rank waits.
+			skip, err := m.agreeBusy(ctx, step)
+			if err != nil || skip {
+				return nil, err
+			}
+		}
 		if err := m.Wait(ctx); err != nil {
+			return nil, err
+		}
+		if err := m.waitOrphan(ctx); err != nil { // the retention Wait started
 			return nil, err
 		}
 	}
@@ -256,18 +287,32 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 	if err != nil {
 		return nil, err
 	}
-	blobs, err := st.encodeBlobs()
-	if err != nil {
-		return nil, err
+	// A rank whose state cannot be saved (a registration error, a blob's
+	// save func failing) still takes part in the agreement, so that every
+	// rank fails together.
+	stErr := st.err
+	var blobs []byte
+	if stErr == nil {
+		blobs, stErr = st.encodeBlobs()
 	}
-	// 1. Agree on the step and the state, and check free space, in one
-	// allgather so that every rank takes the same decision.
+	// Whether step is already committed here: a restore returned it and
+	// the loop saves it again. Its leads look (a save never replaces a
+	// committed checkpoint).
+	var isCommitted bool
+	if dom.leads(rank) && step >= 0 {
+		if rc, _, err := m.store.Get(ctx, stepKey(step)+"/"+ManifestName); err == nil {
+			rc.Close()
+			isCommitted = true
+		}
+	}
+	// 1. Agree on the step, the state and the settings, and check free
+	// space, in one allgather so that every rank takes the same decision.
 	var free uint64 = 1 << 62 // an object store reports no free space
 	var ferr error
 	if _, ok := m.store.(DirStore); ok {
 		free, ferr = freeSpace(m.dir)
 	}
-	busy := m.flight != nil && m.flight.busy()
+	k := m.replicaCount(dom)
 	rec := make([]byte, 0, agreeLen)
 	rec = binary.LittleEndian.AppendUint64(rec, uint64(step))
 	lh := st.layoutHash()
@@ -275,12 +320,18 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 	rec = binary.LittleEndian.AppendUint64(rec, uint64(len(blobs)))
 	rec = binary.LittleEndian.AppendUint64(rec, free)
 	rec = binary.LittleEndian.AppendUint64(rec, boolU64(ferr == nil))
-	rec = binary.LittleEndian.AppendUint64(rec, boolU64(busy))
+	rec = binary.LittleEndian.AppendUint64(rec, boolU64(stErr == nil))
+	// Bit 0: a lead sees step committed; bit 1: it is the step this
+	// Manager restored or committed (the same on every member, except a
+	// joiner of an elastic job, which has none: one rank knowing is enough).
+	rec = binary.LittleEndian.AppendUint64(rec, boolU64(isCommitted)|boolU64(step == m.good)<<1)
+	rec = binary.LittleEndian.AppendUint64(rec, uint64(k))
+	rec = binary.LittleEndian.AppendUint64(rec, uint64(m.margin))
 	all := make([]byte, agreeLen*n)
 	if err := m.comm.Allgather(ctx, rec, all, collective.Name("checkpoint.agree")); err != nil {
 		return nil, failed(step, async, fmt.Errorf("agreeing on the step: %w", err))
 	}
-	p := &plan{step: step, n: n, epoch: epoch, total: st.totalBytes(), blobLen: make([]int64, n), dom: dom, k: m.replicaCount(dom), start: start}
+	p := &plan{step: step, n: n, epoch: epoch, total: st.totalBytes(), blobLen: make([]int64, n), dom: dom, k: k, start: start}
 	var off int64
 	for _, t := range st.tensors {
 		p.tensors = append(p.tensors, TensorInfo{Name: t.name, DType: t.dtype, Shape: slices.Clone(t.shape), Offset: off, Bytes: int64(len(t.bytes))})
@@ -290,9 +341,11 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 		p.blobNames = append(p.blobNames, b.name)
 	}
 	steps := map[int64][]int{}
-	var layoutDiff, statfsBad []int
+	ks := map[int64][]int{}
+	margins := map[int64][]int{}
+	var layoutDiff, statfsBad, stateBad []int
 	frees := make([]uint64, n)
-	anyBusy := false
+	anyCommitted, anyGood := false, false
 	for r := range n {
 		b := all[r*agreeLen:]
 		s := int64(binary.LittleEndian.Uint64(b))
@@ -305,22 +358,35 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 		if binary.LittleEndian.Uint64(b[56:]) == 0 {
 			statfsBad = append(statfsBad, r)
 		}
-		anyBusy = anyBusy || binary.LittleEndian.Uint64(b[64:]) != 0
+		if binary.LittleEndian.Uint64(b[64:]) == 0 {
+			stateBad = append(stateBad, r)
+		}
+		anyCommitted = anyCommitted || binary.LittleEndian.Uint64(b[72:])&1 != 0
+		anyGood = anyGood || binary.LittleEndian.Uint64(b[72:])&2 != 0
+		kr := int64(binary.LittleEndian.Uint64(b[80:]))
+		ks[kr] = append(ks[kr], r)
+		mr := int64(binary.LittleEndian.Uint64(b[88:]))
+		margins[mr] = append(margins[mr], r)
 	}
-	if busyDefer {
-		if anyBusy {
-			doing := "written"
-			if m.flight.committing {
-				doing = "committed"
+	if len(stateBad) > 0 {
+		if stErr != nil {
+			m.logf("checkpoint: rank %d: step %d: %v", rank, step, stErr)
+			cause := strings.TrimPrefix(stErr.Error(), "checkpoint: ")
+			if len(stateBad) == 1 {
+				return nil, failed(step, async, fmt.Errorf("rank %d could not save its state: %s", rank, cause))
 			}
-			m.logf("checkpoint: step %d: skipped: the save of step %d is still being %s (WithSkipIfBusy)", step, m.flight.p.step, doing)
-			return nil, nil
+			return nil, failed(step, async, fmt.Errorf("ranks %v could not save their state; this rank %d: %s", stateBad, rank, cause))
 		}
-		// Every rank has finished writing the previous save: commit it
-		// now (no rank blocks), then go on with this one.
-		if err := m.Wait(ctx); err != nil {
-			return nil, err
+		if len(stateBad) == 1 {
+			return nil, failed(step, async, fmt.Errorf("rank %d could not save its state (see its log for the cause)", stateBad[0]))
 		}
+		return nil, failed(step, async, fmt.Errorf("ranks %v could not save their state (see their logs for the cause)", stateBad))
+	}
+	if len(ks) > 1 {
+		return nil, failed(step, async, fmt.Errorf("ranks disagree on the number of replicas (WithReplicas, %s): %s", EnvReplicas, rankGroups(ks, "")))
+	}
+	if len(margins) > 1 {
+		return nil, failed(step, async, fmt.Errorf("ranks disagree on the disk margin (WithDiskMargin): %s", rankGroups(margins, "bytes (-1: the default)")))
 	}
 	if len(steps) > 1 {
 		var parts []string
@@ -329,8 +395,22 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 		}
 		return nil, failed(step, async, fmt.Errorf("ranks disagree on the step: %s", strings.Join(parts, ", ")))
 	}
+	if step < 0 {
+		return nil, fmt.Errorf("checkpoint: step %d is negative", step)
+	}
 	if len(layoutDiff) > 0 {
 		return nil, failed(step, async, fmt.Errorf("ranks %v registered different tensors or blobs than this rank %d (names, dtypes and shapes must match on every rank)", layoutDiff, rank))
+	}
+	if anyCommitted && anyGood {
+		m.logf("checkpoint: step %d is already committed in %s; not saved again", step, m.dir)
+		return nil, nil
+	}
+	if anyCommitted && rank == 0 {
+		// Not the checkpoint this job restored or saved: a restore skipped
+		// it as unloadable (or another run wrote it). The new save
+		// replaces it; keeping it would leave the job unable to save this
+		// step at all.
+		m.logf("checkpoint: step %d is committed in %s, but it is not a checkpoint this job restored or saved; replacing it", step, m.dir)
 	}
 	if len(statfsBad) > 0 {
 		if ferr != nil {
@@ -422,6 +502,51 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 	return p, nil
 }
 
+// agreeBusy is the agreement of a SaveAsync of step while a save is in
+// flight: every rank says whether it skips a save while busy
+// (WithSkipIfBusy) and whether it is still busy. With WithSkipIfBusy on
+// every rank and any rank busy, the save is skipped (skip true) on every
+// rank; ranks that disagree on WithSkipIfBusy fail, named.
+func (m *Manager) agreeBusy(ctx context.Context, step int64) (skip bool, err error) {
+	n := m.comm.Size()
+	rec := []byte{byte(boolU64(m.skipIfBusy)), byte(boolU64(m.flight.busy()))}
+	all := make([]byte, 2*n)
+	if err := m.comm.Allgather(ctx, rec, all, collective.Name("checkpoint.busy")); err != nil {
+		return false, failed(step, true, fmt.Errorf("agreeing on the step: %w", err))
+	}
+	skips := map[int64][]int{}
+	anyBusy := false
+	for r := range n {
+		skips[int64(all[2*r])] = append(skips[int64(all[2*r])], r)
+		anyBusy = anyBusy || all[2*r+1] != 0
+	}
+	if len(skips) > 1 {
+		return false, failed(step, true, fmt.Errorf("ranks disagree on WithSkipIfBusy: ranks %v skip a save while the previous one is busy, ranks %v wait for it", skips[1], skips[0]))
+	}
+	if !m.skipIfBusy || !anyBusy {
+		return false, nil
+	}
+	doing := "written"
+	if m.flight.committing {
+		doing = "committed"
+	}
+	m.logf("checkpoint: step %d: skipped: the save of step %d is still being %s (WithSkipIfBusy)", step, m.flight.p.step, doing)
+	return true, nil
+}
+
+// rankGroups says which ranks hold which value: "ranks [0 2] 1, ranks [1] 2".
+func rankGroups(byValue map[int64][]int, unit string) string {
+	var parts []string
+	for _, v := range slices.Sorted(maps.Keys(byValue)) {
+		part := fmt.Sprintf("ranks %v: %d", byValue[v], v)
+		if unit != "" {
+			part += " " + unit
+		}
+		parts = append(parts, part)
+	}
+	return strings.Join(parts, ", ")
+}
+
 // prepare removes a stale, uncommitted step (its manifest first, so a crash
 // here leaves nothing that looks committed) and, in a directory, creates
 // the step directory durably.
@@ -506,7 +631,9 @@ func (m *Manager) write(ctx context.Context, p *plan, data func(f int) [][]byte)
 // checkpoint is committed (its manifest durable) on every rank, or with an
 // error on every rank; a failed or interrupted save leaves the previous
 // checkpoints as they were. An asynchronous save in flight is committed
-// first (Wait), and its error, if any, is returned instead.
+// first (Wait), and its error, if any, is returned instead. A step that is
+// already committed (saved again after Restore returned it) is not saved
+// again: Save logs it and returns nil.
 func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
 	p, err := m.begin(ctx, step, st, false)
 	if err != nil || p == nil {
@@ -546,19 +673,28 @@ func (m *Manager) finish(ctx context.Context, p *plan, res *writeResult) error {
 	}
 	// 7. Every rank learns every domain's outcome.
 	flags := make([]byte, n)
-	if err := m.comm.Allgather(ctx, []byte{byte(boolU64(commitErr != nil))}, flags, collective.Name("checkpoint.commit")); err != nil {
+	if err := m.comm.Allgather(m.ioCtx(ctx), []byte{byte(boolU64(commitErr != nil))}, flags, collective.Name("checkpoint.commit")); err != nil {
 		return failed(step, false, fmt.Errorf("committing the manifest: %w", err))
 	}
 	var bad []int
+	failedRanks := make([]bool, n)
 	for r, f := range flags {
 		if f != 0 {
 			bad = append(bad, r)
+			failedRanks[r] = true
 		}
 	}
 	if len(bad) > 0 {
-		return failed(step, false, m.commitFailure(p, commitErr, len(bad), bad[0]))
+		return failed(step, false, fmt.Errorf("%w%s", m.commitFailure(p, commitErr, len(bad), bad[0]), m.committedElsewhere(p, failedRanks)))
+	}
+	// 6. Committed everywhere: the leads apply retention.
+	if p.dom.leads(rank) {
+		if err := m.retainLead(ctx, step); err != nil {
+			return err
+		}
 	}
 	total := time.Since(p.start)
+	m.good = step
 	m.last = SaveStats{Step: step, Bytes: p.need, Written: res.bytes, Write: res.dur, Total: total, Manifest: time.Since(mstart), Stall: total}
 	return nil
 }
@@ -607,7 +743,13 @@ func (m *Manager) confirm(ctx context.Context, p *plan, res *writeResult, async 
 		copy(b[16:48], w.sum[:])
 	}
 	all := make([]byte, resLen*n)
-	if err := m.comm.Allgather(ctx, rec, all, collective.Name("checkpoint.written")); err != nil {
+	wctx := ctx
+	if !async {
+		// A synchronous save waits here for every rank's writes (an
+		// asynchronous one comes here once every rank is done).
+		wctx = m.ioCtx(ctx)
+	}
+	if err := m.comm.Allgather(wctx, rec, all, collective.Name("checkpoint.written")); err != nil {
 		return nil, fail("confirming the shards in %s: %w", loc, err)
 	}
 	var bad []int
@@ -672,11 +814,11 @@ func (m *Manager) confirm(ctx context.Context, p *plan, res *writeResult, async 
 	return man, nil
 }
 
-// commitLead is steps 5 and 6 on a domain's lowest rank: it commits the
-// manifest, then applies retention. It issues no collective, so that an
-// asynchronous save runs it in the background. A manifest that cannot be
-// written is its error (logged here); retention that fails is only logged.
-// An error of the test hook is returned as is.
+// commitLead is step 5 on a domain's lowest rank: it commits the
+// manifest. It issues no collective, so that an asynchronous save runs it
+// in the background. A manifest that cannot be written is its error
+// (logged here). An error of the test hook is returned as is. Retention
+// (step 6, retainLead) runs only once every domain committed.
 func (m *Manager) commitLead(ctx context.Context, man *Manifest) error {
 	rank := m.comm.Rank()
 	if err := m.commit(ctx, man); errors.Is(err, errHook) {
@@ -685,16 +827,39 @@ func (m *Manager) commitLead(ctx context.Context, man *Manifest) error {
 		m.logf("checkpoint: rank %d: step %d: committing the manifest: %v", rank, man.Step, err)
 		return err
 	}
-	if err := hook("committed", rank); err != nil {
-		return err
-	}
-	if err := m.retain(ctx); err != nil {
+	return hook("committed", rank)
+}
+
+// retainLead is step 6 on a domain's lowest rank, once the save of step is
+// committed in every domain: it applies retention. A failure is only
+// logged; an error of the test hook is returned.
+func (m *Manager) retainLead(ctx context.Context, step int64) error {
+	if err := m.retain(ctx, step); err != nil {
 		if errors.Is(err, errHook) {
 			return err
 		}
-		m.logf("checkpoint: step %d: deleting old checkpoints: %v", man.Step, err)
+		m.logf("checkpoint: step %d: deleting old checkpoints: %v", step, err)
 	}
 	return nil
+}
+
+// committedElsewhere says, for a save whose commit failed in some domain,
+// in which domains it is committed nevertheless: failedRanks[r] is true for
+// the lead ranks whose commit failed. "" with one domain.
+func (m *Manager) committedElsewhere(p *plan, failedRanks []bool) string {
+	if p.dom.h() == 1 {
+		return ""
+	}
+	var hosts, leads []int
+	for d, mem := range p.dom.members {
+		if !failedRanks[mem[0]] {
+			hosts, leads = append(hosts, d), append(leads, mem[0])
+		}
+	}
+	if len(hosts) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; the step is nevertheless committed in the directories of %s (lead ranks %v), where a restore may load it", hostList(hosts), leads)
 }
 
 // commit writes the manifest: the Store's Put is atomic and durable
@@ -722,25 +887,43 @@ func (m *Manager) commit(ctx context.Context, man *Manifest) error {
 	return nil
 }
 
-// retain deletes committed checkpoints beyond the newest keep, and
-// uncommitted steps older than the newest committed one. A deletion removes
-// the manifest first, so a crash midway leaves an uncommitted step, never a
-// broken committed one.
-func (m *Manager) retain(ctx context.Context) error {
+// retain runs once step is committed in every domain. It deletes the
+// committed checkpoints newer than step (superseded: the job went on from
+// an older one, after a restore fell back past them), the committed ones
+// beyond the newest keep up to step (step itself always kept), and
+// uncommitted steps older than the newest kept one. A deletion removes the
+// manifest first, so a crash midway leaves an uncommitted step, never a
+// broken committed one. Uncommitted steps newer than step are left alone
+// (the next save may be writing one).
+func (m *Manager) retain(ctx context.Context, step int64) error {
 	entries, err := storeSteps(ctx, m.store)
 	if err != nil {
 		return err
 	}
 	rank := m.comm.Rank()
+	var superseded []int64
+	for _, e := range entries {
+		if e.Step > step && e.Committed {
+			superseded = append(superseded, e.Step)
+		}
+	}
+	if len(superseded) > 0 {
+		m.logf("checkpoint: step %d: deleting the committed steps %v in %s: they are newer than step %d, which the job went on from (superseded)", step, superseded, m.dir, step)
+	}
 	kept := 0
 	var errs []error
 	for _, e := range entries {
-		if e.Committed && kept < m.keep {
+		switch {
+		case e.Step > step && !e.Committed:
+			continue // not ours to judge
+		case e.Step == step:
 			kept++
 			continue
-		}
-		if !e.Committed && kept == 0 {
-			continue // newer than every committed checkpoint: not ours to judge
+		case e.Step < step && e.Committed && kept < m.keep:
+			kept++
+			continue
+		case e.Step < step && !e.Committed && kept == 0:
+			continue
 		}
 		err := storeDeleteStep(ctx, m.store, e.Step, func() error { return hook("retention", rank) })
 		if errors.Is(err, errHook) {
@@ -858,7 +1041,7 @@ func (m *Manager) storePut(ctx context.Context, step int64, name string, chunks 
 	h := sha256.New()
 	var n int64
 	for _, c := range chunks {
-		h.Write(c)
+		hashPieces(h, c)
 		n += int64(len(c))
 	}
 	if err := m.store.Put(ctx, stepKey(step)+"/"+name, chunks...); err != nil {

@@ -301,6 +301,9 @@ func crash(t *testing.T, comms []*collective.Comm, dir string, step int64, v flo
 		return err
 	})
 	for r, err := range errs {
+		if err == nil && point == "retention" && r != victim {
+			continue // retention runs once the step is committed everywhere
+		}
 		if err == nil {
 			t.Errorf("rank %d: save returned nil although rank %d died at %s", r, victim, point)
 		}

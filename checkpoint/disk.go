@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -421,11 +422,16 @@ func writeDurable(dir, name string, syncD bool, chunks ...[]byte) (int64, string
 	var n int64
 	err = func() error {
 		for _, c := range chunks {
-			if _, err := f.Write(c); err != nil {
-				return err
+			for len(c) > 0 {
+				b := c[:min(len(c), piece)]
+				if _, err := f.Write(b); err != nil {
+					return err
+				}
+				h.Write(b)
+				n += int64(len(b))
+				c = c[len(b):]
+				runtime.Gosched()
 			}
-			h.Write(c)
-			n += int64(len(c))
 		}
 		return f.Sync()
 	}()
@@ -446,6 +452,36 @@ func writeDurable(dir, name string, syncD bool, chunks ...[]byte) (int64, string
 }
 
 var _ hash.Hash = sha256.New()
+
+// piece is the most bytes hashed, copied or written in one call. SHA-256,
+// CRC-32 and memmove over a whole shard are each one assembly call that
+// the scheduler cannot preempt (tens of milliseconds for 64 MiB): the
+// background writes of in-process ranks would hold every P while the
+// ranks' Polls wait for a rank that cannot run. Between pieces the writer
+// yields (runtime.Gosched).
+const piece = 1 << 20
+
+// hashPieces writes b into h a piece at a time.
+func hashPieces(h io.Writer, b []byte) {
+	for len(b) > 0 {
+		n := min(len(b), piece)
+		h.Write(b[:n])
+		b = b[n:]
+		runtime.Gosched()
+	}
+}
+
+// copyPieces is copy(dst, src), a piece at a time. It runs on the training
+// path (SaveAsync's snapshot), so it does not yield: the pieces only give
+// the scheduler a chance to preempt it, and yielding would hand the CPU to
+// the background writers while the training loop waits.
+func copyPieces(dst, src []byte) int {
+	n := 0
+	for n < len(dst) && n < len(src) {
+		n += copy(dst[n:], src[n:min(len(src), n+piece)])
+	}
+	return n
+}
 
 func syncDir(dir string) error {
 	d, err := os.Open(dir)

@@ -24,11 +24,23 @@
 // Save is collective: every rank calls it with the same step. It
 //
 //  1. allgathers each rank's step, a fingerprint of its registered state,
-//     the size of its per-rank blobs and its free disk space
-//     (syscall.Statfs); ranks that disagree on the step fail with an error
-//     naming them, and if any rank sees less free space than the bytes its
-//     storage domain will hold plus a margin (10%, at least 1 MiB), every
-//     rank fails with the sizes and nothing is written;
+//     whether its state could be encoded (a Blob's save func may fail on
+//     one rank), the size of its per-rank blobs, its replication settings
+//     (the number of replicas and the disk margin), whether the step is
+//     already committed in its domain, and its free disk space
+//     (syscall.Statfs). Every rank fails together, with an error naming
+//     the ranks (and on a rank whose state failed, the cause), when a
+//     rank's state could not be encoded, or ranks disagree on the
+//     settings (naming the values) or the step; the step this Manager
+//     restored or committed last, when it is still committed (a loop that
+//     saves at its top saves again the step Restore returned), is not
+//     saved again: every rank logs "checkpoint: step S is already
+//     committed in DIR; not saved again" and returns nil. Another
+//     committed checkpoint of the same step (one a restore skipped as
+//     unloadable, or another run's) is replaced, with a log line. If any
+//     rank sees less free space than the bytes its storage domain will
+//     hold plus a margin (10%, at least 1 MiB), every rank fails with the
+//     sizes and nothing is written;
 //  2. has the lowest rank of every storage domain (below; with a shared
 //     directory, rank 0) prepare DIR/step-<N>/, replacing a stale,
 //     uncommitted one;
@@ -43,11 +55,26 @@
 //     and sha256) to a temporary name, fsync it, rename it and fsync the
 //     directories. The manifest is written last: a directory without
 //     manifest.json is not a checkpoint, and no reader ever loads one;
-//  6. has the same ranks delete the checkpoints older than the newest K
-//     (WithKeep, default 2), each by removing its manifest first, so that a
-//     crash during the deletion leaves an uncommitted directory, never a
-//     broken checkpoint;
-//  7. allgathers the outcome, so every rank returns the same result.
+//  6. allgathers the outcome, so every rank returns the same result. When
+//     a domain's manifest could not be written the save fails on every
+//     rank, and the error says in which hosts' directories the step is
+//     committed nevertheless;
+//  7. only when the step is committed in every domain, has the same ranks
+//     apply retention: delete the committed steps newer than this one
+//     (superseded: the job went on from an older checkpoint, after a
+//     restore fell back past them; one line in the log names them), and
+//     keep the newest K up to this step (WithKeep, default 2; this step is
+//     never deleted), each by removing its manifest first, so that a crash
+//     during the deletion leaves an uncommitted directory, never a broken
+//     checkpoint.
+//
+// The collectives that wait on another rank's storage I/O (the barrier of
+// step 4 and the outcome of step 6 in Save, Wait's allreduces, and
+// Restore's broadcasts and allgathers that wait for a reader) are bounded
+// by WithIOTimeout (default 30 minutes), not by the collective timeout
+// (GORUN_TIMEOUT): a rank uploading a big shard with retries is slow, not
+// dead. A dead or frozen peer still ends them at once (broken links,
+// heartbeats). Every rank must give the same value.
 //
 // # Asynchronous save
 //
@@ -63,13 +90,16 @@
 //   - writing: once every rank's writes are done, Poll runs step 4 (one
 //     small allgather of the files' sizes and sha256, which also detects
 //     replicas that differ) and starts the commit: each domain's lowest
-//     rank writes the manifest and applies retention (steps 5 and 6) in the
-//     background;
+//     rank writes the manifest (step 5) in the background;
 //   - committing: once that is done on every rank, Poll ends the save
-//     (LastSave then describes it), or fails it on every rank.
+//     (LastSave then describes it), or fails it on every rank. Once it is
+//     committed everywhere, each domain's lowest rank applies retention
+//     (step 7) in the background, with no collective; the next save,
+//     Restore or Wait waits for it on that rank.
 //
 // So the training loop never waits for the manifest's fsyncs or the
-// deletion of old checkpoints. The Polls of a phase issue the allreduce at
+// deletion of old checkpoints (unless the next save comes before the
+// deletion is over). The Polls of a phase issue the allreduce at
 // their 1st, 2nd, 4th and 8th call, then every 8th (every rank counts the
 // same calls), so that a phase that lasts many steps costs a few
 // collectives and ends at most 7 steps late. Wait waits for this rank's part of each
@@ -89,7 +119,10 @@
 // At most one save is in flight (until its commit is over): a SaveAsync
 // while one is in flight first commits it, or with WithSkipIfBusy skips
 // the new save on every rank (logging why) while any rank is still writing
-// or committing it. A background error (a write, or a lead rank's
+// or committing it (one small allgather decides; ranks that disagree on
+// WithSkipIfBusy fail, named). Background work hashes, copies and writes
+// in pieces of at most 1 MiB and yields between them, so that it never
+// holds a CPU for long while the training loop's Polls wait. A background error (a write, or a lead rank's
 // manifest) is logged at once and returned by the Poll that finds the
 // phase done everywhere (or Wait, SaveAsync, Save), on every rank, as
 // "checkpoint: async save of step S: <what, naming the location or file
@@ -153,7 +186,9 @@
 // compares every copy's sha256, and if two ranks wrote different bytes for
 // a shard the save fails on every rank, naming them: the registered
 // tensors must hold the same values on every rank. Every domain gets its
-// own manifest, written by its lowest rank, and applies retention itself.
+// own manifest, written by its lowest rank, and applies retention itself
+// (once every domain committed). The number of replicas must be the same
+// on every rank: ranks that disagree fail the save, named.
 // A checkpoint survives the loss of up to k hosts' directories.
 //
 // Each domain's manifest records the placement (optional JSON fields, so

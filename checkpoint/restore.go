@@ -152,6 +152,7 @@ func (m *Manager) Restore(ctx context.Context, st *State) (step int64, found boo
 			return 0, false, overwritten(fatal, touched)
 		}
 		if problem == nil {
+			m.good = s
 			return s, true, nil
 		}
 		problems = append(problems, fmt.Sprintf("step %d: %v", s, problem))
@@ -179,6 +180,9 @@ func overwritten(err error, touched bool) error {
 // back would silently lose progress). *touched is set once bytes of the
 // registered state may have been overwritten.
 func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step int64, listers []int, touched *bool) (problem, fatal error) {
+	// Every collective below may wait for a rank reading (or writing
+	// back) a file: bounded by WithIOTimeout, not the collective timeout.
+	ctx = m.ioCtx(ctx)
 	rank, n := m.comm.Rank(), m.comm.Size()
 	wrap := func(err error) error { return fmt.Errorf("checkpoint: restore: step %d: %w", step, err) }
 

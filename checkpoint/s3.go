@@ -350,7 +350,7 @@ func s3CRC32Matches(sum string, parts []types.CompletedPart, data [][]byte) bool
 		return c == base64.StdEncoding.EncodeToString(h.Sum(nil))
 	}
 	for _, d := range data {
-		h.Write(d)
+		hashPieces(h, d)
 	}
 	return sum == base64.StdEncoding.EncodeToString(h.Sum(nil))
 }
