@@ -697,12 +697,23 @@ func (d *departureLog) record(rank int, lastCall uint64) {
 // they could never finish. (Such a rank may still be in Close, waiting for
 // its links to drain, when gorun stops the job, so its exit status says
 // nothing.)
+//
+// When every rank closed, only those that closed before another rank's last
+// call left early: ranks that all closed after the same call (each failing
+// on its own afterwards, e.g. on a bad flag checked after Init) left
+// nobody behind.
 func (d *departureLog) leftEarly(procs []*rankProc) []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	allLeft, last := true, uint64(0)
+	for _, p := range procs {
+		call, left := d.lastCall[p.rank]
+		allLeft = allLeft && left
+		last = max(last, call)
+	}
 	var out []string
 	for _, p := range procs {
-		if call, left := d.lastCall[p.rank]; left {
+		if call, left := d.lastCall[p.rank]; left && !(allLeft && call == last) {
 			out = append(out, fmt.Sprintf("rank %d%s closed its communicator after call #%d", p.rank, onHost(p.host), call))
 		}
 	}

@@ -64,3 +64,25 @@ func linesOf(out string, r int) string {
 	}
 	return b.String()
 }
+
+// Ranks that all close their communicator after the same call and then
+// fail (a check after Init, such as a bad --checkpoint-dir) left nobody
+// behind: gorun's summary names the failure, not an early Close.
+func TestAllCloseThenFailIsNotAnEarlyLeave(t *testing.T) {
+	out, errOut, code := run(t, []string{"TESTPROG_MODE=failall", "TESTPROG_ITERS=2"},
+		gorunBin, "-np", "3", "--timeout", "1m", testprogBin)
+	if code == 0 {
+		t.Fatalf("gorun exited 0 although every rank exited 6\nstdout:\n%s\nstderr:\n%s", out, errOut)
+	}
+	for r := range 3 {
+		if want := fmt.Sprintf("testprog: rank %d failing after Close", r); !strings.Contains(errOut, want) {
+			t.Errorf("stderr lacks %q", want)
+		}
+	}
+	if strings.Contains(errOut, "closed its communicator") || strings.Contains(errOut, "still making collective calls") {
+		t.Errorf("gorun's summary blames an early Close although every rank closed after the same call:\n%s", errOut)
+	}
+	if !strings.Contains(errOut, "gorun: job failed: rank ") || !strings.Contains(errOut, "exit status 6") {
+		t.Errorf("gorun's summary does not name a failed rank and its exit status:\n%s", errOut)
+	}
+}

@@ -10,6 +10,8 @@
 //	TESTPROG_MODE=leave     rank VICTIM makes ITERS-1 allreduces, closes its Comm (printing
 //	                        Close's error, if any, to stderr) and exits 0; the others
 //	                        make ITERS
+//	TESTPROG_MODE=failall   every rank makes ITERS allreduces, closes its Comm, prints
+//	                        "testprog: rank R failing after Close" to stderr and exits 6
 //	TESTPROG_MODE=loop      every rank runs allreduces until it is stopped, printing
 //	                        "rank R looping" after the first one
 //	TESTPROG_FAIL_ONCE=R    rank R exits 5 on the first launch (GORUN_RESTART_COUNT=0)
@@ -101,6 +103,11 @@ func main() {
 				os.Exit(4)
 			}
 		}
+	}
+	if mode == "failall" {
+		comm.Close()
+		fmt.Fprintf(os.Stderr, "testprog: rank %d failing after Close\n", rank)
+		os.Exit(6)
 	}
 	if mode == "loop" {
 		for it := 0; ; it++ {
