@@ -75,22 +75,8 @@ host's name, as in checkpoint.New.`,
 		Args:          cobra.ExactArgs(1),
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		RunE: func(cmd *cobra.Command, args []string) (err error) {
-			if args[0], err = location(args[0]); err != nil {
-				return err
-			}
-			r, err := checkpoint.Scan(args[0])
-			if err != nil {
-				return err
-			}
-			corrupt, degraded := printReport(cmd.OutOrStdout(), args[0], r)
-			switch {
-			case corrupt > 0:
-				return fmt.Errorf("%d committed checkpoint(s) in %s are corrupted", corrupt, args[0])
-			case degraded > 0:
-				return degradedError(cmd.ErrOrStderr(), degraded, args[0])
-			}
-			return nil
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return scanAndReport(cmd, args[0], printReport, false)
 		},
 	}
 	ls := &cobra.Command{
@@ -147,24 +133,8 @@ exist.
 		Args:          exactLocation("verify"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		RunE: func(cmd *cobra.Command, args []string) (err error) {
-			if args[0], err = location(args[0]); err != nil {
-				return err
-			}
-			r, err := checkpoint.Scan(args[0])
-			if err != nil {
-				return err
-			}
-			corrupt, degraded := printVerify(cmd.OutOrStdout(), args[0], r)
-			switch {
-			case corrupt > 0:
-				return fmt.Errorf("%d committed checkpoint(s) in %s are corrupted", corrupt, args[0])
-			case r.Pick < 0:
-				return fmt.Errorf("no committed checkpoint in %s verifies: %s", args[0], r.Reason)
-			case degraded > 0:
-				return degradedError(cmd.ErrOrStderr(), degraded, args[0])
-			}
-			return nil
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return scanAndReport(cmd, args[0], printVerify, true)
 		},
 	}
 	var all bool
@@ -434,3 +404,27 @@ func (o *optionalInt) Set(s string) error {
 }
 
 func (o *optionalInt) Type() string { return "int" }
+
+// scanAndReport scans loc, prints the report with print, and turns what it
+// found into the exit status: corrupted checkpoints (1), with needPick no
+// checkpoint that verifies (1), checkpoints only degraded here (2).
+func scanAndReport(cmd *cobra.Command, loc string, print func(io.Writer, string, *checkpoint.Report) (corrupt, degraded int), needPick bool) error {
+	loc, err := location(loc)
+	if err != nil {
+		return err
+	}
+	r, err := checkpoint.Scan(loc)
+	if err != nil {
+		return err
+	}
+	corrupt, degraded := print(cmd.OutOrStdout(), loc, r)
+	switch {
+	case corrupt > 0:
+		return fmt.Errorf("%d committed checkpoint(s) in %s are corrupted", corrupt, loc)
+	case needPick && r.Pick < 0:
+		return fmt.Errorf("no committed checkpoint in %s verifies: %s", loc, r.Reason)
+	case degraded > 0:
+		return degradedError(cmd.ErrOrStderr(), degraded, loc)
+	}
+	return nil
+}
