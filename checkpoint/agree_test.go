@@ -11,6 +11,20 @@ import (
 	"github.com/gorun/gorun/collective"
 )
 
+// restoreWith restores rank r's state with m and checks that it is step
+// want.
+func restoreWith(ctx context.Context, m *Manager, r int, want int64) (*rankState, error) {
+	s := newRankState(r)
+	step, found, err := m.Restore(ctx, s.st)
+	if err != nil {
+		return nil, err
+	}
+	if !found || step != want {
+		return nil, fmt.Errorf("rank %d: restore gave step %d (found %v), want %d", r, step, found, want)
+	}
+	return s, nil
+}
+
 // A loop that saves at its top saves again the step Restore returned: the
 // committed checkpoint is kept as it is, on every rank, with one log line,
 // by Save and by SaveAsync (no flight).
@@ -23,13 +37,9 @@ func TestSaveOfCommittedStepIsSkipped(t *testing.T) {
 	var lb logBuf
 	ms := managers(t, comms, dir, WithKeep(1), WithLogger(lb.logf))
 	mustAll(t, onEach(comms, func(r int, c *collective.Comm) error {
-		s := newRankState(r)
-		step, found, err := ms[r].Restore(ctx, s.st)
+		s, err := restoreWith(ctx, ms[r], r, 2)
 		if err != nil {
 			return err
-		}
-		if !found || step != 2 {
-			return fmt.Errorf("rank %d: restore gave step %d (found %v), want 2", r, step, found)
 		}
 		s.fill(9, r)
 		if err := ms[r].Save(ctx, 2, s.st); err != nil {
@@ -66,13 +76,9 @@ func TestSaveReplacesCommittedStepTheRestoreSkipped(t *testing.T) {
 	var lb logBuf
 	ms := managers(t, comms, dir, WithLogger(lb.logf))
 	mustAll(t, onEach(comms, func(r int, c *collective.Comm) error {
-		s := newRankState(r)
-		step, found, err := ms[r].Restore(ctx, s.st)
+		s, err := restoreWith(ctx, ms[r], r, 2)
 		if err != nil {
 			return err
-		}
-		if !found || step != 2 {
-			return fmt.Errorf("rank %d: restore gave step %d (found %v), want the fallback 2", r, step, found)
 		}
 		s.fill(5, r)
 		return ms[r].Save(ctx, 4, s.st)

@@ -223,7 +223,7 @@ func (m *Manager) poll(ctx context.Context, force bool) error {
 		where := ""
 		if p.dom.h() > 1 {
 			all := make([]byte, p.n)
-			if err := m.comm.Allgather(ctx, []byte{byte(boolU64(fl.cerr != nil))}, all, collective.Name("checkpoint.commit.failed")); err == nil {
+			if err := m.comm.Allgather(m.ioCtx(ctx), []byte{byte(boolU64(fl.cerr != nil))}, all, collective.Name("checkpoint.commit.failed")); err == nil {
 				failedRanks := make([]bool, p.n)
 				for r, f := range all {
 					failedRanks[r] = f != 0
@@ -262,9 +262,13 @@ func (m *Manager) poll(ctx context.Context, force bool) error {
 // background, if it leads a domain. It is collective; call it at the end
 // of training. Save, SaveAsync and Restore call it themselves. Its
 // allreduces are bounded by WithIOTimeout.
-func (m *Manager) Wait(ctx context.Context) error {
+func (m *Manager) Wait(ctx context.Context) (err error) {
 	m.dropIfReformed()
-	defer m.waitRetention(ctx)
+	defer func() {
+		if rerr := m.waitRetention(ctx); err == nil {
+			err = rerr
+		}
+	}()
 	for m.flight != nil {
 		fl := m.flight
 		ch := fl.done

@@ -17,6 +17,19 @@ import (
 )
 
 // managers makes one Manager per rank in dir.
+// saveAsyncAll has every rank save value v at step with SaveAsync, then
+// Wait for the commit.
+func saveAsyncAll(comms []*collective.Comm, ms []*Manager, step int64, v float32) []error {
+	return onEach(comms, func(r int, c *collective.Comm) error {
+		s := newRankState(r)
+		s.fill(v, r)
+		if err := ms[r].SaveAsync(context.Background(), step, s.st); err != nil {
+			return err
+		}
+		return ms[r].Wait(context.Background())
+	})
+}
+
 func managers(t *testing.T, comms []*collective.Comm, dir string, opts ...Option) []*Manager {
 	t.Helper()
 	ms := make([]*Manager, len(comms))
@@ -178,14 +191,7 @@ func TestSaveAsyncWriteErrorOnPoll(t *testing.T) {
 	}
 	restore(t, comms, dir, 1, 1)
 	// The managers go on: the next save works.
-	mustAll(t, onEach(comms, func(r int, c *collective.Comm) error {
-		s := newRankState(r)
-		s.fill(3, r)
-		if err := ms[r].SaveAsync(context.Background(), 3, s.st); err != nil {
-			return err
-		}
-		return ms[r].Wait(context.Background())
-	}))
+	mustAll(t, saveAsyncAll(comms, ms, 3, 3))
 	restore(t, comms, dir, 3, 3)
 }
 
@@ -428,14 +434,7 @@ func TestSaveAsyncManifestErrorOnPoll(t *testing.T) {
 		t.Fatal(err)
 	}
 	restore(t, comms, dir, 1, 1)
-	mustAll(t, onEach(comms, func(r int, c *collective.Comm) error {
-		s := newRankState(r)
-		s.fill(3, r)
-		if err := ms[r].SaveAsync(context.Background(), 3, s.st); err != nil {
-			return err
-		}
-		return ms[r].Wait(context.Background())
-	}))
+	mustAll(t, saveAsyncAll(comms, ms, 3, 3))
 	restore(t, comms, dir, 3, 3)
 }
 

@@ -132,21 +132,11 @@ func save(t *testing.T, comms []*collective.Comm, dir string, step int64, v floa
 // restore runs Restore on every rank and checks each got fill(wantV).
 func restore(t *testing.T, comms []*collective.Comm, dir string, wantStep int64, wantV float32, opts ...Option) {
 	t.Helper()
-	mustAll(t, onEach(comms, func(r int, c *collective.Comm) error {
-		m, err := New(c, dir, opts...)
-		if err != nil {
-			return err
-		}
-		s := newRankState(r)
-		step, found, err := m.Restore(context.Background(), s.st)
-		if err != nil {
-			return err
-		}
-		if !found || step != wantStep {
-			return fmt.Errorf("rank %d: restored step %d found=%v, want step %d", r, step, found, wantStep)
-		}
-		return s.check(wantV, r)
-	}))
+	dirs := make([]string, len(comms))
+	for r := range dirs {
+		dirs[r] = dir
+	}
+	restoreDirs(t, comms, dirs, wantStep, wantV, opts...)
 }
 
 func TestSaveRestoreRoundTrip(t *testing.T) {

@@ -138,7 +138,7 @@ func (m *Manifest) Placement() string {
 // dir. It is for directories only: filepath.Join would turn an s3://
 // location into "s3:/..."; Manager.StepLocation names a step in either.
 func StepDir(dir string, step int64) string {
-	return filepath.Join(dir, fmt.Sprintf("step-%012d", step))
+	return filepath.Join(dir, stepKey(step))
 }
 
 func shardName(rank, n int) string { return fmt.Sprintf("shard-%05d-of-%05d.bin", rank, n) }

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -596,7 +597,7 @@ func (m *Manager) assign(files []FileInfo, holders [][]int, oldN, n int) []int {
 		order[i] = i
 	}
 	// Largest first, for a better balance when sizes differ.
-	slices.SortStableFunc(order, func(a, b int) int { return int(sign(files[b].Size - files[a].Size)) })
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(files[b].Size, files[a].Size) })
 	for _, i := range order {
 		h := holders[i]
 		owner := i % oldN

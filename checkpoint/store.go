@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -177,18 +178,8 @@ func storeSteps(ctx context.Context, s Store) ([]Entry, error) {
 	for _, e := range byStep {
 		out = append(out, *e)
 	}
-	slices.SortFunc(out, func(a, b Entry) int { return int(sign(b.Step - a.Step)) })
+	slices.SortFunc(out, func(a, b Entry) int { return cmp.Compare(b.Step, a.Step) })
 	return out, nil
-}
-
-func sign(x int64) int64 {
-	switch {
-	case x < 0:
-		return -1
-	case x > 0:
-		return 1
-	}
-	return 0
 }
 
 // storeDeleteStep removes a step's objects, its manifest first, so that an
