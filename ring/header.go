@@ -25,7 +25,10 @@ import (
 //	 40    4 step
 //	 44    4 chunk index within the segment
 //	 48    4 payload length in bytes
-//	 52    1 codec   (0 none, 1 fp16, 2 bf16, 3 int8; Allreduce only)
+//	 52    1 codec   (low 4 bits: 0 none, 1 fp16, 2 bf16, 3 int8;
+//	                  Allreduce only) and algorithm (high 4 bits:
+//	                  Algorithm; 0, the ring, keeps the bytes of the
+//	                  format before algorithms)
 //	 53    3 epoch   (24 bits: the membership epoch of the sender's Ring,
 //	                  Config.Epoch; 0 in a fixed-size job, so its bytes are
 //	                  those of the format before epochs, when these three
@@ -53,6 +56,7 @@ type Header struct {
 	Chunk  uint32
 	Length uint32 // payload bytes following the header
 	Codec  string // "" (none), "fp16", "bf16" or "int8"
+	Algo   Algorithm
 	// Epoch is the membership epoch of the sender (24 bits, see MaxEpoch):
 	// a receiver refuses a message of another epoch.
 	Epoch uint32
@@ -82,7 +86,7 @@ func codecID(name string) byte {
 
 // Call returns the call fingerprint carried by h (Name is empty).
 func (h *Header) Call() Call {
-	return Call{Kind: h.Kind, Seq: h.Seq, Op: h.Op, DType: h.DType, Count: int(h.Count), Root: int(h.Root), Codec: h.Codec}
+	return Call{Kind: h.Kind, Seq: h.Seq, Op: h.Op, DType: h.DType, Count: int(h.Count), Root: int(h.Root), Codec: h.Codec, Algo: h.Algo}
 }
 
 // ErrReservedHeader is the error of a ring that is not elastic (a
@@ -110,7 +114,7 @@ func EncodeHeader(dst []byte, h *Header) {
 	le.PutUint32(dst[40:], h.Step)
 	le.PutUint32(dst[44:], h.Chunk)
 	le.PutUint32(dst[48:], h.Length)
-	dst[52] = codecID(h.Codec)
+	dst[52] = codecID(h.Codec) | byte(h.Algo)<<4
 	dst[53] = byte(h.Epoch)
 	dst[54] = byte(h.Epoch >> 8)
 	dst[55] = byte(h.Epoch >> 16)
@@ -146,8 +150,10 @@ func DecodeHeader(src []byte) (Header, error) {
 		Epoch:  uint32(src[53]) | uint32(src[54])<<8 | uint32(src[55])<<16,
 	}
 	switch {
-	case int(src[52]) >= len(codecIDs):
-		return Header{}, fmt.Errorf("ring: bad header codec %d", src[52])
+	case int(src[52]&15) >= len(codecIDs):
+		return Header{}, fmt.Errorf("ring: bad header codec %d", src[52]&15)
+	case !Algorithm(src[52] >> 4).valid():
+		return Header{}, fmt.Errorf("ring: bad header algorithm %d", src[52]>>4)
 	case !h.Kind.valid():
 		return Header{}, fmt.Errorf("ring: bad header kind %d", src[5])
 	case h.Op > maxOp:
@@ -159,7 +165,8 @@ func DecodeHeader(src []byte) (Header, error) {
 	case h.Root > maxRoot:
 		return Header{}, fmt.Errorf("ring: header root %d out of range", h.Root)
 	}
-	h.Codec = codecIDs[src[52]]
+	h.Codec = codecIDs[src[52]&15]
+	h.Algo = Algorithm(src[52] >> 4)
 	return h, nil
 }
 

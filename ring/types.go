@@ -166,6 +166,10 @@ type Call struct {
 	// Codec names the compression of an Allreduce ("" or "none": none;
 	// "fp16", "bf16", "int8"); see compressed.go. Part of the fingerprint.
 	Codec string
+	// Algo is the schedule the call runs. The Ring sets it when it picks
+	// the algorithm (callers leave it zero); it is part of the fingerprint,
+	// so ranks that picked differently fail with *MismatchError.
+	Algo Algorithm
 }
 
 // String formats the call, e.g. "Allreduce(float32[1000], Sum)",
@@ -178,6 +182,9 @@ func (c Call) String() string {
 		s = fmt.Sprintf("%s(%s[%d], %s", c.Kind.Name(), c.DType, c.Count, c.Op)
 		if c.Codec != "" && c.Codec != "none" {
 			s += ", " + c.Codec
+		}
+		if c.Algo != AlgoRing {
+			s += ", " + c.Algo.String()
 		}
 	case Broadcast:
 		s = fmt.Sprintf("%s(%s[%d], root=%d", c.Kind.Name(), c.DType, c.Count, c.Root)
@@ -217,7 +224,7 @@ func (c Call) normalize() Call {
 // sameFingerprint reports whether two normalized calls match.
 func sameFingerprint(a, b Call) bool {
 	return a.Kind == b.Kind && a.Seq == b.Seq && a.Op == b.Op &&
-		a.DType == b.DType && a.Count == b.Count && a.Root == b.Root && a.Codec == b.Codec
+		a.DType == b.DType && a.Count == b.Count && a.Root == b.Root && a.Codec == b.Codec && a.Algo == b.Algo
 }
 
 // MismatchError reports that two ranks issued different collectives at the
