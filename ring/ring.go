@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -61,6 +62,11 @@ type Config struct {
 	// nonzero epoch bytes is reported as it was before epochs existed: a
 	// nonzero reserved header field (a peer of another version, or noise).
 	Elastic bool
+	// Hosts, if set, has one entry per rank: the index of the host the
+	// rank runs on (ranks with equal entries share a host). The ring uses
+	// it to pick the hierarchical allreduce (hierarchical.go) when several
+	// ranks share a host; nil means every rank is on its own host.
+	Hosts []int
 }
 
 // Ring runs collectives over a Transport connecting Rank to Rank+1 (send)
@@ -79,6 +85,7 @@ type Ring struct {
 	chunkBytes int
 	t          Transport
 	phase      func(Call, string, time.Time, time.Time)
+	hosts      []int // Config.Hosts
 
 	// Phase timing of the running call (only when phase is set).
 	callStart, firstRecv time.Time
@@ -118,6 +125,8 @@ func New(cfg Config, t Transport) (*Ring, error) {
 		return nil, errors.New("ring: nil transport")
 	case cfg.Epoch > MaxEpoch:
 		return nil, fmt.Errorf("ring: epoch %d does not fit the header's 24 bits (wrap it with EpochOf)", cfg.Epoch)
+	case cfg.Hosts != nil && len(cfg.Hosts) != cfg.Size:
+		return nil, fmt.Errorf("ring: %d host entries for %d ranks", len(cfg.Hosts), cfg.Size)
 	case cfg.Epoch != 0 && !cfg.Elastic:
 		return nil, fmt.Errorf("ring: epoch %d on a ring that is not elastic (set Config.Elastic)", cfg.Epoch)
 	}
@@ -135,6 +144,7 @@ func New(cfg Config, t Transport) (*Ring, error) {
 		chunkBytes: cb,
 		t:          t,
 		phase:      cfg.Phase,
+		hosts:      slices.Clone(cfg.Hosts),
 		wake:       make(chan struct{}, 1),
 		sendErr:    make(chan error, 1),
 		first:      make(chan struct{}, 1),
