@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"syscall"
 	"testing"
@@ -27,6 +28,7 @@ func BenchmarkLink(b *testing.B) {
 		kind, mode string
 		hostID     func(int) string
 	}{
+		{LinkShm, DataPlaneAuto, nil},
 		{LinkUnix, DataPlaneAuto, nil},
 		{LinkLibp2pTLS, DataPlaneLibp2p, otherHosts},
 		{LinkTCPTLS, DataPlaneAuto, otherHosts},
@@ -43,7 +45,7 @@ func BenchmarkLink(b *testing.B) {
 	const total = 64 << 20
 	for _, c := range cases {
 		b.Run(c.kind, func(b *testing.B) {
-			j := startJob(b, jobOpts{size: 2, mode: c.mode, hostID: c.hostID, timeout: 30 * time.Second})
+			j := startJob(b, jobOpts{size: 2, mode: c.mode, hostID: c.hostID, timeout: 30 * time.Second, noShm: c.kind == LinkUnix})
 			if k := j.nodes[0].Peers()[1].Link; k != c.kind {
 				b.Fatalf("link is %s, want %s", k, c.kind)
 			}
@@ -92,6 +94,55 @@ func BenchmarkLink(b *testing.B) {
 					}
 					b.StopTimer()
 					b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N*total), "cpu-ns/B")
+				})
+			}
+		})
+	}
+}
+
+// BenchmarkPingPong measures the latency of same-host links, shared memory
+// and unix sockets in the same run (compare the ratio: the machine may be
+// busy): rank 0 sends a message to rank 1, which sends it back. ns/op is
+// one round trip, two hops.
+func BenchmarkPingPong(b *testing.B) {
+	for _, kind := range []string{LinkShm, LinkUnix} {
+		b.Run(kind, func(b *testing.B) {
+			j := startJob(b, jobOpts{size: 2, timeout: 30 * time.Second, noShm: kind == LinkUnix})
+			if k := j.nodes[0].Peers()[1].Link; k != kind {
+				b.Fatalf("link is %s, want %s", k, kind)
+			}
+			ping, pong := j.nodes[0].Transport(), j.nodes[1].Transport()
+			for _, size := range []int{4, 64 << 10} {
+				b.Run(fmt.Sprintf("%dB", size), func(b *testing.B) {
+					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+					defer cancel()
+					out, in, echo := make([]byte, size), make([]byte, size), make([]byte, size)
+					echoed := make(chan error, 1)
+					b.ResetTimer()
+					go func() {
+						for range b.N {
+							if err := pong.RecvPrev(ctx, echo); err != nil {
+								echoed <- err
+								return
+							}
+							if err := pong.SendNext(ctx, echo); err != nil {
+								echoed <- err
+								return
+							}
+						}
+						echoed <- nil
+					}()
+					for range b.N {
+						if err := ping.SendNext(ctx, out); err != nil {
+							b.Fatal(err)
+						}
+						if err := ping.RecvPrev(ctx, in); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if err := <-echoed; err != nil {
+						b.Fatal(err)
+					}
 				})
 			}
 		})

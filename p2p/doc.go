@@ -34,7 +34,11 @@
 //     of its links (simultaneous dials of the same pair make
 //     a fraction of libp2p TLS handshakes fail, go-libp2p#2925). Ranks on the
 //     same host use a unix abstract socket (no file to clean up, no cipher,
-//     the kernel does the copy), authenticated by an HMAC handshake.
+//     the kernel does the copy), authenticated by an HMAC handshake, and
+//     then move the data to a ring buffer in shared memory ("shm", shm.go:
+//     a memfd passed over that socket, futex wake-ups, the socket left to
+//     watch the peer) unless a rank turns it off (Config.NoShm,
+//     GORUN_SHM=0) or the setup fails, which keeps the unix socket.
 //     Different hosts (and, with DataPlane "tls", every pair) use a TCP
 //     connection of their own per link ("tcp-tls"), secured by libp2p's TLS
 //     1.3 handshake with the ranks' libp2p identities (the acceptor checks

@@ -20,6 +20,7 @@ type elasticOpts struct {
 	hb, wait       time.Duration
 	timeout        time.Duration
 	hostID         func(int) string
+	noShm          bool
 }
 
 type changes struct {
@@ -64,7 +65,7 @@ func (o *elasticOpts) defaults() {
 
 func (j *elasticJob) config(rank int) Config {
 	c := Config{Rank: rank, Size: j.o.size, JobKey: j.key, Rendezvous: j.rz.Addr(),
-		Timeout: j.o.timeout, Logf: j.log.logf, Elastic: true, HeartbeatTimeout: j.o.hb}
+		Timeout: j.o.timeout, Logf: j.log.logf, Elastic: true, HeartbeatTimeout: j.o.hb, NoShm: j.o.noShm}
 	if j.o.hostID != nil && rank >= 0 {
 		c.HostID = j.o.hostID(rank)
 	}
@@ -202,9 +203,9 @@ func TestElasticCrash(t *testing.T) {
 	for _, c := range []struct {
 		kind   string
 		hostID func(int) string
-	}{{LinkUnix, nil}, {LinkTCPTLS, otherHosts}} {
+	}{{LinkShm, nil}, {LinkUnix, nil}, {LinkTCPTLS, otherHosts}} {
 		t.Run(c.kind, func(t *testing.T) {
-			j := startElastic(t, elasticOpts{size: 4, min: 2, hostID: c.hostID})
+			j := startElastic(t, elasticOpts{size: 4, min: 2, hostID: c.hostID, noShm: c.kind == LinkUnix})
 			oldTr := j.nodes[0].Mesh()
 			// Blocked: rank 0 on a live peer, rank 1 on the victim, rank 3
 			// sending to rank 0, which does not read from it.

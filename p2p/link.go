@@ -47,6 +47,9 @@ type link struct {
 	s    network.Stream // libp2p-tls
 	rw   deadliner
 	raw  syscall.RawConn // for polling reads on plain sockets; nil otherwise
+	// shm, for kind "shm": the shared-memory ring that carries the data;
+	// c is then the link's unix socket, which only watches the peer.
+	shm *shmLink
 
 	// tcp-tls only.
 	sock   net.Conn // the TCP socket under c: close() closes it directly
@@ -63,10 +66,47 @@ func (l *link) close() {
 	case l.sock != nil:
 		l.sock.Close()
 	case l.c != nil:
-		l.c.Close()
+		l.c.Close() // first: it ends the shm watcher, which close waits for
+		if l.shm != nil {
+			l.shm.close()
+		}
 	default:
 		l.s.Reset()
 	}
+}
+
+// setupShm moves a unix link whose handshake agreed on shared memory to
+// it (shm.go): the end that writes on the link (writer) creates the ring
+// and passes it over the socket, the other maps it. Only ever called once
+// both ends proved the job key and the link's identity (ranks, epoch), on
+// the link's own socket, so the fd reaches nobody else. A failure of the
+// shared memory itself leaves the unix link (nil, nil; said once in the
+// log); an error means the socket broke.
+func (n *Node) setupShm(l *link, id shmIdentity, writer bool) (*shmLink, error) {
+	c, ok := l.c.(*net.UnixConn)
+	if !ok {
+		return nil, nil
+	}
+	var s *shmLink
+	var fallback, err error
+	if writer {
+		s, fallback, err = offerShm(c, id, n.shmBytes)
+	} else {
+		s, fallback, err = receiveShm(c, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("shared memory setup: %w", err)
+	}
+	if fallback != nil {
+		if n.shmWarned.CompareAndSwap(false, true) {
+			n.logf("shared memory with rank %d unavailable, keeping unix sockets for such links: %v", l.peer, fallback)
+		}
+		return nil, nil
+	}
+	// The watcher reads the socket from now on: no handshake deadline.
+	c.SetDeadline(time.Time{})
+	s.start()
+	return s, nil
 }
 
 func newConnLink(c net.Conn, kind string) *link {
@@ -344,15 +384,32 @@ func (n *Node) acceptHandshake(l *link, from string) error {
 	}
 	n.have[key] = true
 	n.mu.Unlock()
-	if err := writeMsg(l.rw, &msg{T: tDOK, Proof: dataOKProof(n.cfg.JobKey, m.Nonce, me, m.Link, ep.epoch)}); err != nil {
+	shm := m.Shm && n.shm && l.kind == LinkUnix
+	if err := writeMsg(l.rw, &msg{T: tDOK, Proof: dataOKProof(n.cfg.JobKey, m.Nonce, me, m.Link, ep.epoch), Shm: shm}); err != nil {
 		return err
 	}
-	l.rw.SetDeadline(time.Time{})
 	l.id, l.peer = m.Link, m.Rank
 	l.addr = n.peerAddr(m.Rank, l.kind, from)
+	if shm {
+		// Authenticated above: the dialer proved the job key for this
+		// link and epoch.
+		id := shmIdentity{from: m.Rank, to: me, epoch: ep.epoch}
+		if !recv {
+			id = shmIdentity{from: me, to: m.Rank, epoch: ep.epoch}
+		}
+		s, err := n.setupShm(l, id, !recv)
+		if err != nil {
+			return err
+		}
+		if s != nil {
+			l.shm, l.kind = s, LinkShm
+		}
+	}
+	l.rw.SetDeadline(time.Time{})
 	n.mu.Lock()
 	if n.cur.Load() != ep || ep.err != nil {
 		n.mu.Unlock()
+		l.close()
 		return fmt.Errorf("membership epoch %d ended during the handshake", ep.epoch)
 	}
 	// Recorded at once, so that the end of the epoch closes it even if
@@ -403,7 +460,7 @@ func (n *Node) peerAddr(rank int, kind, fallback string) string {
 	}
 	it := n.table[rank]
 	switch kind {
-	case LinkUnix:
+	case LinkUnix, LinkShm:
 		return it.Unix
 	case LinkTCPPlaintext:
 		return net.JoinHostPort(ipOfAddrs(it.Addrs), strconv.Itoa(it.TCPPort))
@@ -493,6 +550,8 @@ func (n *Node) dialLink(ctx context.Context, ep *epochRun, id, to int) (*link, e
 		l.rw.SetDeadline(d)
 	}
 	stop := context.AfterFunc(ctx, l.close)
+	wantShm := kind == LinkUnix && n.shm
+	var shm *shmLink
 	err := func() error {
 		ch, err := readMsg(l.rw)
 		if err != nil {
@@ -504,7 +563,7 @@ func (n *Node) dialLink(ctx context.Context, ep *epochRun, id, to int) (*link, e
 		nonce := make([]byte, nonceLen)
 		rand.Read(nonce)
 		if err := writeMsg(l.rw, &msg{T: tDHello, Rank: ep.rank, Link: id, Nonce: nonce, Epoch: ep.epoch,
-			Proof: dataProof(n.cfg.JobKey, ch.Nonce, ep.rank, id, ep.epoch)}); err != nil {
+			Proof: dataProof(n.cfg.JobKey, ch.Nonce, ep.rank, id, ep.epoch), Shm: wantShm}); err != nil {
 			return err
 		}
 		ok, err := readMsg(l.rw)
@@ -514,10 +573,27 @@ func (n *Node) dialLink(ctx context.Context, ep *epochRun, id, to int) (*link, e
 		if ok.T != tDOK || !hmac.Equal(ok.Proof, dataOKProof(n.cfg.JobKey, nonce, to, id, ep.epoch)) {
 			return errors.New("peer failed to prove the job key")
 		}
-		return nil
+		if wantShm && ok.Shm {
+			// Both ends are authenticated for this link and epoch.
+			link := shmIdentity{from: ep.rank, to: to, epoch: ep.epoch}
+			if id != ep.rank {
+				link = shmIdentity{from: to, to: ep.rank, epoch: ep.epoch}
+			}
+			shm, err = n.setupShm(l, link, id == ep.rank)
+		}
+		return err
 	}()
 	if !stop() && err == nil {
 		err = context.Cause(ctx)
+	}
+	if shm != nil {
+		if err != nil {
+			// ctx ended: its callback may be closing l right now, so l
+			// does not get the ring; the ring goes once the socket does.
+			defer shm.close()
+		} else {
+			l.shm, l.kind = shm, LinkShm
+		}
 	}
 	if err != nil {
 		l.close()
@@ -828,6 +904,12 @@ func (t *transport) SendTo(ctx context.Context, rank int, bufs ...[]byte) error 
 		return err
 	}
 	l := t.to[rank]
+	if l.shm != nil {
+		if err := l.shm.write(ctx, bufs, t.pollBudget, t.pollYield); err != nil {
+			return t.fail(ctx, err, "send to", l)
+		}
+		return nil
+	}
 	done := watch(ctx, l.rw.SetWriteDeadline)
 	var err error
 	switch {
@@ -916,6 +998,12 @@ func (t *transport) RecvFrom(ctx context.Context, rank int, buf []byte) error {
 		return err
 	}
 	l := t.from[rank]
+	if l.shm != nil {
+		if err := l.shm.read(ctx, buf, t.pollBudget, t.pollYield); err != nil {
+			return t.fail(ctx, err, "recv from", l)
+		}
+		return nil
+	}
 	done := watch(ctx, l.rw.SetReadDeadline)
 	var err error
 	if l.raw != nil {
@@ -958,6 +1046,9 @@ func (n *Node) drainLinks() {
 		if l.id != me {
 			continue
 		}
+		if l.shm != nil {
+			l.shm.closeWrite() // before the half-close: see shmLink.watch
+		}
 		switch {
 		case l.s != nil:
 			l.s.CloseWrite()
@@ -982,6 +1073,13 @@ func (n *Node) drainLinks() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			if l.shm != nil {
+				// No hurry at the end: park at once.
+				if !l.shm.drain(deadline, 0, false) && time.Now().After(deadline) {
+					n.logf("rank %d did not finish its side of the link within %v", l.peer, n.cfg.Timeout)
+				}
+				return
+			}
 			l.rw.SetReadDeadline(deadline)
 			if _, err := io.Copy(io.Discard, l.rw); err != nil && time.Now().After(deadline) {
 				n.logf("rank %d did not finish its side of the link within %v", l.peer, n.cfg.Timeout)

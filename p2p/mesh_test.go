@@ -77,7 +77,8 @@ func TestMesh(t *testing.T) {
 		kind   string
 		sizes  []int
 	}{
-		{DataPlaneAuto, nil, LinkUnix, []int{2, 3, 4}},
+		{DataPlaneAuto, nil, LinkShm, []int{2, 3, 4}},
+		{DataPlaneAuto, nil, LinkUnix, []int{3}},
 		{DataPlaneAuto, otherHosts, LinkTCPTLS, []int{2, 4}},
 		{DataPlaneTLS, nil, LinkTCPTLS, []int{3}},
 		{DataPlanePlaintext, otherHosts, LinkTCPPlaintext, []int{3}},
@@ -86,7 +87,7 @@ func TestMesh(t *testing.T) {
 	for _, c := range cases {
 		for _, size := range c.sizes {
 			t.Run(fmt.Sprintf("%s/%s/N=%d", c.mode, c.kind, size), func(t *testing.T) {
-				j := startJob(t, jobOpts{size: size, mode: c.mode, hostID: c.hostID})
+				j := startJob(t, jobOpts{size: size, mode: c.mode, hostID: c.hostID, noShm: c.kind == LinkUnix})
 				for r, n := range j.nodes {
 					if n.Mesh() == nil || n.Transport() == nil {
 						t.Fatalf("rank %d: nil mesh/transport", r)

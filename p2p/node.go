@@ -39,6 +39,9 @@ const (
 	LinkTCPPlaintext = "tcp-plaintext"
 	LinkTCPTLS       = "tcp-tls"
 	LinkLibp2pTLS    = "libp2p-tls"
+	// LinkShm is a ring buffer in shared memory between ranks of one host
+	// (shm.go), set up over, and watched through, a unix link.
+	LinkShm = "shm"
 )
 
 // ErrClosed is Node.Err() after an orderly Close that was not preceded by
@@ -51,9 +54,10 @@ type Config struct {
 	JobKey     []byte // shared secret, >= 16 bytes
 	Rendezvous string // "host:port" of the rendezvous service
 	ListenIP   string // IP the libp2p host (and the TCP data ports) listen on and advertise; "" = 127.0.0.1
-	// DataPlane: "auto" (default): same host -> authenticated plaintext over
-	// a unix abstract socket, different hosts -> a TCP connection of its own
-	// per link secured by libp2p's TLS 1.3 (peer IDs checked, no yamux);
+	// DataPlane: "auto" (default): same host -> shared memory set up over an
+	// authenticated unix abstract socket (the socket itself with NoShm),
+	// different hosts -> a TCP connection of its own per link secured by
+	// libp2p's TLS 1.3 (peer IDs checked, no yamux);
 	// "plaintext": different hosts use raw TCP authenticated by the job key
 	// (no cipher); "tls": TLS over TCP between every pair, same host
 	// included; "libp2p": like auto, but different hosts use a libp2p stream
@@ -69,6 +73,10 @@ type Config struct {
 	// namespace, boot id). Ranks with equal HostIDs use unix sockets in
 	// "auto" mode. Mostly for tests.
 	HostID string
+	// NoShm keeps links between ranks of one host on unix sockets instead
+	// of shared memory (shm.go), as GORUN_SHM=0 does. A pair of ranks uses
+	// shared memory only if both allow it.
+	NoShm bool
 	// Elastic joins an elastic job (the rendezvous has an ElasticConfig):
 	// losing a member starts a new membership epoch instead of aborting
 	// (see elastic.go). With Rank -1 the process is a joiner: it asks to
@@ -92,7 +100,7 @@ type Peer struct {
 	ID     peer.ID
 	Addrs  []string
 	HostID string
-	Link   string // "unix", "tcp-plaintext", "tcp-tls", "libp2p-tls" for every other rank, "" for this one
+	Link   string // "shm", "unix", "tcp-plaintext", "tcp-tls", "libp2p-tls" for every other rank, "" for this one
 }
 
 // Node is one rank's membership in a job.
@@ -110,6 +118,10 @@ type Node struct {
 	tlsLn    net.Listener // tcp-tls
 	tlsPort  int
 	sec      *libp2ptls.Transport // TLS with this rank's libp2p identity, for tcp-tls links
+
+	shm       bool        // shm links allowed (shmEnabled)
+	shmBytes  int         // ring capacity of the shm links this rank writes
+	shmWarned atomic.Bool // a failed shm setup was logged
 
 	ctl        network.Stream
 	ctlMu      sync.Mutex // serialises control writes
@@ -264,6 +276,7 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 		n.el.init()
 	}
 	n.cur.Store(first)
+	n.shm, n.shmBytes = shmEnabled(cfg), shmCapacity()
 	n.g = newGater(rzID, n.logf)
 	sk, _, err := crypto.GenerateEd25519Key(rand.Reader)
 	if err != nil {

@@ -70,6 +70,7 @@ type jobOpts struct {
 	modeOf  func(rank int) string // overrides mode per rank
 	hostID  func(rank int) string
 	timeout time.Duration
+	noShm   bool // Config.NoShm: ranks of one host use unix sockets
 	log     *logRec
 	onLeave func(rank int, lastCall uint64) // RendezvousConfig.OnLeave
 }
@@ -101,7 +102,7 @@ func (j *job) close(t testing.TB) {
 
 func baseConfig(j *job, o jobOpts, rank int) Config {
 	c := Config{Rank: rank, Size: o.size, JobKey: j.key, Rendezvous: j.rz.Addr(),
-		DataPlane: o.mode, Timeout: o.timeout, Logf: j.log.logf}
+		DataPlane: o.mode, Timeout: o.timeout, Logf: j.log.logf, NoShm: o.noShm}
 	if o.hostID != nil {
 		c.HostID = o.hostID(rank)
 	}
@@ -238,21 +239,22 @@ func TestRing(t *testing.T) {
 		hostID func(int) string
 		kind   string
 	}{
-		{"auto", DataPlaneAuto, nil, LinkUnix},
+		{"auto", DataPlaneAuto, nil, LinkShm},
+		{"auto-noshm", DataPlaneAuto, nil, LinkUnix},
 		{"auto-crosshost", DataPlaneAuto, otherHosts, LinkTCPTLS},
 		{"tls", DataPlaneTLS, nil, LinkTCPTLS},
 		{"plaintext", DataPlanePlaintext, otherHosts, LinkTCPPlaintext},
 		{"libp2p-crosshost", DataPlaneLibp2p, otherHosts, LinkLibp2pTLS},
-		{"libp2p", DataPlaneLibp2p, nil, LinkUnix},
+		{"libp2p", DataPlaneLibp2p, nil, LinkShm},
 	}
 	for _, c := range cases {
 		for size := 1; size <= 4; size++ {
 			if (c.name == "auto-crosshost" || c.name == "libp2p-crosshost") && size != 3 ||
-				c.name == "libp2p" && size != 2 {
+				(c.name == "libp2p" || c.name == "auto-noshm") && size != 2 {
 				continue
 			}
 			t.Run(fmt.Sprintf("%s/N=%d", c.name, size), func(t *testing.T) {
-				j := startJob(t, jobOpts{size: size, mode: c.mode, hostID: c.hostID})
+				j := startJob(t, jobOpts{size: size, mode: c.mode, hostID: c.hostID, noShm: c.kind == LinkUnix})
 				if size == 1 {
 					if j.nodes[0].Transport() != nil {
 						t.Fatal("size 1: want nil transport")
@@ -439,9 +441,9 @@ func TestCrashDetected(t *testing.T) {
 	for _, c := range []struct {
 		kind   string
 		hostID func(int) string
-	}{{LinkUnix, nil}, {LinkTCPTLS, otherHosts}} {
+	}{{LinkShm, nil}, {LinkUnix, nil}, {LinkTCPTLS, otherHosts}} {
 		t.Run(c.kind, func(t *testing.T) {
-			j := startJob(t, jobOpts{size: 3, hostID: c.hostID, timeout: 4 * time.Second})
+			j := startJob(t, jobOpts{size: 3, hostID: c.hostID, timeout: 4 * time.Second, noShm: c.kind == LinkUnix})
 			if k := j.nodes[0].Peers()[2].Link; k != c.kind {
 				t.Fatalf("link is %s, want %s", k, c.kind)
 			}
@@ -603,12 +605,13 @@ func TestContextCancel(t *testing.T) {
 		kind, mode string
 		hostID     func(int) string
 	}{
+		{LinkShm, DataPlaneAuto, nil},
 		{LinkUnix, DataPlaneAuto, nil},
 		{LinkTCPTLS, DataPlaneTLS, nil},
 		{LinkLibp2pTLS, DataPlaneLibp2p, otherHosts},
 	} {
 		t.Run(c.kind, func(t *testing.T) {
-			j := startJob(t, jobOpts{size: 2, mode: c.mode, hostID: c.hostID})
+			j := startJob(t, jobOpts{size: 2, mode: c.mode, hostID: c.hostID, noShm: c.kind == LinkUnix})
 			if k := j.nodes[0].Peers()[1].Link; k != c.kind {
 				t.Fatalf("link is %s, want %s", k, c.kind)
 			}
@@ -648,9 +651,9 @@ func TestPeerClosedError(t *testing.T) {
 	for _, c := range []struct {
 		kind   string
 		hostID func(int) string
-	}{{LinkUnix, nil}, {LinkTCPTLS, otherHosts}} {
+	}{{LinkShm, nil}, {LinkUnix, nil}, {LinkTCPTLS, otherHosts}} {
 		t.Run(c.kind, func(t *testing.T) {
-			j := startJob(t, jobOpts{size: 2, hostID: c.hostID})
+			j := startJob(t, jobOpts{size: 2, hostID: c.hostID, noShm: c.kind == LinkUnix})
 			want := "recv from rank 0 (@gorun-"
 			if c.kind == LinkTCPTLS {
 				want = fmt.Sprintf("recv from rank 0 (127.0.0.1:%d): EOF", j.nodes[0].tlsPort)

@@ -147,6 +147,7 @@ func TestCloseDrains(t *testing.T) {
 		kind, mode string
 		hostID     func(int) string
 	}{
+		{LinkShm, DataPlaneAuto, nil},
 		{LinkUnix, DataPlaneAuto, nil},
 		{LinkTCPTLS, DataPlaneAuto, otherHosts},
 		{LinkTCPPlaintext, DataPlanePlaintext, otherHosts},
@@ -154,7 +155,7 @@ func TestCloseDrains(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.kind, func(t *testing.T) {
-			j := startJob(t, jobOpts{size: 2, mode: c.mode, hostID: c.hostID, timeout: 10 * time.Second})
+			j := startJob(t, jobOpts{size: 2, mode: c.mode, hostID: c.hostID, timeout: 10 * time.Second, noShm: c.kind == LinkUnix})
 			if k := j.nodes[0].Peers()[1].Link; k != c.kind {
 				t.Fatalf("link is %s, want %s", k, c.kind)
 			}

@@ -88,6 +88,9 @@ type msg struct {
 	// name the launcher's processes exactly. Not authenticated beyond the
 	// job key; for messages and bookkeeping only.
 	Proc string `json:"proc,omitempty"`
+	// Shm, in a data hello over a unix socket: the dialer offers to move
+	// the link to shared memory; in the answer: the acceptor agrees.
+	Shm bool `json:"shm,omitempty"`
 }
 
 // lostItem is a member that left the job without a clean Close.
