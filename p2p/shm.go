@@ -698,6 +698,7 @@ func (s *shmLink) write(ctx context.Context, bufs [][]byte, budget time.Duration
 
 func (s *shmLink) publish() {
 	if s.pos != s.published {
+		raceReleaseIO()
 		s.ring.head.Store(s.pos)
 		s.published = s.pos
 		notify(s.ring.dataWait)
@@ -744,6 +745,7 @@ func (s *shmLink) read(ctx context.Context, buf []byte, budget time.Duration, yi
 			}
 			continue
 		}
+		raceAcquireIO()
 		n := min(avail, uint64(len(buf)-got), shmChunk)
 		off := s.pos & r.mask
 		k := copy(buf[got:got+int(n)], r.data[off:])
