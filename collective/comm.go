@@ -34,13 +34,14 @@ type Comm struct {
 	// A fixed-size job has one for its life; an elastic one gets a new one
 	// at every reconfiguration (elastic_comm.go). Read without a lock from
 	// any goroutine, so Rank and Size are race-free.
-	view       atomic.Pointer[commView]
-	elastic    bool
-	joiner     bool          // elastic: started as a joiner (rank -1)
-	heartbeat  time.Duration // elastic: the heartbeat bound of the job
-	chunkBytes int
-	phase      func(ring.Call, string, time.Time, time.Time)
-	drained    chan struct{} // cap 1: the worker's queue became empty
+	view            atomic.Pointer[commView]
+	elastic         bool
+	joiner          bool          // elastic: started as a joiner (rank -1)
+	heartbeat       time.Duration // elastic: the heartbeat bound of the job
+	chunkBytes      int
+	allreducePolicy ring.AllreducePolicy // GORUN_ALLREDUCE_ALGORITHMS
+	phase           func(ring.Call, string, time.Time, time.Time)
+	drained         chan struct{} // cap 1: the worker's queue became empty
 
 	// life is cancelled, with the cause, when the job is aborted: by this
 	// rank's own failure, by another rank, or by Close.
@@ -94,6 +95,7 @@ type config struct {
 	listenIP             string
 	dataPlane            string
 	chunkBytes           int
+	allreduce            ring.AllreducePolicy
 	logf                 func(string, ...any)
 	setRank, setLocal    bool
 	timeline             *Timeline
@@ -197,6 +199,9 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 			return nil, fmt.Errorf("gorun: %s=%q is not a positive byte count", EnvChunkBytes, s)
 		}
 	}
+	if cfg.allreduce, err = readAllreducePolicy(os.Getenv); err != nil {
+		return nil, fmt.Errorf("gorun: %w", err)
+	}
 	cfg.timelinePath = os.Getenv(EnvTimeline)
 	if s := os.Getenv(EnvStallThreshold); s != "" {
 		if cfg.stallThreshold, err = parseDuration(EnvStallThreshold, s); err != nil {
@@ -249,7 +254,7 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		timeout: cfg.timeout, logf: cfg.logf,
 		queue: make(chan *Handle, 1024), stopped: make(chan struct{}), drained: make(chan struct{}, 1),
 		tl: cfg.timeline, stallThreshold: cfg.stallThreshold, warnf: cfg.warnf,
-		elastic: cfg.elastic, chunkBytes: cfg.chunkBytes, joiner: cfg.elastic && cfg.rank == -1,
+		elastic: cfg.elastic, chunkBytes: cfg.chunkBytes, allreducePolicy: cfg.allreduce, joiner: cfg.elastic && cfg.rank == -1,
 	}
 	if c.elastic {
 		c.heartbeat = cfg.heartbeat
@@ -340,7 +345,12 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		return nil, fmt.Errorf("gorun: %w", err)
 	}
 	if !cfg.elastic {
-		rg, err := ring.New(ring.Config{Rank: cfg.rank, Size: cfg.size, ChunkBytes: cfg.chunkBytes, Phase: c.phase}, transport)
+		var hosts []int
+		if c.node != nil {
+			hosts = hostIndices(c.node.Peers())
+		}
+		rg, err := ring.New(ring.Config{Rank: cfg.rank, Size: cfg.size, ChunkBytes: cfg.chunkBytes, Phase: c.phase,
+			Hosts: hosts, Allreduce: c.allreducePolicy}, transport)
 		if err != nil {
 			return nil, fmt.Errorf("gorun: %w", err)
 		}
@@ -369,6 +379,19 @@ func (c *Comm) Rank() int { return c.view.Load().rank }
 // Size is the number of ranks in the job (in the current membership epoch,
 // in an elastic job).
 func (c *Comm) Size() int { return c.view.Load().size }
+
+// AllreduceAlgorithm names the algorithm ("direct", "scatter-gather",
+// "ring", ...; see ring.Algorithm) an uncompressed allreduce of a float
+// buffer of bytes bytes runs on the current ring, as chosen by
+// GORUN_ALLREDUCE_ALGORITHMS or the measured defaults. It is "" while no
+// ring exists (an elastic membership epoch being formed).
+func (c *Comm) AllreduceAlgorithm(bytes int) string {
+	rg := c.cur().ring
+	if rg == nil {
+		return ""
+	}
+	return rg.AllreduceAlgorithm(bytes).String()
+}
 
 // cur is the membership epoch calls are numbered in now.
 func (c *Comm) cur() *commView { return c.view.Load() }

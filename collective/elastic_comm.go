@@ -174,7 +174,8 @@ func (c *Comm) adopt(pv p2p.View) error {
 		}
 		v.end(err)
 	} else {
-		rg, err := ring.New(ring.Config{Rank: pv.Rank, Size: pv.Size, ChunkBytes: c.chunkBytes, Phase: c.phase, Epoch: ring.EpochOf(pv.Epoch), Elastic: true}, tr)
+		rg, err := ring.New(ring.Config{Rank: pv.Rank, Size: pv.Size, ChunkBytes: c.chunkBytes, Phase: c.phase, Epoch: ring.EpochOf(pv.Epoch), Elastic: true,
+			Hosts: hostIndices(pv.Peers), Allreduce: c.allreducePolicy}, tr)
 		if err != nil {
 			return fmt.Errorf("gorun: rank %d: membership epoch %d: %w", pv.Rank, pv.Epoch, err)
 		}

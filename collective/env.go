@@ -8,7 +8,16 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gorun/gorun/p2p"
+	"github.com/gorun/gorun/ring"
 )
+
+// TuningEnv are the tuning variables: gorun hands those set in its own
+// environment to every rank, remote ones included, because ranks that
+// disagree on them fail (an allreduce algorithm is part of every message's
+// fingerprint) or lose speed.
+var TuningEnv = []string{EnvAllreduceAlgorithms, EnvChunkBytes, EnvDataPlane, EnvPollUS, EnvShm, EnvShmBytes}
 
 // The environment contract. gorun sets the GORUN_* variables for every rank;
 // the others are read so that the same binary also runs under mpirun, Slurm
@@ -29,6 +38,31 @@ const (
 	EnvRestartCount   = "GORUN_RESTART_COUNT"   // how many times gorun restarted the job
 	EnvVerbose        = "GORUN_VERBOSE"         // non-empty: print connection diagnostics
 	EnvChunkBytes     = "GORUN_CHUNK_BYTES"     // ring pipelining chunk size in bytes (tuning)
+
+	// EnvAllreduceAlgorithms chooses the allreduce algorithm by buffer
+	// size (tuning; see ring.ParseAllreducePolicy): comma-separated
+	// name:max-bytes entries, the last without a size, e.g.
+	// "direct:4K,scatter-gather:2M,ring" (up to 4 KiB direct, up to 2 MiB
+	// scatter-gather, above that the ring). Sizes are bytes with an
+	// optional K, M or G suffix (binary). A single name forces that
+	// algorithm for every size: ring, direct, recursive-doubling,
+	// rabenseifner, scatter-gather or hierarchical. Unset, "" or "default":
+	// the measured defaults for the job's size and links. Every rank must
+	// use the same value (the algorithm is part of every message's call
+	// fingerprint, so ranks that disagree fail with a mismatch error); a
+	// value that does not parse fails Init.
+	EnvAllreduceAlgorithms = "GORUN_ALLREDUCE_ALGORITHMS"
+
+	// EnvShm "0" (or off, false, no) keeps ranks of one host on unix
+	// sockets instead of shared-memory links; a pair uses shared memory
+	// only if both ranks allow it (tuning).
+	EnvShm = "GORUN_SHM"
+	// EnvShmBytes is the size of each shared-memory link's ring buffer in
+	// bytes, rounded up to a power of two (default 2 MiB; tuning).
+	EnvShmBytes = "GORUN_SHM_BYTES"
+	// EnvPollUS is how long, in microseconds, a receive polls before it
+	// sleeps (default 50; 0 sleeps at once; tuning).
+	EnvPollUS = "GORUN_POLL_US"
 
 	// EnvElastic is "1" in an elastic job (gorun --min-np/--max-np or a
 	// host discovery script): a lost member re-forms the job in place
@@ -205,4 +239,38 @@ func parseTimeout(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("%s=%q is not a positive duration (write 60s or 60)", EnvTimeout, s)
 	}
 	return d, nil
+}
+
+// readAllreducePolicy reads GORUN_ALLREDUCE_ALGORITHMS through getenv; unset
+// is the zero policy (the ring's measured defaults).
+func readAllreducePolicy(getenv func(string) string) (ring.AllreducePolicy, error) {
+	p, err := ring.ParseAllreducePolicy(getenv(EnvAllreduceAlgorithms))
+	if err != nil {
+		return p, fmt.Errorf("%s: %w", EnvAllreduceAlgorithms, err)
+	}
+	return p, nil
+}
+
+// hostIndices returns, for every rank of peers (in rank order), the index
+// of its host: ranks with equal HostIDs get equal indices, numbered in the
+// order of their first rank (ring.Config.Hosts). It returns nil for fewer
+// than two ranks, or when a HostID is unknown.
+func hostIndices(peers []p2p.Peer) []int {
+	if len(peers) < 2 {
+		return nil
+	}
+	out := make([]int, len(peers))
+	ids := make(map[string]int, len(peers))
+	for i, p := range peers {
+		if p.Rank != i || p.HostID == "" {
+			return nil
+		}
+		idx, ok := ids[p.HostID]
+		if !ok {
+			idx = len(ids)
+			ids[p.HostID] = idx
+		}
+		out[i] = idx
+	}
+	return out
 }

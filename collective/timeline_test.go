@@ -134,9 +134,10 @@ func TestTimelineSharedByRanks(t *testing.T) {
 				t.Errorf("rank %d: %d %q events, want %d (all: %v)", rank, count[name], name, n, count)
 			}
 		}
-		// The ring's phases of each collective: 4 allreduces, each a ring
-		// (reduce-scatter, allgather) or, being small, a gather.
-		if count["wait for peers"] == 0 || count["gather"]+count["reduce-scatter"] < 4 {
+		// The ring's phases of each collective: 4 allreduces, each a ring,
+		// scatter-gather or Rabenseifner (reduce-scatter, allgather) or, being
+		// small, a direct gather or a recursive doubling.
+		if count["wait for peers"] == 0 || count["gather"]+count["reduce-scatter"]+count["recursive-doubling"] < 4 {
 			t.Errorf("rank %d: collective phases missing: %v", rank, count)
 		}
 		if count["queued b"] == 0 || count["queued b"] != count["queued e"] {

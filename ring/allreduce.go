@@ -58,6 +58,10 @@ func allreduceStep(rank, size, t int) step {
 // c.Count*c.DType.Size(). With Size 1 it returns immediately (Avg divides by
 // 1). Count 0 still exchanges header-only messages, so a mismatched call on
 // another rank is reported as *MismatchError.
+//
+// The algorithm is chosen by Config.Allreduce from the buffer's size (see
+// AllreduceAlgorithm) and recorded in c.Algo, which is part of the call's
+// fingerprint: ranks that chose differently fail with *MismatchError.
 func (r *Ring) Allreduce(ctx context.Context, c Call, buf []byte) error {
 	c, err := r.begin(Allreduce, c)
 	if err != nil {
@@ -73,102 +77,39 @@ func (r *Ring) Allreduce(ctx context.Context, c Call, buf []byte) error {
 	if r.size == 1 {
 		return nil
 	}
-	if n := len(buf); n > 0 && n <= TinyAllreduceBytes {
-		return r.allreduceTiny(ctx, c, buf)
+	c.Algo = r.AllreduceAlgorithm(len(buf))
+	switch c.Algo {
+	case AlgoHierarchical:
+		return r.allreduceHierarchical(ctx, c, buf)
+	case AlgoDirect:
+		return r.allreduceDirect(ctx, c, buf)
+	case AlgoRing:
+		p := r.setup(c, r.size, c.Count, 2*(r.size-1))
+		p.bufs[bMain] = buf
+		return r.run(ctx)
 	}
-	p := r.setup(c, r.size, c.Count, 2*(r.size-1))
-	p.bufs[bMain] = buf
-	return r.run(ctx)
-}
-
-// TinyAllreduceBytes is the largest buffer reduced by allreduceTiny.
-//
-// Below it an allreduce is bound by latency, not bandwidth: the ring's
-// 2(N-1) dependent hops cost far more than the bytes. allreduceTiny passes
-// whole buffers instead (an allgather: one hop over a Mesh, N-1 around a
-// plain ring) and every rank folds the N contributions itself, in rank order 0, 1, ..., N-1, so
-// results are still bitwise identical everywhere. It sends (N-1)*S bytes
-// per rank instead of 2(N-1)/N*S, which is nothing at this size.
-const TinyAllreduceBytes = 4 << 10
-
-// gatherDirect is the gather of allreduceTiny over a Mesh: every rank sends
-// its buffer straight to every other rank, then receives theirs, so the
-// whole allreduce costs one hop of latency instead of N-1. Sending first is
-// safe because the messages are far smaller than any transport's buffer.
-func (r *Ring) gatherDirect(ctx context.Context, mesh Mesh, all []byte, n int) error {
-	p := &r.p
-	r.startPhases(0)
-	h := Header{Kind: p.call.Kind, Op: p.call.Op, DType: p.call.DType, Seq: p.call.Seq,
-		Count: uint64(p.call.Count), Sender: uint32(r.rank), Length: uint32(n), Epoch: r.epoch}
-	mine := all[r.rank*n : (r.rank+1)*n]
-	for k := 1; k < r.size; k++ {
-		to := mod(r.rank+k, r.size)
-		h.Step = uint32(k)
-		EncodeHeader(r.shdr[:], &h)
-		r.sendBufs[0], r.sendBufs[1] = r.shdr[:], mine
-		if err := mesh.SendTo(ctx, to, r.sendBufs[:]...); err != nil {
-			return fmt.Errorf("%s: send to rank %d: %w", r.errPrefix(k), to, err)
+	// The Mesh schedules (AllreduceAlgorithm picks them only over a Mesh).
+	r.setup(c, r.size, c.Count, 0)
+	work, restore := r.alignedBuf(buf, c.DType.Size())
+	switch c.Algo {
+	case AlgoScatterGather:
+		err = r.meshReduce(ctx, work, false)
+	case AlgoRecursiveDoubling:
+		r.startPhases(0)
+		if err = r.allreduceRecursiveDoubling(ctx, work); err == nil {
+			r.reportSimplePhases("recursive-doubling")
 		}
-		r.payloadSent.Add(uint64(n))
-		r.headerSent.Add(HeaderSize)
-		r.msgs.Add(1)
+	case AlgoRabenseifner:
+		r.startPhases(0)
+		r.midPhase = time.Time{}
+		if err = r.allreduceRabenseifner(ctx, work); err == nil {
+			r.reportMeshPhases(false, time.Time{}, r.midPhase)
+		}
+	default:
+		err = fmt.Errorf("ring: %s #%d: no %s allreduce", c.Kind, c.Seq, c.Algo)
 	}
-	for k := 1; k < r.size; k++ {
-		from := mod(r.rank-k, r.size)
-		if err := mesh.RecvFrom(ctx, from, r.rhdr[:]); err != nil {
-			return fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(k), from, err)
-		}
-		hd, err := DecodeHeader(r.rhdr[:])
-		if err != nil {
-			return fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(k), from, err)
-		}
-		if err := r.checkEpoch(&hd, p.call, from); err != nil {
-			return err
-		}
-		if remote := hd.Call(); !sameFingerprint(p.call, remote) {
-			return &MismatchError{Local: p.call, Remote: remote, LocalRank: r.rank, RemoteRank: int(hd.Sender)}
-		}
-		if hd.Sender != uint32(from) || hd.Step != uint32(k) || hd.Length != uint32(n) {
-			return fmt.Errorf("%s: recv from rank %d: protocol error: got sender %d step %d length %d, want sender %d step %d length %d",
-				r.errPrefix(k), from, hd.Sender, hd.Step, hd.Length, from, k, n)
-		}
-		if err := mesh.RecvFrom(ctx, from, all[from*n:(from+1)*n]); err != nil {
-			return fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(k), from, err)
-		}
-		r.payloadRecv.Add(uint64(n))
-		if r.phase != nil && r.firstRecv.IsZero() {
-			r.firstRecv = time.Now()
-		}
+	if err == nil {
+		restore()
 	}
-	r.sendBufs[1] = nil
-	r.reportPhases()
-	return nil
-}
-
-func (r *Ring) allreduceTiny(ctx context.Context, c Call, buf []byte) error {
-	n := len(buf)
-	r.gather = growAligned(r.gather, r.size*n)
-	all := r.gather[:r.size*n]
-	copy(all[r.rank*n:], buf)
-	p := r.setup(c, r.size, r.size*c.Count, r.size-1)
-	p.gather = true
-	p.bufs[bMain] = all
-	if mesh, ok := r.t.(Mesh); ok {
-		if err := r.gatherDirect(ctx, mesh, all, n); err != nil {
-			return err
-		}
-	} else if err := r.run(ctx); err != nil {
-		return err
-	}
-	r.tmp = growAligned(r.tmp, n)
-	acc := r.tmp[:n]
-	copy(acc, all[:n])
-	for k := 1; k < r.size; k++ {
-		reduceBytes(c.DType, c.Op, acc, acc, all[k*n:(k+1)*n])
-	}
-	if c.Op == Avg {
-		divBytes(c.DType, acc, r.size)
-	}
-	copy(buf, acc)
-	return nil
+	return err
 }

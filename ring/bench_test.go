@@ -73,12 +73,17 @@ func BenchmarkReduceNaive(b *testing.B) {
 // benchAllreduce runs b.N allreduces of size bytes on n ranks driven by
 // long-lived goroutines.
 func benchAllreduce(b *testing.B, ts []Transport, size, chunk int) {
+	benchAllreducePolicy(b, ts, size, chunk, forced(AlgoRing))
+}
+
+// benchAllreducePolicy is benchAllreduce with an allreduce policy.
+func benchAllreducePolicy(b *testing.B, ts []Transport, size, chunk int, pol AllreducePolicy) {
 	n := len(ts)
 	rs := make([]*Ring, n)
 	bufs := make([][]byte, n)
 	for i := range rs {
 		var err error
-		if rs[i], err = New(Config{Rank: i, Size: n, ChunkBytes: chunk}, ts[i]); err != nil {
+		if rs[i], err = New(Config{Rank: i, Size: n, ChunkBytes: chunk, Allreduce: pol}, ts[i]); err != nil {
 			b.Fatal(err)
 		}
 		bufs[i] = growAligned(nil, size)[:size]
@@ -113,6 +118,26 @@ func BenchmarkAllreduce(b *testing.B) {
 		b.Run(fmt.Sprintf("N=4/%dMiB", size>>20), func(b *testing.B) {
 			benchAllreduce(b, NewMemRing(4), size, 0)
 		})
+	}
+}
+
+// BenchmarkAllreduceAlgorithms times every allreduce algorithm (and the
+// default policy) over the in-memory Mesh at N = 2 and 4, for the sizes
+// the default policy's thresholds sit between. Run it with a short
+// -benchtime (e.g. -benchtime=20x): the large sizes take a while.
+func BenchmarkAllreduceAlgorithms(b *testing.B) {
+	for _, n := range []int{2, 4} {
+		for _, size := range []int{4, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20} {
+			for i := 0; i <= len(meshAlgos); i++ {
+				name, pol := "default", AllreducePolicy{}
+				if i < len(meshAlgos) {
+					name, pol = meshAlgos[i].String(), forced(meshAlgos[i])
+				}
+				b.Run(fmt.Sprintf("N=%d/%s/%s", n, formatBytes(size), name), func(b *testing.B) {
+					benchAllreducePolicy(b, NewMemRing(n), size, 0, pol)
+				})
+			}
+		}
 	}
 }
 

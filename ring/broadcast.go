@@ -37,7 +37,33 @@ func (r *Ring) Broadcast(ctx context.Context, c Call, buf []byte) error {
 	if r.size == 1 {
 		return nil
 	}
+	if r.mesh != nil && len(buf)+numChunks(c.Count, max(1, r.chunkBytes/c.DType.Size()))*HeaderSize <= SmallBytes {
+		c.Algo = AlgoDirect
+		return r.broadcastDirect(ctx, c, buf)
+	}
 	p := r.setup(c, 1, c.Count, 1)
 	p.bufs[bMain] = buf
 	return r.run(ctx)
+}
+
+// Direct broadcast over a Mesh, for buffers that fit a transport's buffer
+// (SmallBytes): the root sends the whole buffer straight to every other
+// rank (step 0, as chunks of Config.ChunkBytes), one hop instead of the
+// chain's N-1. The header carries Algo = AlgoDirect. The root's sends never
+// wait for a receiver, since every message fits the link's buffer.
+func (r *Ring) broadcastDirect(ctx context.Context, c Call, buf []byte) error {
+	r.setup(c, 1, c.Count, 0)
+	r.startPhases(0)
+	if r.rank == c.Root {
+		s := r.newSenderOnce()
+		for k := 1; k < r.size; k++ {
+			if err := r.sendRange(ctx, s, mod(c.Root+k, r.size), 0, buf, 0, c.Count, nil); err != nil {
+				return err
+			}
+		}
+	} else if err := r.recvRange(ctx, c.Root, 0, buf, 0, c.Count); err != nil {
+		return err
+	}
+	r.reportSimplePhases(c.Kind.String())
+	return nil
 }

@@ -6,8 +6,18 @@
 // # Algorithms
 //
 // Each collective lives in its own file with its schedule explained at the
-// top: allreduce.go (ring reduce-scatter + ring allgather), reducescatter.go,
-// allgather.go, broadcast.go (pipelined chain from the root), barrier.go,
+// top: allreduce.go (ring reduce-scatter + ring allgather), and the other
+// allreduce algorithms: direct.go (every buffer to every rank, folded in
+// rank order), scattergather.go (direct reduce-scatter + direct allgather
+// over a Mesh), recdoubling.go (recursive doubling), rabenseifner.go
+// (recursive halving + doubling), hierarchical.go (within hosts, then
+// across); policy.go chooses among them by size, rank count and transport
+// (Config.Allreduce, AllreducePolicy, ParseAllreducePolicy); exchange.go
+// has the point-to-point framing the Mesh schedules share. Then
+// reducescatter.go,
+// allgather.go, broadcast.go (pipelined chain from the root; small buffers
+// straight from the root over a Mesh), barrier.go (dissemination over a
+// Mesh, a token around the ring otherwise),
 // shift.go (each rank's buffer to the next rank, e.g. a buddy copy),
 // and compressed.go (a compressed allreduce over a Mesh: every rank sends
 // its encoded share of each segment straight to the segment's owner, which
@@ -36,10 +46,13 @@
 // # Determinism
 //
 // The order in which contributions are combined depends only on the ring
-// size and the buffer length, and every rank ends with the bytes computed by
-// the segment's owner, so results are bitwise identical across ranks and
-// across runs. Avg is computed as Sum followed by a single division by Size
-// at the owner (truncating for integers).
+// size and the buffer length (each algorithm documents its order), and
+// every rank ends with bytes that either the segment's owner computed or
+// every rank computed by the same expression, so results are bitwise
+// identical across ranks and across runs. Avg is computed as Sum followed
+// by a single division by Size (truncating for integers). The algorithm is
+// part of every message's fingerprint (Call.Algo), so ranks whose policies
+// chose differently fail with *MismatchError.
 //
 // # Concurrency
 //

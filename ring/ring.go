@@ -43,8 +43,10 @@ type Config struct {
 	ChunkBytes int
 	// Phase, if set, is told the phases of every collective once it has
 	// finished: "wait for peers" (until the first message arrived),
-	// "reduce-scatter" and "allgather" for a ring allreduce, "gather" for
-	// a tiny one, "compress+scatter+reduce" (until
+	// "reduce-scatter" and "allgather" for a ring, scatter-gather or
+	// Rabenseifner allreduce, "gather" for a direct one,
+	// "recursive-doubling" for that one,
+	// "compress+scatter+reduce" (until
 	// the last owned chunk is reduced) and "allgather+decode" (the rest) for
 	// a compressed one, and the kind's name for the
 	// others. It runs on the caller's goroutine and must be quick.
@@ -67,6 +69,11 @@ type Config struct {
 	// it to pick the hierarchical allreduce (hierarchical.go) when several
 	// ranks share a host; nil means every rank is on its own host.
 	Hosts []int
+	// Allreduce chooses the allreduce algorithm by buffer size (see
+	// AllreducePolicy and ParseAllreducePolicy); the zero value is the
+	// measured default for the ring's size and transport. Every rank must
+	// use the same policy: the algorithm is part of the call fingerprint.
+	Allreduce AllreducePolicy
 }
 
 // Ring runs collectives over a Transport connecting Rank to Rank+1 (send)
@@ -84,11 +91,14 @@ type Ring struct {
 	elastic    bool
 	chunkBytes int
 	t          Transport
+	mesh       Mesh // t, when it is a Mesh
+	policy     AllreducePolicy
 	phase      func(Call, string, time.Time, time.Time)
 	hosts      []int // Config.Hosts
 
 	// Phase timing of the running call (only when phase is set).
 	callStart, firstRecv time.Time
+	midPhase             time.Time // Rabenseifner: end of the reduce-scatter
 	stepDone             []time.Time
 	busy                 atomic.Bool
 
@@ -106,6 +116,8 @@ type Ring struct {
 	tmp      []byte // realignment of misaligned user buffers; tiny allreduce accumulator
 	gather   []byte // every rank's buffer, for tiny allreduces
 	cbufs    compressedBufs
+	snd      sender // the caller's (or one exchange goroutine's) header and buffer list, Mesh schedules
+	align    []byte // aligned copy of a misaligned user buffer, Mesh schedules
 
 	payloadSent, headerSent, msgs, payloadRecv atomic.Uint64
 }
@@ -130,6 +142,10 @@ func New(cfg Config, t Transport) (*Ring, error) {
 	case cfg.Epoch != 0 && !cfg.Elastic:
 		return nil, fmt.Errorf("ring: epoch %d on a ring that is not elastic (set Config.Elastic)", cfg.Epoch)
 	}
+	if err := cfg.Allreduce.validate(); err != nil {
+		return nil, fmt.Errorf("ring: allreduce policy: %w", err)
+	}
+	mesh, _ := t.(Mesh)
 	cb := cfg.ChunkBytes
 	if cb == 0 {
 		cb = DefaultChunkBytes
@@ -143,6 +159,8 @@ func New(cfg Config, t Transport) (*Ring, error) {
 		elastic:    cfg.Elastic,
 		chunkBytes: cb,
 		t:          t,
+		mesh:       mesh,
+		policy:     AllreducePolicy{Rules: slices.Clone(cfg.Allreduce.Rules)},
 		phase:      cfg.Phase,
 		hosts:      slices.Clone(cfg.Hosts),
 		wake:       make(chan struct{}, 1),
@@ -483,7 +501,7 @@ func (r *Ring) sendSteps(ctx context.Context, t0, t1 int, signal bool) error {
 	p := &r.p
 	h := Header{
 		Kind: p.call.Kind, Op: p.call.Op, DType: p.call.DType, Seq: p.call.Seq,
-		Count: uint64(p.call.Count), Root: uint32(p.call.Root), Sender: uint32(r.rank), Epoch: r.epoch,
+		Count: uint64(p.call.Count), Root: uint32(p.call.Root), Sender: uint32(r.rank), Algo: p.call.Algo, Epoch: r.epoch,
 	}
 	var need int64
 	first := true

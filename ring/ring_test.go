@@ -198,11 +198,19 @@ func TestBroadcast(t *testing.T) {
 						t.Fatalf("N=%d count=%d root=%d rank %d: wrong result", n, count, root, i)
 					}
 				}
-				// Every rank but the end of the chain sends the buffer once.
+				// Every rank but the end of the chain sends the buffer once;
+				// a small buffer goes straight from the root to everybody.
+				direct := count+numChunks(count, 1000)*HeaderSize <= SmallBytes
 				for i, r := range rs {
 					want := uint64(count)
 					if i == (root+n-1)%n {
 						want = 0
+					}
+					if direct {
+						want = 0
+						if i == root {
+							want = uint64((n - 1) * count)
+						}
 					}
 					if got := r.Stats().PayloadBytesSent - before[i]; got != want {
 						t.Fatalf("N=%d count=%d root=%d rank %d sent %d bytes, want %d", n, count, root, i, got, want)
@@ -275,14 +283,16 @@ func TestSize1(t *testing.T) {
 func TestByteCounting(t *testing.T) {
 	for _, n := range []int{2, 3, 4, 7} {
 		for _, count := range []int{n * 1000, 4099, 1009, n - 1, 0} {
-			rs, _ := newRings(t, n, 256)
+			rs, _ := policyRings(t, n, 256, false, func(int) AllreducePolicy {
+				return AllreducePolicy{Rules: []AllreduceRule{{TinyAllreduceBytes, AlgoDirect}, {NoLimit, AlgoRing}}}
+			})
 			S := uint64(count * 4)
 			mustAll(t, parallel(n, func(i int) error {
 				return rs[i].Allreduce(testCtx(t), Call{Op: Sum, DType: Float32, Count: count}, make([]byte, S))
 			}))
 			// Below TinyAllreduceBytes whole buffers travel (N-1 hops, each
 			// rank sends (N-1)*S); above, the bandwidth-optimal ring.
-			tiny := S > 0 && S <= TinyAllreduceBytes
+			tiny := S <= TinyAllreduceBytes
 			wantTotal, wantMsgs := 2*uint64(n-1)*S, 2*uint64(n-1)
 			if tiny {
 				wantTotal, wantMsgs = uint64(n*(n-1))*S, uint64(n-1)
@@ -380,16 +390,19 @@ func TestMismatch(t *testing.T) {
 			if !errors.As(errs[2], &me) {
 				t.Fatalf("rank 2: got %v, want *MismatchError", errs[2])
 			}
-			remote := base
+			// 4000 bytes: the direct allreduce (the default up to
+			// TinyAllreduceBytes), which is part of the fingerprint.
+			local, remote := base, base
 			tc.modify(&remote)
-			if me.LocalRank != 2 || me.RemoteRank != 1 || me.Local != base || me.Remote != remote {
+			local.Algo, remote.Algo = AlgoDirect, AlgoDirect
+			if me.LocalRank != 2 || me.RemoteRank != 1 || me.Local != local || me.Remote != remote {
 				t.Fatalf("bad mismatch error %+v", me)
 			}
 			if !errors.As(errs[1], &me) || me.LocalRank != 1 || me.RemoteRank != 0 {
 				t.Fatalf("rank 1: got %v, want *MismatchError from rank 0", errs[1])
 			}
 			if tc.name == "count" {
-				want := "allreduce #17: rank 2 called Allreduce(float32[1000], Sum) but rank 1 called Allreduce(float32[999], Sum)"
+				want := "allreduce #17: rank 2 called Allreduce(float32[1000], Sum, direct) but rank 1 called Allreduce(float32[999], Sum, direct)"
 				if errs[2].Error() != want {
 					t.Fatalf("got %q\nwant %q", errs[2], want)
 				}
@@ -444,7 +457,7 @@ func TestPeerStops(t *testing.T) {
 // and the call on the rank whose sender failed must also stop its receiver.
 func TestPeerCrash(t *testing.T) {
 	const n = 3
-	rs, ts := newRings(t, n, 1024)
+	rs, ts := policyRings(t, n, 1024, false, func(int) AllreducePolicy { return forced(AlgoRing) })
 	crash := errors.New("injected crash")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -605,7 +618,7 @@ func TestSteadyStateAllocs(t *testing.T) {
 	}
 	const n = 3
 	measure := func(count, chunk int) float64 {
-		rs, _ := newRings(t, n, chunk)
+		rs, _ := policyRings(t, n, chunk, false, func(int) AllreducePolicy { return forced(AlgoRing) })
 		bufs := make([][]byte, n)
 		for i := range bufs {
 			bufs[i] = make([]byte, count*4)

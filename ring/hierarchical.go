@@ -1,0 +1,725 @@
+package ring
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Hierarchical allreduce (as Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE and
+// NCCL's trees): reduce inside each host, allreduce across hosts, gather
+// inside each host, striped so that every rank's links work at once and
+// only 2(H-1)/H of the buffer leaves each host, whatever the number of
+// ranks on it.
+//
+// Layout. Config.Hosts gives every rank a host. Hosts are ordered by their
+// lowest rank (host position g = 0..H-1), and the ranks of a host by rank
+// (local index l = 0..L-1). Every host must have the same number L of
+// ranks. Rank (g, l) is the l-th rank of the g-th host.
+//
+// Buffer. The Count elements are split into L segments as the ring splits
+// them (the first Count%L get one extra element; some may be empty), and
+// segment l into H subsegments the same way. Every subsegment travels in
+// chunks of at most Config.ChunkBytes; an empty one as one header-only
+// message, so every link checks the call even for Count 0 or Count < N.
+//
+// Schedule, for rank (g, l) (subsegment indices mod H):
+//
+//	(a) host reduce-scatter, direct: send segment j of the buffer to local
+//	    rank j, for every j != l, subsegments in the order g-1, g-2, ...,
+//	    g-H (message step s = 0..H-1 for the s-th), and receive every local
+//	    rank's copy of segment l. As soon as chunk c of a subsegment has
+//	    arrived from all L-1 peers it is folded in local-rank order:
+//	    P_g = ((x(g,0) op x(g,1)) op x(g,2)) ... op x(g,L-1).
+//	(b) cross-host allreduce of segment l among the H ranks with local
+//	    index l, one per host, as a pipelined chunked ring on host
+//	    positions (next g+1, previous g-1): a header-only hello (step H),
+//	    then reduce-scatter steps t = 0..H-2 (send subsegment g-t-1,
+//	    receive g-t-2 and reduce: buf = buf op received), then allgather
+//	    steps t = H-1..2H-3 (send g-s, receive g-s-1, s = t-H+1, copied),
+//	    message steps H+1+t. The subsegment sent at step t is the one
+//	    received at step t-1 (or, at t = 0, the first one folded in (a)),
+//	    so every chunk moves on as soon as it is ready: (a) and (b) overlap.
+//	    When the subsegments are tiny this is the whole-segment exchange:
+//	    one message per step.
+//	(c) host allgather: every chunk of segment l that becomes final (the
+//	    owned subsegment g at step H-2, then g-1, g-2, ... as the allgather
+//	    brings them) goes at once to every other local rank (message steps
+//	    3H-1+s for the s-th subsegment), and segment j arrives from local
+//	    rank j straight into the buffer.
+//
+// Links: intra-host pairs carry (a) then (c); the pairs (g, l) -> (g+1, l)
+// carry (b); no other pair talks. Every link has its own sender and
+// receiver goroutine, and senders take their messages from queues sized
+// for the whole call, so no producer waits for the network and no
+// transport buffer can deadlock the schedule: receivers read every message
+// as it comes, and the only thing one ever waits for is this rank's own
+// host fold of a chunk (the cross-host receiver, before it reduces into
+// it), which needs intra-host messages only.
+//
+// Memory: the copies of our segment sent by the L-1 local peers,
+// (L-1)/L * S bytes, kept in the Ring (its ReduceScatter work buffer) and
+// reused; one chunk of scratch for the cross-host reduce.
+//
+// Example H = 2, L = 2 (ranks 0,1 on host A, 2,3 on host B), S bytes:
+// rank 0 sends segment 1 to rank 1 and folds segment 0 of ranks 0 and 1;
+// ranks 0 and 2 allreduce segment 0 (each owns one half of it), ranks 1
+// and 3 segment 1, over the two cross-host links at the same time; rank 0
+// sends segment 0 to rank 1 and receives segment 1. Each host sends
+// 2(H-1)/H * S = S bytes across, half of it from each rank; the flat ring
+// 0-1-2-3 sends 2(N-1)/N * S = 1.5 S across each of its two cross-host
+// links.
+//
+// Reduction order: subsegment k of segment l is
+//
+//	(((P_{k+1} op P_{k+2}) op ...) op P_{k+H-1}) op P_k   (host positions mod H)
+//
+// up to the order of the two operands of each op (commutative for every
+// op), with P_g the host fold above, computed once by the owner (k, l) and
+// copied everywhere else: it depends only on N, the host layout and the
+// length, and every rank ends with bitwise-identical bytes. Avg is a Sum
+// followed by one division by N (truncating for integers) by the owner,
+// at the last reduce-scatter step (at the end of (a) when H = 1).
+//
+// Traffic: every rank sends 2(L-1)/L * S within its host and 2(H-1)/(HL)
+// * S across hosts, so each host sends 2(H-1)/H * S across (the flat ring
+// sends 2(N-1)/N * S on each link, and a ring of hosts laid out rank by
+// rank crosses hosts on H of its links).
+//
+// Ranks that call something else are caught by the header check on every
+// link they share (*MismatchError, *EpochError), as in the other
+// schedules; the hello makes the cross-host links report a mismatch at
+// once even when the data of (b) never comes.
+
+// HierarchicalMinBytes is the smallest allreduce that preferHierarchical
+// runs hierarchically (on a Mesh, at least 2 hosts, the same L >= 2 ranks on
+// every host).
+//
+// Measured with BenchmarkHierarchicalSlowLink (cmd/gorun/hier_bench_test.go):
+// gorun -H h0:2,h1:2 bench-worker on 2 namespace hosts x 2 ranks, each
+// host's link shaped to 1 Gbit/s (tc tbf, burst 256 KB), tcp-tls between
+// hosts, shm within; median over interleaved rounds of bench's median time
+// per op, ms; a shared 2-core machine under other people's load, so runs
+// differ by up to 2x at the small sizes. Four runs (- : size not in
+// that run):
+//
+//	bytes   ring                        scatter-gather    hierarchical
+//	 64K    6.1 / - / 3.9 / -           - / - / 4.9 / -   16.6 / - / 6.9 / -
+//	256K    11.9 / 10.9 / 3.2 / 13.1    - / 12.4 / 7.7    16.9 / 8.5 / 5.0 / 16.0
+//	512K    - / 6.3 / 5.6 / 5.6         - / 9.8 / 7.8     - / 5.8 / 4.6 / 4.5
+//	  1M    13.3 / 14.5 / 13.0 / 13.1   - / 18.4 / 17.3   10.7 / 9.9 / 10.5 / 9.3
+//	  2M    36.1 / 32.9                 - / 41.2          31.3 / 28.2
+//	  4M    67.1 / 67.9                 - / 82.0          45.6 / 46.8
+//	 16M    265 / - / - / 285           -                 201 / - / - / 185
+//	 64M    1202 / - / - / 1132         -                 811 / - / - / 758
+//
+// Bytes that left the two hosts per op (eth0 tx_bytes, with TCP/IP/TLS
+// framing; payload in parentheses): 1M ring 3.16 MB (3.15), hierarchical
+// 2.11 MB (2.10); 64M ring 202.1 MB (201.3), hierarchical 134.7 MB
+// (134.2).
+//
+// Without shaping (veth at memory speed): 64K ring 4.9, scatter-gather
+// 5.4, hierarchical 7.7; 256K 4.5, 7.6, 6.8; 1M 5.7, 7.3, 5.6.
+//
+// Up to 256 KiB the hierarchical schedule loses in most runs: the op is
+// latency-bound (four dependent hops, two of them on the slow link, plus
+// its goroutine hand-offs), and the tbf bucket lets the ring's few hundred
+// KB through at once. From 512 KiB it wins in every run, against the ring
+// and scatter-gather alike (1.1-1.5x, tending to the 1.5x of moving S instead
+// of 1.5 S across each host's link); unshaped it is level with the ring
+// at 1 MiB. Hence 512 KiB.
+const HierarchicalMinBytes = 512 << 10
+
+// preferHierarchical reports whether an allreduce of n bytes should run
+// the hierarchical schedule on this ring's host layout (Config.Hosts).
+func (r *Ring) preferHierarchical(n int) bool {
+	if n < HierarchicalMinBytes || r.hosts == nil {
+		return false
+	}
+	if _, ok := r.t.(Mesh); !ok {
+		return false
+	}
+	lay, ok := hierLayoutOf(r.hosts, r.size, r.rank)
+	return ok && lay.h >= 2 && lay.l >= 2
+}
+
+// hierLayout is the host layout seen from one rank.
+type hierLayout struct {
+	h, l       int     // hosts, ranks per host
+	host, idx  int     // this rank's host position and local index
+	members    [][]int // members[g][j]: rank of local index j on host g
+	hostOfRank []int
+}
+
+// hierLayoutOf groups ranks by host (nil hosts: one rank per host). It
+// reports false unless every host has the same number of ranks.
+func hierLayoutOf(hosts []int, size, rank int) (hierLayout, bool) {
+	var lay hierLayout
+	pos := map[int]int{} // host id -> position
+	lay.hostOfRank = make([]int, size)
+	for r := 0; r < size; r++ {
+		id := r
+		if hosts != nil {
+			id = hosts[r]
+		}
+		g, ok := pos[id]
+		if !ok {
+			g = len(lay.members)
+			pos[id] = g
+			lay.members = append(lay.members, nil)
+		}
+		lay.hostOfRank[r] = g
+		if r == rank {
+			lay.host, lay.idx = g, len(lay.members[g])
+		}
+		lay.members[g] = append(lay.members[g], r)
+	}
+	lay.h, lay.l = len(lay.members), len(lay.members[0])
+	for _, m := range lay.members {
+		if len(m) != lay.l {
+			return lay, false
+		}
+	}
+	return lay, true
+}
+
+// hmsg is one message queued for a peer.
+type hmsg struct {
+	step, chunk uint32
+	off         int // element offset in the buffer
+	payload     []byte
+}
+
+// hier is the state of one hierarchical allreduce on one rank.
+type hier struct {
+	r    *Ring
+	mesh Mesh
+	c    Call
+	lay  hierLayout
+	buf  []byte // the (aligned) buffer
+	esz  int
+	ce   int // elements per chunk
+
+	segOff, segLen int    // this rank's segment (elements)
+	scratchA       []byte // (L-1) copies of segment idx, one per local peer
+	scratchB       []byte // one chunk, for the cross-host reduce
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	queues map[int]chan hmsg // per peer rank
+	// arrivedA[j]: chunks of phase (a) that arrived from local index j.
+	arrivedA  []chan struct{}
+	aProgress atomic.Int64 // chunks folded in (a)
+	aWake     chan struct{}
+	firstWG   sync.WaitGroup // senders that have not sent their first message
+	allFirst  chan struct{}  // closed when firstWG is done
+	tA, tB    time.Time
+}
+
+// Message steps of the four kinds of messages.
+func (x *hier) stepA(s int) uint32 { return uint32(s) }
+func (x *hier) stepHello() uint32  { return uint32(x.lay.h) }
+func (x *hier) stepB(t int) uint32 { return uint32(x.lay.h + 1 + t) }
+func (x *hier) stepC(s int) uint32 { return uint32(3*x.lay.h - 1 + s) }
+
+func (x *hier) phaseOf(step uint32) string {
+	h := uint32(x.lay.h)
+	switch {
+	case step < h:
+		return "host reduce-scatter"
+	case step == h:
+		return "cross-host hello"
+	case step < 3*h-1:
+		return "cross-host allreduce"
+	}
+	return "host allgather"
+}
+
+func (x *hier) prefix(step uint32) string {
+	return fmt.Sprintf("%s #%d hierarchical step %d (%s)", x.c.Kind, x.c.Seq, step, x.phaseOf(step))
+}
+
+// sub returns the element offset and length of subsegment k of segment seg.
+func (x *hier) sub(seg, k int) (off, n int) {
+	so, sn := Segment(x.c.Count, x.lay.l, seg)
+	o, n := Segment(sn, x.lay.h, k)
+	return so + o, n
+}
+
+// chunk returns the element range of chunk c of a subsegment at off, n.
+func (x *hier) chunk(off, n, c int) (lo, k int) {
+	lo = c * x.ce
+	return off + lo, min(x.ce, n-lo)
+}
+
+func (x *hier) bytes(off, n int) []byte { return x.buf[off*x.esz : (off+n)*x.esz] }
+
+// Subsegment orders: the s-th folded in (a) (and sent there), and the s-th
+// to become final (and sent in (c)). Both depend only on the host, which
+// the two ends of an intra-host link share.
+func (x *hier) foldOrder(s int) int  { return mod(x.lay.host-1-s, x.lay.h) }
+func (x *hier) finalOrder(s int) int { return mod(x.lay.host-s, x.lay.h) }
+
+// Cross-host ring: subsegments sent and received at step t.
+func (x *hier) sendSub(t int) int {
+	if t < x.lay.h-1 {
+		return mod(x.lay.host-t-1, x.lay.h)
+	}
+	return mod(x.lay.host-(t-x.lay.h+1), x.lay.h)
+}
+
+func (x *hier) recvSub(t int) int {
+	if t < x.lay.h-1 {
+		return mod(x.lay.host-t-2, x.lay.h)
+	}
+	return mod(x.lay.host-(t-x.lay.h+1)-1, x.lay.h)
+}
+
+// segChunks is the number of messages segment seg takes (all subsegments).
+func (x *hier) segChunks(seg int) int {
+	n := 0
+	for k := range x.lay.h {
+		_, sn := x.sub(seg, k)
+		n += numChunks(sn, x.ce)
+	}
+	return n
+}
+
+func (x *hier) peer(g, j int) int { return x.lay.members[g][j] }
+
+// allreduceHierarchical runs the hierarchical allreduce of buf (see the top
+// of this file). c is a validated, normalized Allreduce call; it runs with
+// c.Algo = AlgoHierarchical. It needs a Mesh and the same number of ranks
+// on every host.
+func (r *Ring) allreduceHierarchical(ctx context.Context, c Call, buf []byte) error {
+	c.Algo = AlgoHierarchical
+	if r.size == 1 {
+		return nil
+	}
+	mesh, ok := r.t.(Mesh)
+	if !ok {
+		return fmt.Errorf("ring: %s #%d: the hierarchical allreduce needs a Mesh transport", c.Kind, c.Seq)
+	}
+	lay, ok := hierLayoutOf(r.hosts, r.size, r.rank)
+	if !ok {
+		return fmt.Errorf("ring: %s #%d: the hierarchical allreduce needs the same number of ranks on every host (hosts %v)", c.Kind, c.Seq, r.hosts)
+	}
+	esz := c.DType.Size()
+	if err := checkLen(c, "buffer", buf, c.Count*esz); err != nil {
+		return err
+	}
+	work := buf
+	if !aligned(buf, esz) {
+		r.tmp = growAligned(r.tmp, len(buf))
+		work = r.tmp[:len(buf)]
+		copy(work, buf)
+	}
+	x := &hier{r: r, mesh: mesh, c: c, lay: lay, buf: work, esz: esz, ce: max(1, r.chunkBytes/esz)}
+	x.segOff, x.segLen = Segment(c.Count, lay.l, lay.idx)
+	r.work = growAligned(r.work, (lay.l-1)*x.segLen*esz)
+	x.scratchA = r.work[:(lay.l-1)*x.segLen*esz]
+	r.scratch = growAligned(r.scratch, min(x.ce, (x.segLen+lay.h-1)/lay.h)*esz)
+	x.scratchB = r.scratch
+	if err := x.run(ctx); err != nil {
+		return err
+	}
+	if len(work) > 0 && &work[0] != &buf[0] {
+		copy(buf, work)
+	}
+	return nil
+}
+
+func (x *hier) run(parent context.Context) error {
+	r, lay := x.r, x.lay
+	start := time.Now()
+	ctx, cancel := context.WithCancelCause(parent)
+	defer cancel(nil)
+	x.ctx, x.cancel = ctx, cancel
+	x.aWake = make(chan struct{}, 1)
+	x.allFirst = make(chan struct{})
+	x.queues = make(map[int]chan hmsg, lay.l+1)
+	x.arrivedA = make([]chan struct{}, lay.l)
+	var next, prev int
+	if lay.h > 1 {
+		next, prev = x.peer(mod(lay.host+1, lay.h), lay.idx), x.peer(mod(lay.host-1, lay.h), lay.idx)
+	}
+
+	// Queues: intra-host peers get (a) now and (c) later; the next host
+	// gets the 2(H-1) steps of (b).
+	own := x.segChunks(lay.idx)
+	for j := range lay.l {
+		if j == lay.idx {
+			continue
+		}
+		q := make(chan hmsg, x.segChunks(j)+own)
+		for s := range lay.h {
+			off, n := x.sub(j, x.foldOrder(s))
+			for c := range numChunks(n, x.ce) {
+				lo, k := x.chunk(off, n, c)
+				q <- hmsg{step: x.stepA(s), chunk: uint32(c), off: lo, payload: x.bytes(lo, max(k, 0))}
+			}
+		}
+		x.queues[x.peer(lay.host, j)] = q
+		x.arrivedA[j] = make(chan struct{}, own)
+	}
+	bSends := 0
+	if lay.h > 1 {
+		for t := range 2 * (lay.h - 1) {
+			_, n := x.sub(lay.idx, x.sendSub(t))
+			bSends += numChunks(n, x.ce)
+		}
+		x.queues[next] = make(chan hmsg, bSends)
+	}
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	// The root cause: later failures follow from its cancel. A sender
+	// that waited for data in vain says less than the receiver that
+	// waited with it, so it is kept only when nothing else failed.
+	var firstErr, idleErr error
+	fail := func(err error) {
+		mu.Lock()
+		var idle *sendIdleError
+		if errors.As(err, &idle) {
+			if idleErr == nil {
+				idleErr = idle.err
+			}
+		} else if firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+		var me *MismatchError
+		var ee *EpochError
+		if errors.As(err, &me) || errors.As(err, &ee) {
+			// Let our own first messages go out, so that the peers
+			// report the mismatch too instead of waiting for ctx.
+			t := time.NewTimer(mismatchGrace)
+			select {
+			case <-x.allFirst:
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
+		cancel(err)
+	}
+	goRun := func(f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil {
+				fail(err)
+			}
+		}()
+	}
+	for j := range lay.l {
+		if j == lay.idx {
+			continue
+		}
+		p := x.peer(lay.host, j)
+		x.firstWG.Add(1)
+		goRun(func() error { return x.sendLoop(p, false, x.segChunks(j)+own) })
+		goRun(func() error { return x.recvLocal(j) })
+	}
+	if lay.h > 1 {
+		x.firstWG.Add(1)
+		goRun(func() error { return x.sendLoop(next, true, bSends) })
+		goRun(func() error { return x.recvCross(prev, next) })
+	}
+	go func() {
+		x.firstWG.Wait()
+		close(x.allFirst)
+	}()
+
+	if err := x.fold(next); err != nil {
+		fail(err)
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	if idleErr != nil {
+		return idleErr
+	}
+	if r.phase != nil {
+		tB := x.tB
+		if lay.h == 1 {
+			tB = x.tA
+		}
+		r.phase(x.c, "host reduce-scatter", start, x.tA)
+		r.phase(x.c, "cross-host allreduce", x.tA, tB)
+		r.phase(x.c, "host allgather", tB, time.Now())
+	}
+	return nil
+}
+
+// sendLoop writes the total messages queued for peer to, in order, after a
+// header-only hello if asked.
+func (x *hier) sendLoop(to int, hello bool, total int) error {
+	r, q := x.r, x.queues[to]
+	first := true
+	signal := func() {
+		if first {
+			first = false
+			x.firstWG.Done()
+		}
+	}
+	defer signal()
+	h := Header{Kind: x.c.Kind, Op: x.c.Op, DType: x.c.DType, Seq: x.c.Seq, Count: uint64(x.c.Count),
+		Sender: uint32(r.rank), Codec: x.c.Codec, Algo: x.c.Algo, Epoch: r.epoch}
+	var hdr [HeaderSize]byte
+	bufs := make([][]byte, 2)
+	send := func(m hmsg) error {
+		h.Step, h.Chunk, h.Offset, h.Length = m.step, m.chunk, uint64(m.off), uint32(len(m.payload))
+		EncodeHeader(hdr[:], &h)
+		bufs[0], bufs[1] = hdr[:], m.payload
+		b := bufs
+		if len(m.payload) == 0 {
+			b = bufs[:1]
+		}
+		if err := x.mesh.SendTo(x.ctx, to, b...); err != nil {
+			return fmt.Errorf("%s: send to rank %d: %w", x.prefix(m.step), to, err)
+		}
+		r.payloadSent.Add(uint64(len(m.payload)))
+		r.headerSent.Add(HeaderSize)
+		r.msgs.Add(1)
+		signal()
+		return nil
+	}
+	if hello {
+		if err := send(hmsg{step: x.stepHello()}); err != nil {
+			return err
+		}
+	}
+	for range total {
+		var m hmsg
+		select {
+		case m = <-q:
+		case <-x.ctx.Done():
+			return &sendIdleError{fmt.Errorf("%s #%d hierarchical: waiting for data to send to rank %d: %w", x.c.Kind, x.c.Seq, to, context.Cause(x.ctx))}
+		}
+		if err := send(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sendIdleError is a sender's failure while it waited for data to send.
+type sendIdleError struct{ err error }
+
+func (e *sendIdleError) Error() string { return e.err.Error() }
+func (e *sendIdleError) Unwrap() error { return e.err }
+
+// recvHeader reads the next header from rank from and checks it against
+// the call and the expected position before any payload is read.
+func (x *hier) recvHeader(hdr []byte, from int, step uint32, chunk, off, nb int) error {
+	r := x.r
+	if err := x.mesh.RecvFrom(x.ctx, from, hdr); err != nil {
+		return fmt.Errorf("%s: recv from rank %d: %w", x.prefix(step), from, err)
+	}
+	h, err := DecodeHeader(hdr)
+	if err != nil {
+		return fmt.Errorf("%s: recv from rank %d: %w", x.prefix(step), from, err)
+	}
+	if err := r.checkEpoch(&h, x.c, from); err != nil {
+		return err
+	}
+	if remote := h.Call(); !sameFingerprint(x.c, remote) {
+		return &MismatchError{Local: x.c, Remote: remote, LocalRank: r.rank, RemoteRank: int(h.Sender)}
+	}
+	if h.Sender != uint32(from) || h.Step != step || h.Chunk != uint32(chunk) || h.Offset != uint64(off) || h.Length != uint32(nb) {
+		return fmt.Errorf("%s: recv from rank %d: protocol error: got sender %d step %d chunk %d offset %d length %d, want sender %d step %d chunk %d offset %d length %d",
+			x.prefix(step), from, h.Sender, h.Step, h.Chunk, h.Offset, h.Length, from, step, chunk, off, nb)
+	}
+	return nil
+}
+
+func (x *hier) recvPayload(from int, step uint32, dst []byte) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	if err := x.mesh.RecvFrom(x.ctx, from, dst); err != nil {
+		return fmt.Errorf("%s: recv from rank %d: %w", x.prefix(step), from, err)
+	}
+	x.r.payloadRecv.Add(uint64(len(dst)))
+	return nil
+}
+
+// slotA is the copy of our segment that local index j sent, in scratchA.
+func (x *hier) slotA(j int) []byte {
+	if j > x.lay.idx {
+		j--
+	}
+	n := x.segLen * x.esz
+	return x.scratchA[j*n : (j+1)*n]
+}
+
+// recvLocal receives everything local index j sends: its copy of our
+// segment (a), into scratch, then its final segment j (c), into the buffer.
+func (x *hier) recvLocal(j int) error {
+	from := x.peer(x.lay.host, j)
+	slot := x.slotA(j)
+	var hdr [HeaderSize]byte
+	for s := range x.lay.h {
+		off, n := x.sub(x.lay.idx, x.foldOrder(s))
+		for c := range numChunks(n, x.ce) {
+			lo, k := x.chunk(off, n, c)
+			nb := max(k, 0) * x.esz
+			if err := x.recvHeader(hdr[:], from, x.stepA(s), c, lo, nb); err != nil {
+				return err
+			}
+			b := (lo - x.segOff) * x.esz
+			if err := x.recvPayload(from, x.stepA(s), slot[b:b+nb]); err != nil {
+				return err
+			}
+			x.arrivedA[j] <- struct{}{} // buffered for every chunk: never blocks
+		}
+	}
+	for s := range x.lay.h {
+		off, n := x.sub(j, x.finalOrder(s))
+		for c := range numChunks(n, x.ce) {
+			lo, k := x.chunk(off, n, c)
+			k = max(k, 0)
+			if err := x.recvHeader(hdr[:], from, x.stepC(s), c, lo, k*x.esz); err != nil {
+				return err
+			}
+			if err := x.recvPayload(from, x.stepC(s), x.bytes(lo, k)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// fold is phase (a) on the caller's goroutine: every chunk of our segment,
+// in the order the cross-host ring needs them, folded over the host in
+// local-rank order as soon as all local peers' copies have arrived.
+func (x *hier) fold(next int) error {
+	lay, c := x.lay, x.c
+	for s := range lay.h {
+		off, n := x.sub(lay.idx, x.foldOrder(s))
+		for ci := range numChunks(n, x.ce) {
+			lo, k := x.chunk(off, n, ci)
+			k = max(k, 0)
+			for j := range lay.l {
+				if j == lay.idx {
+					continue
+				}
+				select {
+				case <-x.arrivedA[j]:
+				case <-x.ctx.Done():
+					return fmt.Errorf("%s: waiting for chunk %d from rank %d: %w", x.prefix(x.stepA(s)), ci, x.peer(lay.host, j), context.Cause(x.ctx))
+				}
+			}
+			dst := x.bytes(lo, k)
+			if k > 0 && lay.l > 1 {
+				b := (lo - x.segOff) * x.esz
+				operand := func(j int) []byte {
+					if j == lay.idx {
+						return dst
+					}
+					return x.slotA(j)[b : b+k*x.esz]
+				}
+				acc := operand(0)
+				for j := 1; j < lay.l; j++ {
+					reduceBytes(c.DType, c.Op, acc, acc, operand(j))
+				}
+				if lay.h == 1 && c.Op == Avg {
+					divBytes(c.DType, acc, x.r.size)
+				}
+				if &acc[0] != &dst[0] {
+					copy(dst, acc)
+				}
+			}
+			if lay.h == 1 { // final: straight to the local peers
+				x.queueFinal(s, ci, lo, dst)
+			} else if s == 0 { // the first subsegment the cross-host ring sends
+				x.queues[next] <- hmsg{step: x.stepB(0), chunk: uint32(ci), off: lo, payload: dst}
+			}
+			x.aProgress.Add(1)
+			select {
+			case x.aWake <- struct{}{}:
+			default:
+			}
+		}
+	}
+	x.tA = time.Now()
+	return nil
+}
+
+// queueFinal sends a final chunk of our segment (the s-th subsegment to be
+// final) to every other rank of the host.
+func (x *hier) queueFinal(s, c, off int, payload []byte) {
+	for j := range x.lay.l {
+		if j != x.lay.idx {
+			x.queues[x.peer(x.lay.host, j)] <- hmsg{step: x.stepC(s), chunk: uint32(c), off: off, payload: payload}
+		}
+	}
+}
+
+// recvCross is the receiving side of the cross-host ring (b): the hello,
+// then every step's chunks from the previous host, reduced (reduce-scatter)
+// or copied (allgather), each forwarded to the next host and, once final,
+// to the local peers.
+func (x *hier) recvCross(prev, next int) error {
+	lay, c := x.lay, x.c
+	var hdr [HeaderSize]byte
+	if err := x.recvHeader(hdr[:], prev, x.stepHello(), 0, 0, 0); err != nil {
+		return err
+	}
+	steps := 2 * (lay.h - 1)
+	// need counts the (a) chunks folded before the one we reduce next: the
+	// first subsegment folded is the one sent at step 0, then the one
+	// received at step 0, 1, ...
+	_, n0 := x.sub(lay.idx, x.foldOrder(0))
+	need := int64(numChunks(n0, x.ce))
+	for t := range steps {
+		step := x.stepB(t)
+		reduce := t < lay.h-1
+		off, n := x.sub(lay.idx, x.recvSub(t))
+		for ci := range numChunks(n, x.ce) {
+			lo, k := x.chunk(off, n, ci)
+			k = max(k, 0)
+			nb := k * x.esz
+			if err := x.recvHeader(hdr[:], prev, step, ci, lo, nb); err != nil {
+				return err
+			}
+			dst := x.bytes(lo, k)
+			if reduce {
+				sc := x.scratchB[:nb]
+				if err := x.recvPayload(prev, step, sc); err != nil {
+					return err
+				}
+				// Our own operand is the host fold of this chunk.
+				need++
+				for x.aProgress.Load() < need {
+					select {
+					case <-x.aWake:
+					case <-x.ctx.Done():
+						return fmt.Errorf("%s: waiting for the host reduction of chunk %d: %w", x.prefix(step), ci, context.Cause(x.ctx))
+					}
+				}
+				if nb > 0 {
+					reduceBytes(c.DType, c.Op, dst, dst, sc)
+					if t == lay.h-2 && c.Op == Avg {
+						divBytes(c.DType, dst, x.r.size)
+					}
+				}
+			} else if err := x.recvPayload(prev, step, dst); err != nil {
+				return err
+			}
+			if t+1 < steps {
+				x.queues[next] <- hmsg{step: x.stepB(t + 1), chunk: uint32(ci), off: lo, payload: dst}
+			}
+			if t >= lay.h-2 {
+				x.queueFinal(t-(lay.h-2), ci, lo, dst)
+			}
+		}
+	}
+	x.tB = time.Now()
+	return nil
+}
