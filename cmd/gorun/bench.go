@@ -35,7 +35,9 @@ float32 data at each size: it warms up, checks every result against the exact
 answer, and prints bytes, the median time per op over the iterations (each
 iteration's time is that of the slowest rank), algbw = bytes/time and
 busbw = algbw*2(N-1)/N for allreduce ((N-1)/N for allgather and
-reducescatter, 1 for broadcast), so numbers compare across rank counts.`,
+reducescatter, 1 for broadcast), so numbers compare across rank counts,
+and the algorithm the op ran at that size. By default it measures 4 bytes
+to 256 MiB in powers of 4, one table.`,
 		Example: `  gorun bench -np 4
   gorun bench -np 2 --sizes 4,1048576,67108864 --json
   gorun bench -np 4 --op broadcast --sizes 1M,64M --iters 20
@@ -91,7 +93,7 @@ reducescatter, 1 for broadcast), so numbers compare across rank counts.`,
 	}
 	fl := cmd.Flags()
 	fl.IntVar(&np, "np", 2, "number of ranks")
-	fl.StringVar(&sizes, "sizes", "4,1K,1M,64M", "message sizes in bytes, comma-separated, K/M/G suffixes allowed")
+	fl.StringVar(&sizes, "sizes", bench.DefaultSizes, "message sizes in bytes, comma-separated, K/M/G suffixes allowed")
 	fl.IntVar(&iters, "iters", 0, "timed iterations per size (default: by size, 5 to 200)")
 	fl.IntVar(&warmup, "warmup", 0, "untimed iterations per size (default: a fifth of iters, 2 to 10)")
 	fl.StringVar(&op, "op", "allreduce", "allreduce, broadcast, allgather or reducescatter")

@@ -28,6 +28,10 @@ type Result struct {
 	AlgBWGBps float64 `json:"algbw_gbps"`
 	BusBWGBps float64 `json:"busbw_gbps"`
 	Correct   bool    `json:"correct"`
+	// Algorithm is the schedule the op ran at this size, e.g. "direct",
+	// "scatter-gather", "ring" or "hierarchical" for an allreduce (see
+	// GORUN_ALLREDUCE_ALGORITHMS), "int8 (compressed)" with --compression.
+	Algorithm string `json:"algorithm"`
 	// With --compression: the codec, the payload bytes one rank sent per op,
 	// their ratio to the uncompressed ring's, and the relative RMS error of
 	// the result against the exact sum. A size below the compression
@@ -63,6 +67,24 @@ func humanSize(n int) string {
 	}
 	return fmt.Sprintf("%d bytes", n)
 }
+
+// shortSize is the size column: "4 B", "64 KiB", "256 MiB".
+func shortSize(n int64) string {
+	for _, u := range []struct {
+		shift int
+		unit  string
+	}{{30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
+		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
+			return fmt.Sprintf("%d %s", n>>u.shift, u.unit)
+		}
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// DefaultSizes is what gorun bench measures unless told otherwise: 4 bytes
+// to 256 MiB in powers of 4, from latency-bound to bandwidth-bound, which
+// is every range the allreduce picks a different algorithm for.
+const DefaultSizes = "4,16,64,256,1K,4K,16K,64K,256K,1M,4M,16M,64M,256M"
 
 // Tolerances: the largest relative RMS error a compressed result may have
 // and still count as correct.
@@ -124,9 +146,11 @@ func Run(ctx context.Context, comm *collective.Comm, o Options, asJSON bool, w i
 		if o.Compression != "" {
 			fmt.Fprintf(w, ", compression %s", o.Compression)
 		}
-		fmt.Fprintf(w, "\n%12s %8s %12s %12s %12s %8s", "bytes", "iters", "time_us", "algbw_GB/s", "busbw_GB/s", "correct")
+		fmt.Fprintf(w, "\n%12s %9s %8s %12s %12s %12s %8s", "bytes", "size", "iters", "time_us", "algbw_GB/s", "busbw_GB/s", "correct")
 		if o.Compression != "" {
 			fmt.Fprintf(w, " %12s %8s %10s  %s", "wire_bytes", "ratio", "rel_error", "codec")
+		} else {
+			fmt.Fprintf(w, "  %s", "algorithm")
 		}
 		fmt.Fprintln(w)
 	}
@@ -142,13 +166,15 @@ func Run(ctx context.Context, comm *collective.Comm, o Options, asJSON bool, w i
 			b, _ := json.Marshal(r)
 			fmt.Fprintln(w, string(b))
 		} else {
-			fmt.Fprintf(w, "%12d %8d %12.1f %12.4f %12.4f %8v", r.Bytes, r.Iters, r.TimeUS, r.AlgBWGBps, r.BusBWGBps, r.Correct)
+			fmt.Fprintf(w, "%12d %9s %8d %12.1f %12.4f %12.4f %8v", r.Bytes, shortSize(r.Bytes), r.Iters, r.TimeUS, r.AlgBWGBps, r.BusBWGBps, r.Correct)
 			if o.Compression != "" {
 				codec := r.Compression
 				if r.CompressionNote != "" {
 					codec += " (" + r.CompressionNote + ")"
 				}
 				fmt.Fprintf(w, " %12d %8.4f %10.2e  %s", r.WireBytes, r.WireRatio, r.RelError, codec)
+			} else {
+				fmt.Fprintf(w, "  %s", r.Algorithm)
 			}
 			fmt.Fprintln(w)
 		}
@@ -234,10 +260,15 @@ func measure(ctx context.Context, comm *collective.Comm, o Options, size int64) 
 	res := Result{
 		Op: o.Op, NP: n, Bytes: bytes, Iters: iters, TimeUS: med * 1e6,
 		AlgBWGBps: alg, BusBWGBps: alg * busFactor(o.Op, n), Correct: ok[0] == 1,
+		Algorithm: "ring",
+	}
+	if o.Op == "allreduce" {
+		res.Algorithm = comm.AllreduceAlgorithm(c.bytes())
 	}
 	if c.codec != "" {
 		res.Compression, res.RelError = c.codec, worstErr
 		if calls := after.Calls - before.Calls; calls > 0 {
+			res.Algorithm = c.codec + " (compressed)"
 			res.WireBytes = (after.WireBytes - before.WireBytes) / calls
 			res.WireRatio = float64(after.WireBytes-before.WireBytes) / float64(after.RawBytes-before.RawBytes)
 		} else {
