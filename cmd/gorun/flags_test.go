@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -82,5 +83,23 @@ func TestGorunStartTimeoutNamesRank(t *testing.T) {
 	want := "gorun: rank 1 did not register with the rendezvous within --start-timeout 2s"
 	if code == 0 || !strings.Contains(errOut, want) {
 		t.Errorf("exit %d, stderr lacks %q\nstdout:\n%s\nstderr:\n%s", code, want, out, errOut)
+	}
+}
+
+// The tuning variables that every rank must agree on reach every rank
+// (remote ones get only what envPairs returns), and -x still overrides them.
+func TestTuningEnvForwarded(t *testing.T) {
+	t.Setenv("GORUN_ALLREDUCE_ALGORITHMS", "ring")
+	t.Setenv("GORUN_SHM", "0")
+	got, err := runFlags{env: []string{"GORUN_SHM=1", "FOO=bar"}}.envPairs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = slices.DeleteFunc(got, func(e string) bool { // tuning the test's own environment may carry
+		return !strings.HasPrefix(e, "GORUN_ALLREDUCE_ALGORITHMS=") && !strings.HasPrefix(e, "GORUN_SHM=") && !strings.HasPrefix(e, "FOO=")
+	})
+	want := []string{"GORUN_ALLREDUCE_ALGORITHMS=ring", "GORUN_SHM=0", "GORUN_SHM=1", "FOO=bar"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("envPairs = %q, want %q (later entries win)", got, want)
 	}
 }

@@ -202,7 +202,7 @@ path yourself).`,
 	fl.DurationVar(&f.startTimeout, "start-timeout", 30*time.Second, "every rank must register with the rendezvous within this; also the ssh connect timeout (at most 30s)")
 	fl.DurationVar(&f.grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when stopping ranks")
 	fl.StringVar(&f.outputDir, "output-dir", "", "also write each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr")
-	fl.StringArrayVarP(&f.env, "env", "x", nil, "pass NAME=VALUE, or NAME from gorun's environment, to every rank (repeatable; remote ranks get only these and GORUN_*)")
+	fl.StringArrayVarP(&f.env, "env", "x", nil, "pass NAME=VALUE, or NAME from gorun's environment, to every rank (repeatable; remote ranks get only these, the GORUN_* gorun sets, and the tuning variables set in gorun's environment: GORUN_ALLREDUCE_ALGORITHMS, GORUN_CHUNK_BYTES, GORUN_DATA_PLANE, GORUN_POLL_US, GORUN_SHM, GORUN_SHM_BYTES)")
 	fl.IntVar(&f.maxRestarts, "max-restarts", 0, "relaunch the whole job after a failure, up to this many times (ranks see GORUN_RESTART_COUNT)")
 	fl.BoolVar(&f.verbose, "verbose", false, "say what gorun does: hosts checked, addresses chosen, rendezvous, stop times")
 	fl.StringVar(&f.config, "config", "", "YAML file of flag values (long flag names as keys); command-line flags win")
@@ -368,7 +368,16 @@ func (f *runFlags) validate(ctx context.Context, fl *pflag.FlagSet) ([]launcher.
 }
 
 func (f runFlags) envPairs() ([]string, error) {
+	// The tuning variables every rank must agree on go to every rank,
+	// remote ones included, as mpirun passes OMPI_MCA_*: a remote rank
+	// that picked another allreduce algorithm would fail the first call.
+	// -x, which comes after, still wins.
 	var out []string
+	for _, name := range collective.TuningEnv {
+		if v, ok := os.LookupEnv(name); ok {
+			out = append(out, name+"="+v)
+		}
+	}
 	for _, e := range f.env {
 		name, _, hasValue := strings.Cut(e, "=")
 		if name == "" || strings.ContainsAny(name, " \t\n") {
