@@ -2,6 +2,7 @@ package collective
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -49,34 +50,44 @@ func TestAllreducePolicyEnvFailsInit(t *testing.T) {
 }
 
 // Comm.AllreduceAlgorithm follows GORUN_ALLREDUCE_ALGORITHMS, and
-// allreduces still work with every forced algorithm over the real links.
+// allreduces work with every forced algorithm over the real links (shared
+// memory between ranks of one host), at 2, 3 and 4 ranks, with the default
+// and the smallest shared-memory buffer (the schedules send up to
+// ring.SmallBytes before they receive), at lengths around that bound and
+// beyond the buffer.
 func TestCommAllreduceAlgorithm(t *testing.T) {
 	for _, algo := range []string{"direct", "recursive-doubling", "rabenseifner", "scatter-gather", "ring"} {
-		t.Run(algo, func(t *testing.T) {
-			t.Setenv(EnvAllreduceAlgorithms, algo)
-			comms := newJob(t, 3)
-			for _, c := range comms {
-				if got := c.AllreduceAlgorithm(1 << 20); got != algo {
-					t.Fatalf("rank %d: AllreduceAlgorithm = %q, want %q", c.Rank(), got, algo)
-				}
-			}
-			mustAllOK(t, onEach(comms, func(c *Comm) error {
-				buf := make([]float32, 1001)
-				for i := range buf {
-					buf[i] = float32(c.Rank() + i)
-				}
-				if err := c.Allreduce(context.Background(), buf, Sum); err != nil {
-					return err
-				}
-				for i, v := range buf {
-					if v != float32(3*i+3) {
-						t.Errorf("rank %d: [%d] = %v, want %v", c.Rank(), i, v, 3*i+3)
-						break
+		for _, n := range []int{2, 3, 4} {
+			for _, shmBytes := range []string{"", "1"} { // "1": rounded up to the smallest buffer
+				t.Run(fmt.Sprintf("%s/N=%d/shm=%q", algo, n, shmBytes), func(t *testing.T) {
+					t.Setenv(EnvAllreduceAlgorithms, algo)
+					t.Setenv(EnvShmBytes, shmBytes)
+					comms := newJob(t, n)
+					for _, c := range comms {
+						if got := c.AllreduceAlgorithm(1 << 20); got != algo {
+							t.Fatalf("rank %d: AllreduceAlgorithm = %q, want %q", c.Rank(), got, algo)
+						}
 					}
-				}
-				return nil
-			}))
-		})
+					mustAllOK(t, onEach(comms, func(c *Comm) error {
+						for _, count := range []int{1001, ring.SmallBytes/4 - 1, ring.SmallBytes / 4, ring.SmallBytes/4 + 1500, 100_003} {
+							buf := make([]float32, count)
+							for i := range buf {
+								buf[i] = float32(c.Rank() + i)
+							}
+							if err := c.Allreduce(context.Background(), buf, Sum); err != nil {
+								return err
+							}
+							for i, v := range buf {
+								if want := float32(n*i + n*(n-1)/2); v != want {
+									return fmt.Errorf("count %d: [%d] = %v, want %v", count, i, v, want)
+								}
+							}
+						}
+						return nil
+					}))
+				})
+			}
+		}
 	}
 	// The defaults: a known algorithm, the same on every rank, the ring
 	// for huge buffers.

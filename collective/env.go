@@ -47,7 +47,10 @@ const (
 	// optional K, M or G suffix (binary). A single name forces that
 	// algorithm for every size: ring, direct, recursive-doubling,
 	// rabenseifner, scatter-gather or hierarchical. Unset, "" or "default":
-	// the measured defaults for the job's size and links. Every rank must
+	// the measured defaults for the job's size and links, which add the
+	// hierarchical allreduce from 512 KiB when every host runs the same
+	// number (two or more) of ranks; a policy that is given is obeyed as
+	// it is. Every rank must
 	// use the same value (the algorithm is part of every message's call
 	// fingerprint, so ranks that disagree fail with a mismatch error); a
 	// value that does not parse fails Init.

@@ -276,7 +276,10 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 		n.el.init()
 	}
 	n.cur.Store(first)
-	n.shm, n.shmBytes = shmEnabled(cfg), shmCapacity()
+	n.shm = shmEnabled(cfg)
+	if n.shmBytes, err = shmCapacity(); err != nil {
+		return nil, fmt.Errorf("p2p: rank %d: %w", cfg.Rank, err)
+	}
 	n.g = newGater(rzID, n.logf)
 	sk, _, err := crypto.GenerateEd25519Key(rand.Reader)
 	if err != nil {

@@ -26,15 +26,21 @@ const defaultPollBudget = 50 * time.Microsecond
 // budget (0 turns polling off).
 func pollConfig(localRanks int) (budget time.Duration, yield bool) {
 	budget = defaultPollBudget
+	set := false
 	if s := os.Getenv("GORUN_POLL_US"); s != "" {
 		if us, err := strconv.Atoi(s); err == nil && us >= 0 {
-			budget = time.Duration(us) * time.Microsecond
+			budget, set = time.Duration(us)*time.Microsecond, true
 		}
 	}
 	if localRanks > runtime.NumCPU() {
 		// Measured: with 4 ranks on 2 CPUs, polling (hot or yielding) made
-		// small allreduces slower, not faster.
-		return 0, true
+		// small allreduces on sockets slower, not faster. Shared-memory
+		// links poll yielding for shmYieldBudget unless GORUN_POLL_US says
+		// otherwise.
+		if !set {
+			budget = 0
+		}
+		return budget, true
 	}
 	return budget, false
 }

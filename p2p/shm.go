@@ -78,7 +78,6 @@ import (
 	"math/bits"
 	"net"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -86,6 +85,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun/gorun/ring"
 )
 
 const (
@@ -93,8 +94,12 @@ const (
 	envShmBytes = "GORUN_SHM_BYTES" // ring capacity of every shm link, rounded up to a power of two
 
 	defaultShmBytes = 2 << 20 // measured (BenchmarkLink): 1 MiB cost ~1.7x the CPU per byte of 2 or 4 MiB
-	minShmBytes     = 4 << 10
-	maxShmBytes     = 1 << 30
+	// minShmBytes: the ring's schedules send a message of up to
+	// ring.SmallBytes before they receive (see ring.SmallBytes), so every
+	// link must buffer that much plus a header, or two ranks that send
+	// to each other first would both wait for space forever.
+	minShmBytes = 2 * ring.SmallBytes
+	maxShmBytes = 1 << 30
 
 	// shmChunk bounds how much a writer copies before it publishes (and a
 	// reader before it frees space), so the other side works in parallel
@@ -131,17 +136,20 @@ func shmEnabled(cfg Config) bool {
 	return true
 }
 
-// shmCapacity is the ring size this process creates: GORUN_SHM_BYTES,
-// rounded up to a power of two and clamped, or defaultShmBytes.
-func shmCapacity() int {
-	c := defaultShmBytes
-	if s := os.Getenv(envShmBytes); s != "" {
-		if v, err := strconv.Atoi(s); err == nil && v > 0 {
-			c = min(max(v, minShmBytes), maxShmBytes)
-			c = 1 << bits.Len(uint(c-1))
-		}
+// shmCapacity is the ring size this process creates: GORUN_SHM_BYTES
+// (4096, 512K, 4M), rounded up to a power of two and clamped to
+// [minShmBytes, maxShmBytes], or defaultShmBytes.
+func shmCapacity() (int, error) {
+	s := os.Getenv(envShmBytes)
+	if s == "" {
+		return defaultShmBytes, nil
 	}
-	return c
+	v, err := ring.ParseBytes(s)
+	if err != nil || v <= 0 {
+		return 0, fmt.Errorf("%s=%q: want the size of a shared-memory link's buffer, e.g. 2M", envShmBytes, s)
+	}
+	c := min(max(v, minShmBytes), maxShmBytes)
+	return 1 << bits.Len(uint(c-1)), nil
 }
 
 // Mapping layout. Every counter the two processes write has a cache line

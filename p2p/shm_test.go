@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -101,11 +102,11 @@ func newDevShm(t testing.TB, before map[string]bool) []string {
 }
 
 // TestShm runs rings and meshes of 1 to 4 ranks over shm links, with a
-// default ring and with a 4 KiB one, so messages many times the ring's
+// default ring and with the smallest one (minShmBytes), so messages many times the ring's
 // capacity, odd sizes and wrapping writes stream through, every rank
 // sending to and receiving from every other concurrently.
 func TestShm(t *testing.T) {
-	for _, ring := range []string{"", "4096"} {
+	for _, ring := range []string{"", strconv.Itoa(minShmBytes)} {
 		for size := 1; size <= 4; size++ {
 			t.Run(fmt.Sprintf("ring=%s/N=%d", ring, size), func(t *testing.T) {
 				if ring != "" {
@@ -121,7 +122,7 @@ func TestShm(t *testing.T) {
 				wantKinds(t, j.nodes, allShm)
 				want := defaultShmBytes
 				if ring != "" {
-					want = 4096
+					want = minShmBytes
 				}
 				if c := len(shmLinkOf(t, j.nodes[0], 1, true).ring.data); c != want {
 					t.Fatalf("ring of %d bytes, want %d", c, want)
@@ -137,10 +138,17 @@ func TestShm(t *testing.T) {
 // TestShmCapacityEnv: GORUN_SHM_BYTES is rounded up to a power of two and
 // clamped.
 func TestShmCapacityEnv(t *testing.T) {
-	for env, want := range map[string]int{"": defaultShmBytes, "5000": 8192, "1": minShmBytes, "junk": defaultShmBytes, "1048576": 1 << 20, "99999999999": maxShmBytes} {
+	for env, want := range map[string]int{"": defaultShmBytes, "300000": 512 << 10, "1": minShmBytes, "1M": 1 << 20,
+		"1048576": 1 << 20, "99999999999": maxShmBytes} {
 		t.Setenv(envShmBytes, env)
-		if got := shmCapacity(); got != want {
-			t.Errorf("%s=%q: %d, want %d", envShmBytes, env, got, want)
+		if got, err := shmCapacity(); err != nil || got != want {
+			t.Errorf("%s=%q: %d, %v; want %d", envShmBytes, env, got, err, want)
+		}
+	}
+	for _, bad := range []string{"junk", "0", "-5", "2X"} {
+		t.Setenv(envShmBytes, bad)
+		if _, err := shmCapacity(); err == nil || !strings.Contains(err.Error(), envShmBytes) {
+			t.Errorf("%s=%q: error %v, want one naming the variable", envShmBytes, bad, err)
 		}
 	}
 }
@@ -249,7 +257,7 @@ func TestShmSetupRejects(t *testing.T) {
 		return fd
 	}
 	ring := func(t *testing.T, id shmIdentity) int {
-		mem, fd, err := createShm(id, 8192)
+		mem, fd, err := createShm(id, minShmBytes)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -275,29 +283,29 @@ func TestShmSetupRejects(t *testing.T) {
 		send  func(t *testing.T, c *net.UnixConn)
 		wantE string
 	}{
-		{"no fd", func(t *testing.T, c *net.UnixConn) { send(t, c, offer(8192)) }, "0 fds"},
+		{"no fd", func(t *testing.T, c *net.UnixConn) { send(t, c, offer(minShmBytes)) }, "0 fds"},
 		{"garbage", func(t *testing.T, c *net.UnixConn) { send(t, c, []byte("0123456789abcdef"), ring(t, id)) }, "bad offer"},
 		{"credentials, not rights", func(t *testing.T, c *net.UnixConn) {
 			ucred := unix.UnixCredentials(&unix.Ucred{Pid: int32(os.Getpid()), Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())})
-			if _, _, err := c.WriteMsgUnix(offer(8192), ucred, nil); err != nil {
+			if _, _, err := c.WriteMsgUnix(offer(minShmBytes), ucred, nil); err != nil {
 				t.Fatal(err)
 			}
 		}, "0 fds"},
-		{"two fds", func(t *testing.T, c *net.UnixConn) { send(t, c, offer(8192), ring(t, id), ring(t, id)) }, "2 fds"},
-		{"wrong size memfd", func(t *testing.T, c *net.UnixConn) { send(t, c, offer(8192), memfd(t, 4096)) }, "not a"},
-		{"unsealed memfd", func(t *testing.T, c *net.UnixConn) { send(t, c, offer(8192), memfd(t, shmHdrSize+8192)) }, "sealed"},
+		{"two fds", func(t *testing.T, c *net.UnixConn) { send(t, c, offer(minShmBytes), ring(t, id), ring(t, id)) }, "2 fds"},
+		{"wrong size memfd", func(t *testing.T, c *net.UnixConn) { send(t, c, offer(minShmBytes), memfd(t, 4096)) }, "not a"},
+		{"unsealed memfd", func(t *testing.T, c *net.UnixConn) { send(t, c, offer(minShmBytes), memfd(t, shmHdrSize+minShmBytes)) }, "sealed"},
 		{"not a file", func(t *testing.T, c *net.UnixConn) {
 			var p [2]int
 			if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
 				t.Fatal(err)
 			}
 			unix.Close(p[1])
-			send(t, c, offer(8192), p[0])
+			send(t, c, offer(minShmBytes), p[0])
 		}, "not a"},
-		{"odd capacity", func(t *testing.T, c *net.UnixConn) { send(t, c, offer(8191), ring(t, id)) }, "offer of 8191 bytes"},
-		{"other link", func(t *testing.T, c *net.UnixConn) { send(t, c, offer(8192), ring(t, shmIdentity{from: 0, to: 1})) }, "ring of link 0 -> 1"},
+		{"odd capacity", func(t *testing.T, c *net.UnixConn) { send(t, c, offer(minShmBytes-1), ring(t, id)) }, fmt.Sprintf("offer of %d bytes", minShmBytes-1)},
+		{"other link", func(t *testing.T, c *net.UnixConn) { send(t, c, offer(minShmBytes), ring(t, shmIdentity{from: 0, to: 1})) }, "ring of link 0 -> 1"},
 		{"other epoch", func(t *testing.T, c *net.UnixConn) {
-			send(t, c, offer(8192), ring(t, shmIdentity{from: 2, to: 1, epoch: 3}))
+			send(t, c, offer(minShmBytes), ring(t, shmIdentity{from: 2, to: 1, epoch: 3}))
 		}, "(epoch 3)"},
 		{"writer failed", func(t *testing.T, c *net.UnixConn) { send(t, c, offer(0)) }, "could not create"},
 	}
@@ -335,7 +343,7 @@ func TestShmSetupRejects(t *testing.T) {
 			s, f, e := receiveShm(r, shmIdentity{from: 5, to: 1})
 			got <- res{s, f, e}
 		}()
-		s, fallback, ioErr := offerShm(w, id, 8192)
+		s, fallback, ioErr := offerShm(w, id, minShmBytes)
 		if s != nil || ioErr != nil || fallback == nil {
 			t.Errorf("offerShm: link %v, fallback %v, error %v; want a fallback", s != nil, fallback, ioErr)
 		}
@@ -356,7 +364,7 @@ func TestShmSetupRejects(t *testing.T) {
 			}
 			got <- s
 		}()
-		ws, fallback, ioErr := offerShm(w, id, 8192)
+		ws, fallback, ioErr := offerShm(w, id, minShmBytes)
 		if ws == nil || fallback != nil || ioErr != nil {
 			t.Fatalf("offerShm: %v %v", fallback, ioErr)
 		}
@@ -405,7 +413,7 @@ func parkedOn(t *testing.T, w *atomic.Uint32) {
 // reader burns no CPU. (A peer's end breaking wakes them too: see
 // TestPeerClosedError/shm and TestShmPeerKilled.)
 func TestShmWakeParked(t *testing.T) {
-	t.Setenv(envShmBytes, "4096")
+	t.Setenv(envShmBytes, strconv.Itoa(minShmBytes))
 	j := startJob(t, jobOpts{size: 2, timeout: 10 * time.Second})
 	wantKinds(t, j.nodes, allShm)
 	tr := j.nodes[0].Mesh()
@@ -705,7 +713,7 @@ func TestShmPeerKilled(t *testing.T) {
 // not the control path), a parked writer and a parked reader wake and
 // fail naming the peer, as on a unix link.
 func TestShmPeerLinksGone(t *testing.T) {
-	t.Setenv(envShmBytes, "4096")
+	t.Setenv(envShmBytes, strconv.Itoa(minShmBytes))
 	j := startJob(t, jobOpts{size: 2})
 	wantKinds(t, j.nodes, allShm)
 	tr := j.nodes[0].Mesh()

@@ -20,10 +20,10 @@ import (
 // Transport (two neighbour streams) only ring-neighbour schedules exist,
 // so "direct" runs as an allgather of whole buffers around the ring and the
 // Mesh algorithms (recursive doubling, Rabenseifner, scatter-gather) run as
-// the pipelined ring. A policy naming the hierarchical allreduce, or a
-// policy that is not forced when Config.Hosts says several ranks share a
-// host and the hierarchical allreduce wants the size, runs it
-// (hierarchical.go).
+// the pipelined ring. The hierarchical allreduce (hierarchical.go) runs
+// where a policy names it, or, with the default policy, where Config.Hosts
+// says several ranks share each host and the size is one it wins at; a
+// policy that was given is obeyed as it is.
 
 // AllreduceRule applies Algo to allreduces of at most MaxBytes bytes.
 type AllreduceRule struct {
@@ -134,7 +134,7 @@ func ParseAllreducePolicy(s string) (AllreducePolicy, error) {
 			if i == len(entries)-1 {
 				return bad("the last entry (%s) must have no size: it runs every larger buffer", e)
 			}
-			if r.MaxBytes, err = parseBytes(size); err != nil {
+			if r.MaxBytes, err = ParseBytes(size); err != nil {
 				return bad("entry %d (%s): %v", i+1, e, err)
 			}
 		} else if i != len(entries)-1 {
@@ -148,8 +148,9 @@ func ParseAllreducePolicy(s string) (AllreducePolicy, error) {
 	return p, nil
 }
 
-// parseBytes reads "4096", "4K", "4KiB", "4KB", "2M", "1G" (binary units).
-func parseBytes(s string) (int, error) {
+// ParseBytes reads a byte count of the environment: "4096", "4K", "4KiB",
+// "4KB", "2M", "1G" (binary units).
+func ParseBytes(s string) (int, error) {
 	t := strings.ToUpper(strings.TrimSpace(s))
 	t = strings.TrimSuffix(strings.TrimSuffix(t, "B"), "I")
 	mult := 1
@@ -278,7 +279,7 @@ func defaultRules(size int, mesh bool) []AllreduceRule {
 // the transport (see AllreducePolicy). A compressed allreduce
 // (AllreduceCompressed) has its own schedule and ignores it.
 func (r *Ring) AllreduceAlgorithm(bytes int) Algorithm {
-	if !r.policy.Forced() && r.preferHierarchical(bytes) {
+	if r.policy.IsDefault() && r.preferHierarchical(bytes) {
 		return AlgoHierarchical
 	}
 	a, ok := r.policy.pick(bytes)

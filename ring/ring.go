@@ -394,8 +394,11 @@ func (r *Ring) errPrefix(t int) string {
 // Small collectives are bound by latency, and on a virtual machine every
 // hand-off between goroutines on different threads can cost a wake-up of an
 // idle CPU; doing without one halves the latency of tiny allreduces. It is
-// safe because every Transport here buffers more than SmallBytes plus a
-// header, so a send never waits for the peer's receive.
+// safe because every Transport must buffer more than SmallBytes plus a
+// header in each direction (sockets buffer 4 MiB, p2p's shared-memory
+// links at least 2*SmallBytes, NewMemRing 1 MiB), so a send never waits
+// for the peer's receive. Recursive doubling, Rabenseifner and the
+// scatter-gather exchange rely on the same bound.
 const SmallBytes = 64 << 10
 
 // run executes r.p and returns the first (root-cause) error.

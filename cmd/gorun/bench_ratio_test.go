@@ -20,8 +20,8 @@ func TestBenchCompressionBelowThreshold(t *testing.T) {
 		t.Fatalf("want a title, a header and 2 rows:\n%s", stdout)
 	}
 	small, large := strings.Fields(lines[2]), strings.Fields(lines[3])
-	// Columns: bytes iters time_us algbw busbw correct wire_bytes ratio rel_error codec.
-	if small[0] != "4" || small[7] != "1.0000" || !strings.HasSuffix(lines[2], "none (below threshold 64 KiB)") {
+	// Columns: bytes size iters time_us algbw busbw correct wire_bytes ratio rel_error codec.
+	if small[0] != "4" || small[8] != "1.0000" || !strings.HasSuffix(lines[2], "none (below threshold 64 KiB)") {
 		t.Errorf("row of 4 bytes: %q; want it shown uncompressed", lines[2])
 	}
 	if large[0] != "262144" || large[len(large)-1] != "int8" {

@@ -149,10 +149,16 @@ func TestBenchJSON(t *testing.T) {
 	if len(got) != 3 {
 		t.Fatalf("want 3 results, got %d:\n%s", len(got), out)
 	}
+	// The algorithms are ring's defaults for 3 ranks on shared memory
+	// (ring/policy.go): direct up to 4 KiB, Rabenseifner up to 4 MiB.
+	algos := []string{"direct", "direct", "rabenseifner"}
 	for i, want := range []int64{4, 1024, 1 << 20} {
 		r := got[i]
 		if r.Bytes != want || !r.Correct || r.NP != 3 || r.Op != "allreduce" || r.Iters != 5 || r.TimeUS <= 0 || r.BusBWGBps <= 0 {
 			t.Errorf("result %d: %+v", i, r)
+		}
+		if r.Algorithm != algos[i] {
+			t.Errorf("result %d (%d bytes): algorithm %q, want %q", i, r.Bytes, r.Algorithm, algos[i])
 		}
 		if bus := r.AlgBWGBps * 4 / 3; r.BusBWGBps < bus*0.99-0.001 || r.BusBWGBps > bus*1.01+0.001 {
 			t.Errorf("busbw %v is not algbw %v * 2(N-1)/N", r.BusBWGBps, r.AlgBWGBps)

@@ -28,9 +28,10 @@ type Result struct {
 	AlgBWGBps float64 `json:"algbw_gbps"`
 	BusBWGBps float64 `json:"busbw_gbps"`
 	Correct   bool    `json:"correct"`
-	// Algorithm is the schedule the op ran at this size, e.g. "direct",
-	// "scatter-gather", "ring" or "hierarchical" for an allreduce (see
-	// GORUN_ALLREDUCE_ALGORITHMS), "int8 (compressed)" with --compression.
+	// Algorithm is the schedule an allreduce ran at this size, e.g.
+	// "recursive-doubling", "rabenseifner", "ring" or "hierarchical" (see
+	// GORUN_ALLREDUCE_ALGORITHMS), "int8 (compressed)" with --compression;
+	// "-" for one rank and for the other ops.
 	Algorithm string `json:"algorithm"`
 	// With --compression: the codec, the payload bytes one rank sent per op,
 	// their ratio to the uncompressed ring's, and the relative RMS error of
@@ -68,17 +69,18 @@ func humanSize(n int) string {
 	return fmt.Sprintf("%d bytes", n)
 }
 
-// shortSize is the size column: "4 B", "64 KiB", "256 MiB".
+// shortSize is the size column, one word so the table splits on blanks:
+// "4B", "64KiB", "256MiB".
 func shortSize(n int64) string {
 	for _, u := range []struct {
 		shift int
 		unit  string
 	}{{30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
 		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
-			return fmt.Sprintf("%d %s", n>>u.shift, u.unit)
+			return fmt.Sprintf("%d%s", n>>u.shift, u.unit)
 		}
 	}
-	return fmt.Sprintf("%d B", n)
+	return fmt.Sprintf("%dB", n)
 }
 
 // DefaultSizes is what gorun bench measures unless told otherwise: 4 bytes
@@ -260,10 +262,12 @@ func measure(ctx context.Context, comm *collective.Comm, o Options, size int64) 
 	res := Result{
 		Op: o.Op, NP: n, Bytes: bytes, Iters: iters, TimeUS: med * 1e6,
 		AlgBWGBps: alg, BusBWGBps: alg * busFactor(o.Op, n), Correct: ok[0] == 1,
-		Algorithm: "ring",
 	}
 	if o.Op == "allreduce" {
 		res.Algorithm = comm.AllreduceAlgorithm(c.bytes())
+	}
+	if res.Algorithm == "" {
+		res.Algorithm = "-" // one rank, or an op whose schedule is not reported
 	}
 	if c.codec != "" {
 		res.Compression, res.RelError = c.codec, worstErr
