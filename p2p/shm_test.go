@@ -303,7 +303,9 @@ func TestShmSetupRejects(t *testing.T) {
 			send(t, c, offer(minShmBytes), p[0])
 		}, "not a"},
 		{"odd capacity", func(t *testing.T, c *net.UnixConn) { send(t, c, offer(minShmBytes-1), ring(t, id)) }, fmt.Sprintf("offer of %d bytes", minShmBytes-1)},
-		{"other link", func(t *testing.T, c *net.UnixConn) { send(t, c, offer(minShmBytes), ring(t, shmIdentity{from: 0, to: 1})) }, "ring of link 0 -> 1"},
+		{"other link", func(t *testing.T, c *net.UnixConn) {
+			send(t, c, offer(minShmBytes), ring(t, shmIdentity{from: 0, to: 1}))
+		}, "ring of link 0 -> 1"},
 		{"other epoch", func(t *testing.T, c *net.UnixConn) {
 			send(t, c, offer(minShmBytes), ring(t, shmIdentity{from: 2, to: 1, epoch: 3}))
 		}, "(epoch 3)"},

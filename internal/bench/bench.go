@@ -83,6 +83,17 @@ func shortSize(n int64) string {
 	return fmt.Sprintf("%dB", n)
 }
 
+// defaultTarget is about how long gorun bench times each size unless
+// --iters says how many iterations to run. Like the peers' benchmarks
+// (../shared/bench, 1 s), it runs small ops thousands of times: a few hundred
+// ops of microseconds each would be measured in milliseconds, and one
+// scheduler hiccup would move the median.
+const defaultTarget = 500 * time.Millisecond
+
+// maxIters bounds the iterations of one size (what the MPI benchmark runs
+// at 4 bytes).
+const maxIters = 20000
+
 // DefaultSizes is what gorun bench measures unless told otherwise: 4 bytes
 // to 256 MiB in powers of 4, from latency-bound to bandwidth-bound, which
 // is every range the allreduce picks a different algorithm for.
@@ -191,55 +202,78 @@ func measure(ctx context.Context, comm *collective.Comm, o Options, size int64) 
 		// As in nccl-tests, the size is the gathered (or scattered) total.
 		count = max(count/n, 1)
 	}
-	iters := o.Iters
-	if iters <= 0 {
-		iters = int(min(max(256<<20/max(size, 1), 5), 200))
-	}
 	warmup := o.Warmup
 	if warmup <= 0 {
-		warmup = min(max(iters/5, 2), 10)
+		warmup = 10
+		if size >= 16<<20 {
+			warmup = 2
+		}
 	}
 	c := newCase(o.Op, count, n, rank)
 	c.codec = o.Compression
-	times := make([]float64, iters)
 	correct := true
 	before, _ := comm.CompressionStats()
 	sent0 := comm.Stats().PayloadBytesSent
 	var worstErr float64
-	for i := -warmup; i < iters; i++ {
+	// one runs iteration i (negative: warm-up) and returns the op's time.
+	one := func(i int) (float64, error) {
 		c.fill(i)
 		// Filling and checking take different times on different ranks; a
 		// barrier lines the ranks up so the timed op measures the op alone.
 		if err := comm.Barrier(ctx); err != nil {
-			return Result{}, err
+			return 0, err
 		}
 		start := time.Now()
 		if err := c.run(ctx, comm, i); err != nil {
-			return Result{}, err
+			return 0, err
 		}
-		if i >= 0 {
-			times[i] = time.Since(start).Seconds()
-		}
+		took := time.Since(start).Seconds()
 		// A rank that is done must not check its result (a pass over the
 		// whole buffer) while others still run the op: on a host whose
 		// ranks share cores that would slow the op being timed.
 		if err := comm.Barrier(ctx); err != nil {
-			return Result{}, err
+			return 0, err
 		}
 		if c.codec != "" {
 			// Lossy: correct means within the codec's tolerance.
 			e := c.relError(i)
 			worstErr = max(worstErr, e)
 			if e > tolerance[c.codec] {
-				return Result{}, fmt.Errorf("rank %d: %s allreduce of %d bytes, iteration %d: relative error %.3g exceeds %s's tolerance %g",
+				return 0, fmt.Errorf("rank %d: %s allreduce of %d bytes, iteration %d: relative error %.3g exceeds %s's tolerance %g",
 					rank, c.codec, size, i, e, c.codec, tolerance[c.codec])
 			}
-			continue
+			return took, nil
 		}
 		if bad := c.check(i); bad != "" {
 			correct = false
-			return Result{}, fmt.Errorf("rank %d: %s of %d bytes, iteration %d: %s", rank, o.Op, size, i, bad)
+			return 0, fmt.Errorf("rank %d: %s of %d bytes, iteration %d: %s", rank, o.Op, size, i, bad)
 		}
+		return took, nil
+	}
+	warmStart := time.Now()
+	for i := -warmup; i < 0; i++ {
+		if _, err := one(i); err != nil {
+			return Result{}, err
+		}
+	}
+	iters := o.Iters
+	if iters <= 0 {
+		// As many iterations as fit in defaultTarget, judged by the
+		// warm-up's whole iterations (barriers and checks included); the
+		// ranks agree on the slowest rank's estimate.
+		per := []float64{time.Since(warmStart).Seconds() / float64(warmup)}
+		if err := comm.Allreduce(ctx, per, collective.Max, collective.Name("bench-iters")); err != nil {
+			return Result{}, err
+		}
+		iters = int(min(max(defaultTarget.Seconds()/per[0], 5), maxIters))
+	}
+	times := make([]float64, iters)
+	for i := range iters {
+		t, err := one(i)
+		if err != nil {
+			return Result{}, err
+		}
+		times[i] = t
 	}
 	after, _ := comm.CompressionStats()
 	sent := comm.Stats().PayloadBytesSent - sent0 // barriers send headers only
