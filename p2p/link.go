@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -804,9 +805,30 @@ type transport struct {
 	to, from   []*link // indexed by peer rank; nil at me
 	pollBudget time.Duration
 	pollYield  bool
+	// concurrent counts the collectives that run goroutines of their own
+	// now (ring.Concurrency): a shm wait then lets them run before it
+	// polls and before it parks.
+	concurrent atomic.Int32
 }
 
-var _ ring.Mesh = (*transport)(nil)
+var (
+	_ ring.Mesh        = (*transport)(nil)
+	_ ring.Concurrency = (*transport)(nil)
+)
+
+// waitPolicy is how a shm operation of this transport waits.
+func (t *transport) waitPolicy() shmWait {
+	return shmWait{budget: t.pollBudget, yield: t.pollYield, gosched: t.concurrent.Load() > 0}
+}
+
+// Concurrent implements ring.Concurrency.
+func (t *transport) Concurrent(on bool) {
+	if on {
+		t.concurrent.Add(1)
+	} else {
+		t.concurrent.Add(-1)
+	}
+}
 
 // watch applies ctx to one operation: its deadline becomes the socket
 // deadline, and cancellation sets a past deadline so a blocked call returns.
@@ -905,7 +927,7 @@ func (t *transport) SendTo(ctx context.Context, rank int, bufs ...[]byte) error 
 	}
 	l := t.to[rank]
 	if l.shm != nil {
-		if err := l.shm.write(ctx, bufs, t.pollBudget, t.pollYield); err != nil {
+		if err := l.shm.write(ctx, bufs, t.waitPolicy()); err != nil {
 			return t.fail(ctx, err, "send to", l)
 		}
 		return nil
@@ -999,7 +1021,7 @@ func (t *transport) RecvFrom(ctx context.Context, rank int, buf []byte) error {
 	}
 	l := t.from[rank]
 	if l.shm != nil {
-		if err := l.shm.read(ctx, buf, t.pollBudget, t.pollYield); err != nil {
+		if err := l.shm.read(ctx, buf, t.waitPolicy()); err != nil {
 			return t.fail(ctx, err, "recv from", l)
 		}
 		return nil
@@ -1075,7 +1097,7 @@ func (n *Node) drainLinks() {
 			defer wg.Done()
 			if l.shm != nil {
 				// No hurry at the end: park at once.
-				if !l.shm.drain(deadline, 0, false) && time.Now().After(deadline) {
+				if !l.shm.drain(deadline) && time.Now().After(deadline) {
 					n.logf("rank %d did not finish its side of the link within %v", l.peer, n.cfg.Timeout)
 				}
 				return

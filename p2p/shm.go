@@ -589,6 +589,15 @@ func (p *parked) end() {
 	}
 }
 
+// shmWait is how a shm operation waits (see await): the poll budget and
+// yielding of pollConfig, and whether the caller's collective runs other
+// goroutines that must get this thread's P before it sleeps.
+type shmWait struct {
+	budget  time.Duration
+	yield   bool
+	gosched bool
+}
+
 // await returns once this side may make progress (ready) or the link is
 // broken; or with ctx's cause, or os.ErrDeadlineExceeded at its deadline.
 // It polls for budget (pollConfig's; shmYieldBudget if that is 0 because
@@ -602,8 +611,9 @@ func (p *parked) end() {
 // ranks on 2 CPUs that other processes kept busy (load ~7): 4-byte
 // allreduces took 44-74 us with yields against 172-191 us hot, 64 KiB
 // 67-100 us against 254-279 us.
-func (s *shmLink) await(ctx context.Context, p *parked, budget time.Duration, yield bool) error {
-	if budget <= 0 && yield {
+func (s *shmLink) await(ctx context.Context, p *parked, wait shmWait) error {
+	budget := wait.budget
+	if budget <= 0 && wait.yield {
 		budget = shmYieldBudget
 	}
 	var start time.Time
@@ -619,22 +629,27 @@ func (s *shmLink) await(ctx context.Context, p *parked, budget time.Duration, yi
 		}
 		if i == shmSpins {
 			start = time.Now()
-			runtime.Gosched() // see below: a readied sender starts now, not after the poll
+			if wait.gosched {
+				runtime.Gosched() // see below: a readied sender starts now, not after the poll
+			}
 		} else if time.Since(start) > budget {
 			break
 		}
 		syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
 	}
-	// Let this process's runnable goroutines run before this one parks:
-	// the ring's sender, just readied by this receiver, may sit on this
-	// P, and a futex wait holds the P until sysmon takes it back, which
-	// takes hundreds of microseconds. Measured with gorun bench, with and
-	// without these two Goscheds alternated: np=2, 256 KiB 290-317 us ->
-	// 139-171 us and 1 MiB 396-482 -> 367-387; np=4, 256 KiB 783-867 ->
-	// 508-607 and 1 MiB 1411-1451 -> 963-1260. The price is at 4 bytes,
-	// where a Gosched wakes another thread for nothing: np=2 6.5 -> 12 us,
-	// np=4 126-140 -> 167-205 us.
-	runtime.Gosched()
+	// When the collective runs goroutines of its own (wait.gosched), let
+	// them run before this one parks: the ring's sender, just readied by
+	// this receiver, may sit on this P, and a futex wait holds the P until
+	// sysmon takes it back, which takes hundreds of microseconds. Measured
+	// with gorun bench, with and without these two Goscheds alternated:
+	// np=2, 256 KiB 290-317 us -> 139-171 us and 1 MiB 396-482 -> 367-387;
+	// np=4, 256 KiB 783-867 -> 508-607 and 1 MiB 1411-1451 -> 963-1260. A
+	// collective of one goroutine (a small one) is left out: there a
+	// Gosched only wakes another thread, which cost 4-byte allreduces
+	// 6.5 -> 12 us at np=2 and 126-140 -> 167-205 us at np=4.
+	if wait.gosched {
+		runtime.Gosched()
+	}
 	w := s.myWord()
 	if p.stop == nil && ctx.Done() != nil {
 		p.fired = make(chan struct{})
@@ -670,7 +685,7 @@ func (s *shmLink) await(ctx context.Context, p *parked, budget time.Duration, yi
 }
 
 // write streams bufs, in order, into the ring.
-func (s *shmLink) write(ctx context.Context, bufs [][]byte, budget time.Duration, yield bool) error {
+func (s *shmLink) write(ctx context.Context, bufs [][]byte, w shmWait) error {
 	if !s.acquire() {
 		return net.ErrClosed
 	}
@@ -695,7 +710,7 @@ func (s *shmLink) write(ctx context.Context, bufs [][]byte, budget time.Duration
 				}
 				if free = capacity - (s.pos - s.peerPos); free == 0 {
 					s.publish() // the reader can not free what it can not see
-					if err := s.await(ctx, &p, budget, yield); err != nil {
+					if err := s.await(ctx, &p, w); err != nil {
 						return err
 					}
 					continue
@@ -727,7 +742,7 @@ func (s *shmLink) publish() {
 
 // read fills buf from the ring. At the end of the stream (the writer
 // closed the ring) it returns io.EOF, or io.ErrUnexpectedEOF within buf.
-func (s *shmLink) read(ctx context.Context, buf []byte, budget time.Duration, yield bool) error {
+func (s *shmLink) read(ctx context.Context, buf []byte, w shmWait) error {
 	if !s.acquire() {
 		return net.ErrClosed
 	}
@@ -760,7 +775,7 @@ func (s *shmLink) read(ctx context.Context, buf []byte, budget time.Duration, yi
 				}
 				return eofAfter(got)
 			}
-			if err := s.await(ctx, &p, budget, yield); err != nil {
+			if err := s.await(ctx, &p, w); err != nil {
 				return err
 			}
 			continue
@@ -804,12 +819,12 @@ func (s *shmLink) closeWrite() {
 
 // drain reads and drops everything until the writer's end of the stream,
 // bounded by deadline; it reports whether the end came.
-func (s *shmLink) drain(deadline time.Time, budget time.Duration, yield bool) bool {
+func (s *shmLink) drain(deadline time.Time) bool {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	buf := make([]byte, shmChunk)
 	for {
-		switch err := s.read(ctx, buf, budget, yield); err {
+		switch err := s.read(ctx, buf, shmWait{}); err {
 		case nil:
 		case io.EOF, io.ErrUnexpectedEOF:
 			return true

@@ -385,9 +385,9 @@ func TestShmSetupRejects(t *testing.T) {
 		defer cancel()
 		data := pattern(3, 1, 100_000)
 		sent := make(chan error, 1)
-		go func() { sent <- ws.write(ctx, [][]byte{data[:5], data[5:]}, 0, false) }()
+		go func() { sent <- ws.write(ctx, [][]byte{data[:5], data[5:]}, shmWait{}) }()
 		buf := make([]byte, len(data))
-		if err := rs.read(ctx, buf, 0, false); err != nil || !bytes.Equal(buf, data) {
+		if err := rs.read(ctx, buf, shmWait{}); err != nil || !bytes.Equal(buf, data) {
 			t.Errorf("read: %v (equal: %v)", err, bytes.Equal(buf, data))
 		}
 		if err := <-sent; err != nil {

@@ -333,6 +333,7 @@ func (r *Ring) chunkPrefix(step uint32) string {
 }
 
 func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec compress.Codec, fb *Feedback) (CompressionStats, error) {
+	defer r.concurrent()()
 	p, n, rank := &r.p, r.size, r.rank
 	cb := &r.cbufs
 	cv := max(chunkAlign, r.chunkBytes/4/chunkAlign*chunkAlign)

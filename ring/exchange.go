@@ -169,6 +169,7 @@ func (r *Ring) exchange(ctx context.Context, buf []byte, x pairXfer) error {
 		}
 		return r.recvXfer(ctx, buf, x, nil)
 	}
+	defer r.concurrent()()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var sent atomic.Int64

@@ -334,6 +334,7 @@ func (r *Ring) allreduceHierarchical(ctx context.Context, c Call, buf []byte) er
 
 func (x *hier) run(parent context.Context) error {
 	r, lay := x.r, x.lay
+	defer r.concurrent()()
 	start := time.Now()
 	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)

@@ -401,6 +401,17 @@ func (r *Ring) errPrefix(t int) string {
 // scatter-gather exchange rely on the same bound.
 const SmallBytes = 64 << 10
 
+// concurrent tells the transport, if it implements Concurrency, that this
+// call runs goroutines besides the caller's until the returned func runs.
+func (r *Ring) concurrent() func() {
+	h, ok := r.t.(Concurrency)
+	if !ok {
+		return func() {}
+	}
+	h.Concurrent(true)
+	return func() { h.Concurrent(false) }
+}
+
 // run executes r.p and returns the first (root-cause) error.
 func (r *Ring) run(ctx context.Context) error {
 	r.startPhases(r.p.steps)
@@ -430,6 +441,7 @@ func (r *Ring) runSteps(ctx context.Context) error {
 	case <-r.first:
 	default:
 	}
+	defer r.concurrent()()
 	go r.sendLoop(ctx, cancel)
 	rerr := r.recvLoop(ctx)
 	if rerr != nil {

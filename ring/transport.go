@@ -27,6 +27,18 @@ type Transport interface {
 	RecvPrev(ctx context.Context, buf []byte) error
 }
 
+// Concurrency is an optional interface of a Transport that waits
+// differently when the collective runs goroutines of its own (a pipelined
+// sender beside the caller's receiver, one sender and receiver per peer).
+// A transport that parks a waiting thread in a system call should then let
+// those goroutines run first, which costs a thread wake-up the single
+// goroutine of a small collective does not need. The Ring calls
+// Concurrent(true) before it starts such goroutines and Concurrent(false)
+// after they ended; calls nest (a count).
+type Concurrency interface {
+	Concurrent(on bool)
+}
+
 // Mesh is a Transport that also reaches every rank directly. Compressed
 // allreduce needs it: each rank sends its compressed share of segment j
 // straight to j's owner, so no partial sum is ever re-compressed on the way
