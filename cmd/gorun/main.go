@@ -48,7 +48,9 @@ func main() {
 		if errors.As(err, &exit) {
 			os.Exit(int(exit))
 		}
-		fmt.Fprintf(os.Stderr, "gorun: %v\n", err)
+		// A hidden worker (bench-worker) returns the library's errors,
+		// which already start with "gorun: ".
+		fmt.Fprintf(os.Stderr, "gorun: %s\n", strings.TrimPrefix(err.Error(), "gorun: "))
 		var stop stopSignal
 		if errors.As(err, &stop) {
 			os.Exit(stop.exitCode())
