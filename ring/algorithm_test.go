@@ -135,34 +135,12 @@ func TestAllreduceAlgorithmsDeterminism(t *testing.T) {
 	for _, algo := range meshAlgos {
 		for _, n := range []int{3, 5} {
 			const count = 20_011
-			rng := rand.New(rand.NewPCG(uint64(n), 99))
-			in := make([][]byte, n)
-			for i := range in {
-				v := make([]float64, count)
-				for j := range v {
-					v[j] = rng.NormFloat64() * 1e3
-				}
-				in[i] = encode(Float32, v)
-			}
-			var first []byte
-			for run, chunk := range []int{0, 4096, 0} {
-				rs, _ := policyRings(t, n, chunk, false, func(int) AllreducePolicy { return forced(algo) })
-				bufs := make([][]byte, n)
-				mustAll(t, parallel(n, func(i int) error {
-					bufs[i] = bytes.Clone(in[i])
-					return rs[i].Allreduce(testCtx(t), Call{Op: Avg, DType: Float32, Count: count}, bufs[i])
-				}))
-				for i := 1; i < n; i++ {
-					if !bytes.Equal(bufs[i], bufs[0]) {
-						t.Fatalf("%s N=%d run %d: rank %d differs from rank 0", algo, n, run, i)
-					}
-				}
-				if first == nil {
-					first = bufs[0]
-				} else if !bytes.Equal(first, bufs[0]) {
-					t.Fatalf("%s N=%d: run %d differs from run 0", algo, n, run)
-				}
-			}
+			in := randomInputs(n, count, uint64(n), 99)
+			identicalRuns(t, fmt.Sprintf("%s N=%d", algo, n), in, Call{Op: Avg, DType: Float32, Count: count},
+				func(chunk int) []*Ring {
+					rs, _ := policyRings(t, n, chunk, false, func(int) AllreducePolicy { return forced(algo) })
+					return rs
+				})
 		}
 	}
 }

@@ -333,7 +333,8 @@ func (r *Ring) chunkPrefix(step uint32) string {
 }
 
 func (r *Ring) compressed(ctx context.Context, mesh Mesh, x []float32, codec compress.Codec, fb *Feedback) (CompressionStats, error) {
-	defer r.concurrent()()
+	r.concurrent(true)
+	defer r.concurrent(false)
 	p, n, rank := &r.p, r.size, r.rank
 	cb := &r.cbufs
 	cv := max(chunkAlign, r.chunkBytes/4/chunkAlign*chunkAlign)

@@ -169,7 +169,8 @@ func (r *Ring) exchange(ctx context.Context, buf []byte, x pairXfer) error {
 		}
 		return r.recvXfer(ctx, buf, x, nil)
 	}
-	defer r.concurrent()()
+	r.concurrent(true)
+	defer r.concurrent(false)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var sent atomic.Int64

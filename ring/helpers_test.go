@@ -1,9 +1,11 @@
 package ring
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"math"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -131,4 +133,47 @@ func reference(dt DType, op Op, inputs [][]float64) []float64 {
 		out[i] = acc
 	}
 	return out
+}
+
+// randomInputs returns n buffers of count random (non-integer) float32
+// values, so that the order of additions shows in the result's bits.
+func randomInputs(n, count int, seed1, seed2 uint64) [][]byte {
+	rng := rand.New(rand.NewPCG(seed1, seed2))
+	in := make([][]byte, n)
+	for i := range in {
+		v := make([]float64, count)
+		for j := range v {
+			v[j] = rng.NormFloat64() * 1e3
+		}
+		in[i] = encode(Float32, v)
+	}
+	return in
+}
+
+// identicalRuns runs the allreduce c of in (one buffer per rank) three
+// times, on rings mk makes with chunk sizes 0, 4096 and 0 (other
+// pipelining), and fails unless every rank of every run ends with the same
+// bytes.
+func identicalRuns(t *testing.T, what string, in [][]byte, c Call, mk func(chunk int) []*Ring) {
+	t.Helper()
+	n := len(in)
+	var first []byte
+	for run, chunk := range []int{0, 4096, 0} {
+		rs := mk(chunk)
+		bufs := make([][]byte, n)
+		mustAll(t, parallel(n, func(i int) error {
+			bufs[i] = bytes.Clone(in[i])
+			return rs[i].Allreduce(testCtx(t), c, bufs[i])
+		}))
+		for i := 1; i < n; i++ {
+			if !bytes.Equal(bufs[i], bufs[0]) {
+				t.Fatalf("%s run %d: rank %d differs from rank 0", what, run, i)
+			}
+		}
+		if first == nil {
+			first = bufs[0]
+		} else if !bytes.Equal(first, bufs[0]) {
+			t.Fatalf("%s: run %d differs from run 0", what, run)
+		}
+	}
 }

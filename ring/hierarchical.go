@@ -334,7 +334,8 @@ func (r *Ring) allreduceHierarchical(ctx context.Context, c Call, buf []byte) er
 
 func (x *hier) run(parent context.Context) error {
 	r, lay := x.r, x.lay
-	defer r.concurrent()()
+	r.concurrent(true)
+	defer r.concurrent(false)
 	start := time.Now()
 	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)

@@ -42,13 +42,6 @@ type AllreducePolicy struct {
 	Rules []AllreduceRule
 }
 
-// Forced reports whether the policy names one algorithm for every size (a
-// single rule without limit). A forced policy is obeyed even where the
-// hierarchical allreduce would be preferred.
-func (p AllreducePolicy) Forced() bool {
-	return len(p.Rules) == 1 && p.Rules[0].MaxBytes == NoLimit
-}
-
 // IsDefault reports whether p is the zero policy (the measured defaults).
 func (p AllreducePolicy) IsDefault() bool { return len(p.Rules) == 0 }
 

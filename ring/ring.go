@@ -402,14 +402,11 @@ func (r *Ring) errPrefix(t int) string {
 const SmallBytes = 64 << 10
 
 // concurrent tells the transport, if it implements Concurrency, that this
-// call runs goroutines besides the caller's until the returned func runs.
-func (r *Ring) concurrent() func() {
-	h, ok := r.t.(Concurrency)
-	if !ok {
-		return func() {}
+// call now runs goroutines besides the caller's (on) or has joined them.
+func (r *Ring) concurrent(on bool) {
+	if h, ok := r.t.(Concurrency); ok {
+		h.Concurrent(on)
 	}
-	h.Concurrent(true)
-	return func() { h.Concurrent(false) }
 }
 
 // run executes r.p and returns the first (root-cause) error.
@@ -441,7 +438,8 @@ func (r *Ring) runSteps(ctx context.Context) error {
 	case <-r.first:
 	default:
 	}
-	defer r.concurrent()()
+	r.concurrent(true)
+	defer r.concurrent(false)
 	go r.sendLoop(ctx, cancel)
 	rerr := r.recvLoop(ctx)
 	if rerr != nil {

@@ -328,34 +328,9 @@ func TestByteCounting(t *testing.T) {
 func TestDeterminism(t *testing.T) {
 	for _, n := range []int{3, 4, 7} {
 		for _, count := range []int{1009, 1 << 16} {
-			rng := rand.New(rand.NewPCG(uint64(n), uint64(count)))
-			in := make([][]byte, n)
-			for i := range in {
-				v := make([]float64, count)
-				for j := range v {
-					v[j] = rng.NormFloat64() * 1e3
-				}
-				in[i] = encode(Float32, v)
-			}
-			var first []byte
-			for run, chunk := range []int{0, 4096, 0} {
-				rs, _ := newRings(t, n, chunk)
-				bufs := make([][]byte, n)
-				mustAll(t, parallel(n, func(i int) error {
-					bufs[i] = bytes.Clone(in[i])
-					return rs[i].Allreduce(testCtx(t), Call{Op: Sum, DType: Float32, Count: count}, bufs[i])
-				}))
-				for i := 1; i < n; i++ {
-					if !bytes.Equal(bufs[i], bufs[0]) {
-						t.Fatalf("N=%d count=%d run %d: rank %d differs from rank 0", n, count, run, i)
-					}
-				}
-				if first == nil {
-					first = bufs[0]
-				} else if !bytes.Equal(first, bufs[0]) {
-					t.Fatalf("N=%d count=%d: run %d differs from run 0", n, count, run)
-				}
-			}
+			in := randomInputs(n, count, uint64(n), uint64(count))
+			identicalRuns(t, fmt.Sprintf("N=%d count=%d", n, count), in, Call{Op: Sum, DType: Float32, Count: count},
+				func(chunk int) []*Ring { rs, _ := newRings(t, n, chunk); return rs })
 		}
 	}
 }

@@ -204,7 +204,8 @@ func (r *Ring) reportMeshPhases(direct bool, tReduce, tReduced time.Time) {
 }
 
 func (r *Ring) meshReducePipe(ctx context.Context, buf []byte, direct bool, rng func(int) (int, int), ownOff, ownN int) error {
-	defer r.concurrent()()
+	r.concurrent(true)
+	defer r.concurrent(false)
 	p := &r.p
 	n, me, esz, ce := r.size, r.rank, p.esz, p.ce
 	ownB := ownN * esz
