@@ -264,6 +264,7 @@ func (c *Comm) execute(h *Handle) error {
 	stall()
 	end := time.Now()
 	c.traceCall(h, start, end, err)
+	c.observeCall(h, ctx, end.Sub(start), err)
 	if err == nil {
 		c.stats.collectives.Add(1)
 		c.stats.nanos.Add(uint64(end.Sub(start)))
