@@ -181,6 +181,10 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gorun: %w", err)
 	}
+	bound, err := applyCPUBinding(env, os.Getenv)
+	if err != nil {
+		return nil, fmt.Errorf("gorun: rank %d: %w", env.rank, err)
+	}
 	cfg := config{
 		rank: env.rank, size: env.size, localRank: env.localRank, localSize: env.localSize,
 		rendezvous: env.rendezvous, hostRendezvous: env.hostRendezvous, jobKey: env.jobKey,
@@ -232,6 +236,9 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 		if os.Getenv(EnvVerbose) != "" {
 			cfg.logf = log.Printf
 		}
+	}
+	if bound != "" {
+		cfg.logf("gorun: rank %d: %s", env.rank, bound)
 	}
 	if env.elastic {
 		cfg.elastic = true
