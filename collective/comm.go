@@ -252,6 +252,17 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 	} else if cfg.size < 1 || cfg.rank < 0 || cfg.rank >= cfg.size {
 		return nil, fmt.Errorf("gorun: rank %d is not within a job of size %d", cfg.rank, cfg.size)
 	}
+	if cfg.listenIP == "" && env.source != "" && env.source != "gorun" && (cfg.size > 1 || cfg.elastic) && cfg.rendezvous != "" {
+		// Started by a scheduler (srun, Kubernetes, mpirun): nobody chose
+		// this rank's address, so take the one its host reaches the
+		// rendezvous from, as gorun does for the ranks it starts.
+		rctx, cancel := context.WithTimeout(ctx, cfg.timeout)
+		cfg.listenIP, err = defaultListenIP(rctx, cfg.rendezvous, cfg.localSize < cfg.size)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("gorun: rank %d: %w", cfg.rank, err)
+		}
+	}
 	return newComm(ctx, cfg)
 }
 
@@ -307,8 +318,15 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		setup, cancel := context.WithTimeout(ctx, cfg.timeout)
 		defer cancel()
 		if cfg.hostRendezvous && cfg.rank == 0 {
+			// A host name (Slurm's first node, a pod's DNS name) is where
+			// the others find rank 0; rank 0 itself listens on every
+			// interface at that port.
+			listenAddr, err := hostingListenAddr(setup, cfg.rendezvous)
+			if err != nil {
+				return nil, fmt.Errorf("gorun: rank 0: %w", err)
+			}
 			c.rdv, err = p2p.StartRendezvous(setup, p2p.RendezvousConfig{
-				ListenAddr: cfg.rendezvous, Size: cfg.size, JobKey: cfg.jobKey, Timeout: cfg.timeout, Logf: cfg.logf,
+				ListenAddr: listenAddr, Size: cfg.size, JobKey: cfg.jobKey, Timeout: cfg.timeout, Logf: cfg.logf,
 			})
 			if err != nil {
 				return nil, fmt.Errorf("gorun: rank 0: hosting the rendezvous on %s: %w", cfg.rendezvous, err)
