@@ -576,7 +576,7 @@ func TestEnvironmentContract(t *testing.T) {
 	}{
 		{"none", map[string]string{}, launchEnv{localRank: -1, localSize: -1}, ""},
 		{"gorun", map[string]string{EnvRank: "2", EnvSize: "4", EnvLocalRank: "0", EnvLocalSize: "2", EnvRendezvous: "10.0.0.1:5000", EnvJobKey: key},
-			launchEnv{source: "gorun", rank: 2, size: 4, localRank: 0, localSize: 2, rendezvous: "10.0.0.1:5000"}, ""},
+			launchEnv{source: "gorun", rank: 2, size: 4, localRank: 0, localSize: 2, rendezvous: "10.0.0.1:5000", localSizeKnown: true}, ""},
 		{"torchrun", map[string]string{"RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", EnvJobKey: key},
 			launchEnv{source: "torchrun", rank: 1, size: 3, localRank: 1, localSize: 1, rendezvous: "127.0.0.1:29500", hostRendezvous: true}, ""},
 		{"mpirun", map[string]string{"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", EnvRendezvousAddr: "h:1", EnvJobKey: key},

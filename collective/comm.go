@@ -257,7 +257,7 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 		// this rank's address, so take the one its host reaches the
 		// rendezvous from, as gorun does for the ranks it starts.
 		rctx, cancel := context.WithTimeout(ctx, cfg.timeout)
-		cfg.listenIP, err = defaultListenIP(rctx, cfg.rendezvous, cfg.localSize < cfg.size)
+		cfg.listenIP, err = defaultListenIP(rctx, cfg.rendezvous, env.localSizeKnown && cfg.localSize < cfg.size)
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("gorun: rank %d: %w", cfg.rank, err)

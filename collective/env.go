@@ -140,6 +140,7 @@ type launchEnv struct {
 	jobKey               []byte
 	elastic              bool          // GORUN_ELASTIC=1; rank -1 is a joiner
 	heartbeat            time.Duration // GORUN_HEARTBEAT_TIMEOUT, 0 if unset
+	localSizeKnown       bool          // the source said how many ranks share this host
 }
 
 // Ports of the rendezvous that rank 0 hosts under srun when nothing names
@@ -218,6 +219,7 @@ func readEnv(getenv func(string) string) (launchEnv, error) {
 	if e.localRank < 0 {
 		e.localRank = 0
 	}
+	e.localSizeKnown = e.localSize >= 1
 	if e.localSize < 1 {
 		e.localSize = 1
 	}
@@ -629,9 +631,10 @@ func hostingListenAddr(ctx context.Context, addr string) (string, error) {
 // defaultListenIP is the IP a rank listens on and advertises to its peers
 // when GORUN_LISTEN_IP does not say: the address this host reaches the
 // rendezvous from (the source address of the route to it; a connected UDP
-// socket sends nothing), as gorun chooses for its remote ranks. A loopback
-// address is refused when the job spans hosts (multiHost), since ranks on
-// other hosts could not reach it.
+// socket sends nothing), as gorun chooses for its remote ranks. A host name
+// that leads to loopback is refused when the job spans hosts (multiHost:
+// the source said fewer ranks share this host than the job has), since
+// ranks on other hosts could not reach it.
 func defaultListenIP(ctx context.Context, rendezvous string, multiHost bool) (string, error) {
 	host, port, err := net.SplitHostPort(rendezvous)
 	if err != nil {
@@ -656,7 +659,10 @@ func defaultListenIP(ctx context.Context, rendezvous string, multiHost bool) (st
 		}
 		local := conn.LocalAddr().(*net.UDPAddr).IP
 		conn.Close()
-		if local.IsLoopback() && multiHost {
+		// A name that resolves to loopback (Debian's "127.0.1.1 node1" in
+		// /etc/hosts) on a job that spans hosts; a loopback IP written as
+		// such says the job runs on this host alone.
+		if local.IsLoopback() && multiHost && net.ParseIP(host) == nil {
 			return "", fmt.Errorf("the rendezvous host %q is %v, a loopback address on this host, so ranks on other hosts could not reach this one: set %s to this host's address on the job's network (or fix %q in /etc/hosts)", host, ip, EnvListenIP, host)
 		}
 		return local.String(), nil
