@@ -41,7 +41,7 @@ func main() {
 	// gorun ... | head: a write to the closed pipe must fail with EPIPE, so
 	// that gorun stops the ranks and cleans up, rather than kill gorun.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	root := newRootCmd()
+	root := newGorunCmd()
 	root.SetArgs(horovodArgs(os.Args[1:]))
 	if err := root.ExecuteContext(ctx); err != nil {
 		var exit exitError
@@ -57,6 +57,14 @@ func main() {
 		}
 		os.Exit(1)
 	}
+}
+
+// newGorunCmd is gorun with every command: the job launcher (newRootCmd)
+// and gorun doctor with its agent.
+func newGorunCmd() *cobra.Command {
+	root := newRootCmd()
+	root.AddCommand(newDoctorCmd(), newDoctorAgentCmd())
+	return root
 }
 
 // stopSignal is why a job stopped when gorun got SIGINT (Ctrl-C) or
@@ -143,6 +151,6 @@ func collectValueFlags() map[string]bool {
 			walk(sub)
 		}
 	}
-	walk(newRootCmd())
+	walk(newGorunCmd())
 	return names
 }

@@ -1,0 +1,570 @@
+package doctor
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"debug/buildinfo"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gorun/gorun/checkpoint"
+)
+
+// Module is gorun's module path, looked up in PROGRAM's build information.
+const Module = "github.com/gorun/gorun"
+
+// Version is this gorun's version: its module version when it was built
+// from a tagged or stamped module, else the VCS revision it was built from
+// ("devel 0123456789ab+dirty"), else "(devel)".
+func Version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(unknown)"
+	}
+	return moduleVersion(bi)
+}
+
+func moduleVersion(bi *debug.BuildInfo) string {
+	if bi.Main.Path == Module {
+		return mainVersion(bi)
+	}
+	for _, d := range bi.Deps {
+		if d.Path != Module {
+			continue
+		}
+		if d.Replace != nil {
+			if d.Replace.Version != "" {
+				return d.Replace.Version
+			}
+			return "(replaced by " + d.Replace.Path + ")"
+		}
+		return d.Version
+	}
+	return ""
+}
+
+func mainVersion(bi *debug.BuildInfo) string {
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if rev == "" {
+		return "(devel)"
+	}
+	return "devel " + short(rev) + dirty
+}
+
+// AgentOptions is what the launcher tells an agent on its command line
+// (nothing secret: the probe token comes on stdin).
+type AgentOptions struct {
+	Host          string // the host's name as -H gives it, for "{host}"
+	Program       string // "" = not checked
+	WorkDir       string
+	CheckpointDir string        // "" = the working directory
+	Lifetime      time.Duration // the agent exits after this, whatever happens
+}
+
+// message is one JSON line between the launcher and an agent, either way.
+type message struct {
+	// launcher -> agent
+	Token   string        `json:"token,omitempty"`
+	Op      string        `json:"op,omitempty"` // time, listen, probe
+	IP      string        `json:"ip,omitempty"`
+	RouteTo string        `json:"route_to,omitempty"`
+	Peers   []Peer        `json:"peers,omitempty"`
+	Dial    time.Duration `json:"dial_timeout,omitempty"`
+	Bytes   int64         `json:"probe_bytes,omitempty"`
+	For     time.Duration `json:"probe_time,omitempty"`
+
+	// agent -> launcher
+	Facts     *Facts      `json:"facts,omitempty"`
+	Time      int64       `json:"time,omitempty"`
+	Listening string      `json:"listening,omitempty"`
+	Pair      *PairResult `json:"pair,omitempty"`
+	Done      bool        `json:"done,omitempty"`
+	Error     string      `json:"error,omitempty"`
+}
+
+// Peer is another host's agent, for a probe.
+type Peer struct {
+	Name string `json:"name"`
+	Addr string `json:"addr"`
+}
+
+// RunAgent is the doctor agent: it reads the launcher's token and then its
+// requests from in, one JSON object per line, and answers on out. It ends
+// when in ends (the launcher is done, or gone: its ssh session closed) or
+// after o.Lifetime.
+func RunAgent(ctx context.Context, in io.Reader, out io.Writer, o AgentOptions) error {
+	ctx, cancel := context.WithTimeout(ctx, cmpDur(o.Lifetime, 5*time.Minute))
+	defer cancel()
+	reqs := make(chan message)
+	readErr := make(chan error, 1)
+	go func() {
+		// The end of stdin (the launcher is done, or gone) ends whatever
+		// the agent is doing, a probe included.
+		defer cancel()
+		defer close(reqs)
+		sc := bufio.NewScanner(in)
+		sc.Buffer(make([]byte, 64<<10), 16<<20)
+		for sc.Scan() {
+			var m message
+			if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+				readErr <- fmt.Errorf("doctor agent: bad request %.80q: %v", sc.Text(), err)
+				return
+			}
+			select {
+			case reqs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+		readErr <- sc.Err()
+	}()
+	enc := json.NewEncoder(out)
+	var first message
+	select {
+	case m, ok := <-reqs:
+		if !ok {
+			return nil // the launcher went away before it began
+		}
+		first = m
+	case <-ctx.Done():
+		return nil
+	}
+	if len(first.Token) != 32 {
+		return errors.New("doctor agent: the first line must carry the launcher's token")
+	}
+	token := []byte(first.Token)
+	if err := enc.Encode(message{Facts: gatherFacts(ctx, o)}); err != nil {
+		return err
+	}
+	var ln net.Listener
+	defer func() {
+		if ln != nil {
+			ln.Close()
+		}
+	}()
+	for {
+		var m message
+		ok := false
+		select {
+		case m, ok = <-reqs:
+		case <-ctx.Done():
+		}
+		if !ok {
+			select {
+			case err := <-readErr: // a bad request, or a failed read
+				return err
+			default: // the end of stdin, or of the agent's lifetime
+				return nil
+			}
+		}
+		var reply message
+		switch m.Op {
+		case "time":
+			reply.Time = time.Now().UnixNano()
+		case "listen":
+			if ln != nil {
+				reply.Listening = ln.Addr().String()
+				break
+			}
+			var err error
+			if ln, err = listen(m); err != nil {
+				reply.Error = err.Error()
+				break
+			}
+			go serve(ctx, ln, token)
+			reply.Listening = ln.Addr().String()
+		case "probe":
+			// In the order the launcher gives (see Run): one peer at a
+			// time, so that a bandwidth probe has the link to itself.
+			for _, p := range m.Peers {
+				r := probe(ctx, p.Addr, token, m.Dial, m.Bytes, m.For)
+				r.To = p.Name
+				if err := enc.Encode(message{Pair: &r}); err != nil {
+					return err
+				}
+			}
+			reply.Done = true
+		default:
+			reply.Error = fmt.Sprintf("unknown request %q", m.Op)
+		}
+		if err := enc.Encode(reply); err != nil {
+			return err
+		}
+	}
+}
+
+// listen opens the agent's probe port where a rank of this host would
+// listen: on the address given, or the source address of the route to the
+// launcher (what gorun's remote wrapper gives ranks as GORUN_LISTEN_IP),
+// else the address the ssh session came in on. Port 0, as ranks and the
+// rendezvous do.
+func listen(m message) (net.Listener, error) {
+	ip := m.IP
+	if ip == "" && m.RouteTo != "" {
+		if c, err := net.Dial("udp", net.JoinHostPort(m.RouteTo, "9")); err == nil {
+			ip = c.LocalAddr().(*net.UDPAddr).IP.String()
+			c.Close()
+		}
+	}
+	if ip == "" {
+		if f := strings.Fields(os.Getenv("SSH_CONNECTION")); len(f) == 4 {
+			ip = f[2]
+		}
+	}
+	if ip == "" {
+		return nil, errors.New("no address to listen on: no route to the launcher and no $SSH_CONNECTION")
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %v", ip, err)
+	}
+	return ln, nil
+}
+
+// Probe connections start with the 32-character token and one op byte.
+const (
+	opPing = 'P'
+	opBulk = 'B'
+)
+
+// serve answers probes: echoes pings, and counts bulk bytes until the
+// sender closes its side, then tells it how many arrived.
+func serve(ctx context.Context, ln net.Listener, token []byte) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			stop := context.AfterFunc(ctx, func() { c.Close() })
+			defer stop()
+			c.SetDeadline(time.Now().Add(60 * time.Second))
+			head := make([]byte, len(token)+1)
+			if _, err := io.ReadFull(c, head); err != nil || subtle.ConstantTimeCompare(head[:len(token)], token) != 1 {
+				return // not a probe of this run
+			}
+			switch head[len(token)] {
+			case opPing:
+				buf := make([]byte, 8)
+				for {
+					if _, err := io.ReadFull(c, buf); err != nil {
+						return
+					}
+					if _, err := c.Write(buf); err != nil {
+						return
+					}
+				}
+			case opBulk:
+				n, err := io.Copy(io.Discard, c)
+				if err != nil {
+					return
+				}
+				binary.Write(c, binary.BigEndian, n)
+			}
+		}()
+	}
+}
+
+// pings is how many round trips the latency probe makes.
+const pings = 20
+
+// probe dials addr (bounded by dial), measures the median round trip of
+// small messages, then sends up to maxBytes, or for at most dur, and
+// times it to the receiver's count.
+func probe(ctx context.Context, addr string, token []byte, dial time.Duration, maxBytes int64, dur time.Duration) PairResult {
+	r := PairResult{Addr: addr}
+	d := net.Dialer{Timeout: cmpDur(dial, 3*time.Second)}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		r.Err = dialErr(err, d.Timeout)
+		return r
+	}
+	r.Dialed = true
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(append(slices.Clone(token), opPing)); err != nil {
+		r.Err = "ping: " + err.Error()
+		return r
+	}
+	rtts := make([]time.Duration, 0, pings)
+	buf := make([]byte, 8)
+	for i := range pings {
+		binary.BigEndian.PutUint64(buf, uint64(i))
+		t0 := time.Now()
+		if _, err := c.Write(buf); err != nil {
+			r.Err = "ping: " + err.Error()
+			return r
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			r.Err = "ping: " + err.Error()
+			return r
+		}
+		if binary.BigEndian.Uint64(buf) != uint64(i) {
+			r.Err = "ping: the echo does not match what was sent"
+			return r
+		}
+		rtts = append(rtts, time.Since(t0))
+	}
+	slices.Sort(rtts)
+	r.RTT = rtts[len(rtts)/2]
+	c.Close()
+
+	b, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		r.Err = "bandwidth: " + dialErr(err, d.Timeout)
+		return r
+	}
+	defer b.Close()
+	stopB := context.AfterFunc(ctx, func() { b.Close() })
+	defer stopB()
+	b.SetDeadline(time.Now().Add(cmpDur(dur, 300*time.Millisecond) + 10*time.Second))
+	if _, err := b.Write(append(slices.Clone(token), opBulk)); err != nil {
+		r.Err = "bandwidth: " + err.Error()
+		return r
+	}
+	chunk := make([]byte, 256<<10)
+	start := time.Now()
+	var sent int64
+	for sent < cmpInt(maxBytes, 16<<20) && time.Since(start) < cmpDur(dur, 300*time.Millisecond) {
+		n, err := b.Write(chunk)
+		sent += int64(n)
+		if err != nil {
+			r.Err = "bandwidth: " + err.Error()
+			return r
+		}
+	}
+	if err := b.(*net.TCPConn).CloseWrite(); err != nil {
+		r.Err = "bandwidth: " + err.Error()
+		return r
+	}
+	var got int64
+	if err := binary.Read(b, binary.BigEndian, &got); err != nil {
+		r.Err = "bandwidth: no count from the receiver: " + err.Error()
+		return r
+	}
+	took := time.Since(start)
+	if got != sent {
+		r.Err = fmt.Sprintf("bandwidth: sent %d bytes, %d arrived", sent, got)
+		return r
+	}
+	r.Bytes = got
+	r.Bandwidth = float64(got) / took.Seconds()
+	return r
+}
+
+func dialErr(err error, timeout time.Duration) string {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Sprintf("no answer within %s (packets dropped: a firewall?)", timeout)
+	}
+	if errors.Is(err, unix.ECONNREFUSED) {
+		return "connection refused (a firewall rejecting it, or nothing listening)"
+	}
+	if errors.Is(err, unix.EHOSTUNREACH) || errors.Is(err, unix.ENETUNREACH) {
+		return "no route to the host (" + err.Error() + ")"
+	}
+	return err.Error()
+}
+
+// gatherFacts collects what the launcher checks on this host.
+func gatherFacts(ctx context.Context, o AgentOptions) *Facts {
+	f := &Facts{OS: runtime.GOOS, Arch: runtime.GOARCH, Version: Version(), WorkDir: o.WorkDir}
+	f.Hostname, _ = os.Hostname()
+	if self, err := os.Executable(); err == nil {
+		f.AgentSHA256, _, _ = fileSHA256(self)
+	}
+	if s := strings.Fields(os.Getenv("SSH_CONNECTION")); len(s) == 4 {
+		f.SSHClientIP, f.SSHServerIP = s[0], s[2]
+	}
+	if f.WorkDir != "" {
+		if err := os.Chdir(f.WorkDir); err != nil {
+			f.WorkDirErr = "cannot enter the working directory: " + pathErr(err)
+		}
+	} else {
+		f.WorkDir, _ = os.Getwd()
+	}
+	if o.Program != "" {
+		f.Program = programFacts(o.Program)
+	}
+	checkpointFacts(f, o)
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil {
+		f.NoFileSoft, f.NoFileHard = lim.Cur, lim.Max
+	}
+	// The Go runtime raised this process's soft limit to the hard one; a
+	// child gets the limit the login session set, which is what a program
+	// that is not Go would run with.
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(sctx, "sh", "-c", "ulimit -n").Output(); err == nil {
+		if n, err := strconv.ParseUint(strings.TrimSpace(string(out)), 10, 64); err == nil {
+			f.NoFileSoft = n
+		} else if strings.TrimSpace(string(out)) == "unlimited" {
+			f.NoFileSoft = lim.Max
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		f.PortRange = strings.Join(strings.Fields(string(b)), " ")
+	}
+	return f
+}
+
+// programFacts looks at PROGRAM as a remote rank's `setsid PROGRAM` would
+// find it: relative to the working directory, or on $PATH without a slash.
+func programFacts(prog string) *ProgramFacts {
+	p := &ProgramFacts{Path: prog, Resolved: prog}
+	if !strings.Contains(prog, "/") {
+		found, err := exec.LookPath(prog)
+		if err != nil {
+			p.Err = fmt.Sprintf("%s is not on $PATH (%s)", prog, os.Getenv("PATH"))
+			return p
+		}
+		p.Resolved = found
+	} else if abs, err := filepath.Abs(prog); err == nil {
+		p.Resolved = abs
+	}
+	st, err := os.Stat(p.Resolved)
+	switch {
+	case err != nil:
+		p.Err = pathErr(err)
+		return p
+	case st.IsDir():
+		p.Err = p.Resolved + " is a directory, not a program (build it: go build -o /shared/bin/NAME " + prog + ")"
+		return p
+	case unix.Access(p.Resolved, unix.X_OK) != nil:
+		p.Err = p.Resolved + " is not executable (chmod +x it)"
+		return p
+	}
+	p.Size = st.Size()
+	sum, _, err := fileSHA256(p.Resolved)
+	if err != nil {
+		p.Err = pathErr(err)
+		return p
+	}
+	p.SHA256 = sum
+	if bi, err := buildinfo.ReadFile(p.Resolved); err == nil {
+		p.Gorun = moduleVersion(bi)
+	}
+	return p
+}
+
+// checkpointFacts measures the free space where the job's checkpoints go,
+// and whether they can be written there: in the directory, or, if it does
+// not exist yet, in its nearest existing parent (checkpoint.New creates it).
+func checkpointFacts(f *Facts, o AgentOptions) {
+	dir := o.CheckpointDir
+	if dir == "" {
+		dir = f.WorkDir
+	}
+	dir = strings.ReplaceAll(dir, "{host}", o.Host)
+	f.CheckpointDir = dir
+	if checkpoint.IsRemote(dir) {
+		f.CheckpointS3 = true
+		return
+	}
+	at := dir
+	for {
+		st, err := os.Stat(at)
+		if err == nil {
+			if !st.IsDir() {
+				f.CheckpointErr = at + " is a file, not a directory"
+				return
+			}
+			break
+		}
+		parent := filepath.Dir(at)
+		if parent == at {
+			f.CheckpointErr = pathErr(err)
+			return
+		}
+		at = parent
+	}
+	if at != dir {
+		f.CheckpointParent = at
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(at, &st); err != nil {
+		f.CheckpointErr = "statfs: " + err.Error()
+		return
+	}
+	f.CheckpointFree = st.Bavail * uint64(st.Bsize)
+	tmp, err := os.CreateTemp(at, ".gorun-doctor-*")
+	if err != nil {
+		f.CheckpointErr = "not writable: " + pathErr(err)
+		return
+	}
+	tmp.Close()
+	os.Remove(tmp.Name())
+}
+
+// fileSHA256 hashes a file.
+func fileSHA256(name string) (string, int64, error) {
+	fh, err := os.Open(name)
+	if err != nil {
+		return "", 0, err
+	}
+	defer fh.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, fh)
+	if err != nil {
+		return "", 0, err
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// pathErr is an *os.PathError as "PATH: no such file or directory".
+func pathErr(err error) string {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Path + ": " + pe.Err.Error()
+	}
+	return err.Error()
+}
+
+func cmpDur(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}
+
+func cmpInt(n, def int64) int64 {
+	if n <= 0 {
+		return def
+	}
+	return n
+}
