@@ -30,6 +30,9 @@ type Comm struct {
 	node *p2p.Node
 	rdv  *p2p.Rendezvous // non-nil when this rank hosts the rendezvous
 
+	// recorder is the flight recorder a hang diagnosis reads (flightrec.go).
+	recorder flightRecorder
+
 	// view is the membership epoch calls are numbered in: rank, size, ring.
 	// A fixed-size job has one for its life; an elastic one gets a new one
 	// at every reconfiguration (elastic_comm.go). Read without a lock from
@@ -345,6 +348,7 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("gorun: %s: joining the job at %s: %w", who, cfg.rendezvous, err)
 		}
+		c.node.SetCallReporter(c.recorder.snapshot)
 		if cfg.elastic {
 			// The epoch Join put the node in (Reconfigure returns its View
 			// at once while it lasts; if it ended already, the next one).

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gorun/gorun/p2p"
 )
 
 // EnvStallThreshold sets the stall warning threshold (a Go duration or
@@ -22,14 +24,20 @@ const DefaultStallThreshold = 60 * time.Second
 // watchStall arms the stall warning for h, which started running at start,
 // and returns the function that disarms it. The warning repeats every
 // threshold while the call waits; it never ends the call (the timeout does).
+// It also records the call's start in the flight recorder (traceCall
+// records its end).
 func (c *Comm) watchStall(h *Handle, start time.Time) func() {
+	if f := c.flight(); f != nil {
+		f.begin(h.call, start)
+	}
 	d := c.stallThreshold
 	if d <= 0 {
 		return func() {}
 	}
 	var (
-		mu sync.Mutex // orders the assignment of t before its use in warn
-		t  *time.Timer
+		mu    sync.Mutex // orders the assignment of t before its use in warn; guards first
+		t     *time.Timer
+		first = true // the first warning of the call, which asks for a diagnosis
 	)
 	done := make(chan struct{})
 	warn := func() {
@@ -39,7 +47,17 @@ func (c *Comm) watchStall(h *Handle, start time.Time) func() {
 		default:
 		}
 		c.stats.stalls.Add(1)
-		c.warnf("%s", c.stallMessage(h, start))
+		msg := c.stallMessage(h, start)
+		mu.Lock()
+		diagnose := first
+		first = false
+		mu.Unlock()
+		if diagnose {
+			// One diagnosis per stalled call: the repeats only say how
+			// long it has waited.
+			msg += c.hangDiagnosis(h)
+		}
+		c.warnf("%s", msg)
 		c.trace().instant(h.rank(), laneCollectives, "stall warning", map[string]any{"seq": h.call.Seq, "call": h.call.String()})
 		mu.Lock()
 		t.Reset(d)
@@ -76,6 +94,43 @@ func (c *Comm) stallMessage(h *Handle, start time.Time) string {
 	}
 	return msg
 }
+
+// hangDiagnosis asks the rendezvous to gather every rank's state (the call
+// it is in, its flight recorder, the peer it waits for, its stack) and
+// returns what the stall warning adds: where the launcher's diagnosis
+// went, or, with no launcher, the diagnosis itself and the dump this rank
+// wrote (to $GORUN_HANG_DIR, or os.TempDir()).
+func (c *Comm) hangDiagnosis(h *Handle) string {
+	if c.node == nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(c.life, hangDiagnosisTimeout)
+	defer cancel()
+	rep, err := c.node.DiagnoseHang(ctx, h.call.Seq)
+	if err != nil {
+		return fmt.Sprintf("; no hang diagnosis: %v", err)
+	}
+	if rep.Ended {
+		return "; " + rep.Diagnosis
+	}
+	if rep.Printed {
+		msg := "; the launcher printed a hang diagnosis"
+		if rep.Dump != "" {
+			msg += " and wrote every rank's flight recorder to " + rep.Dump + " on its host"
+		}
+		return msg
+	}
+	msg := "; hang diagnosis: " + rep.Diagnosis
+	path, err := p2p.WriteHangReport("", rep, fmt.Sprintf("-rank%d", h.rank()))
+	if err != nil {
+		return msg + fmt.Sprintf("; %v", err)
+	}
+	return msg + "; every rank's flight recorder is in " + path
+}
+
+// hangDiagnosisTimeout bounds a hang diagnosis: the rendezvous waits a few
+// seconds for the ranks' answers, then sends it.
+const hangDiagnosisTimeout = 15 * time.Second
 
 type rankProgress struct {
 	rank int
@@ -116,7 +171,11 @@ func (c *Comm) ranksBehind(seq uint64) ([]rankProgress, bool) {
 
 // traceCall writes a finished call to the timeline: its wait in the queue
 // (an async event, since queued calls overlap) and its run on the ring.
+// It also records the call's end in the flight recorder.
 func (c *Comm) traceCall(h *Handle, start, end time.Time, err error) {
+	if f := c.flight(); f != nil {
+		f.end(end, err)
+	}
 	tl := c.trace()
 	if tl == nil {
 		return

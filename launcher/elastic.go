@@ -430,6 +430,7 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 		ListenAddr: net.JoinHostPort(lay.listenIP, "0"), Size: job.NP, JobKey: key,
 		Timeout: cmp.Or(job.Timeout, collective.DefaultTimeout), Logf: rdvLog,
 		OnLeave: e.departures.record,
+		OnHang:  (&hangLog{logf: job.Logf}).report,
 		OnAbort: func(cause string) {
 			e.departures.aborted(cause)
 			select {

@@ -544,6 +544,7 @@ func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, atte
 	rdv, err := p2p.StartRendezvous(ctx, p2p.RendezvousConfig{
 		ListenAddr: net.JoinHostPort(lay.listenIP, "0"), Size: job.NP, JobKey: key, Timeout: cmp.Or(job.Timeout, collective.DefaultTimeout), Logf: rdvLog,
 		OnLeave: departures.record, OnAbort: departures.aborted,
+		OnHang: (&hangLog{logf: job.Logf}).report,
 	})
 	if err != nil {
 		return fmt.Errorf("starting the rendezvous: %w", err)

@@ -57,6 +57,11 @@ type link struct {
 	peerID peer.ID  // remote identity proven by the TLS handshake
 	wbuf   []byte   // coalesces small buffers of a message into one record
 	bc     *batchConn
+
+	// blockedSince is when the transfer in progress on this link started
+	// (UnixNano), 0 when none is: a hang diagnosis reads it to say which
+	// peer a rank waits for (diagnose.go). Two atomic stores per transfer.
+	blockedSince atomic.Int64
 }
 
 // close breaks the link at once. A TLS conn is not closed through TLS: its
@@ -926,6 +931,8 @@ func (t *transport) SendTo(ctx context.Context, rank int, bufs ...[]byte) error 
 		return err
 	}
 	l := t.to[rank]
+	l.blockedSince.Store(time.Now().UnixNano())
+	defer l.blockedSince.Store(0)
 	if l.shm != nil {
 		if err := l.shm.write(ctx, bufs, t.waitPolicy()); err != nil {
 			return t.fail(ctx, err, "send to", l)
@@ -1020,6 +1027,8 @@ func (t *transport) RecvFrom(ctx context.Context, rank int, buf []byte) error {
 		return err
 	}
 	l := t.from[rank]
+	l.blockedSince.Store(time.Now().UnixNano())
+	defer l.blockedSince.Store(0)
 	if l.shm != nil {
 		if err := l.shm.read(ctx, buf, t.waitPolicy()); err != nil {
 			return t.fail(ctx, err, "recv from", l)

@@ -167,6 +167,11 @@ type Node struct {
 	stop       chan struct{}
 	wg         sync.WaitGroup
 
+	// Hang diagnosis (diagnose.go).
+	callReporter atomic.Pointer[CallReporter]
+	diagMu       sync.Mutex // one DiagnoseHang at a time
+	diagAnswer   chan *HangReport
+
 	// Ranks that left early (see leave.go).
 	leaveMu        sync.Mutex
 	departed       []departure    // ranks that announced they leave, in order
@@ -260,6 +265,7 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 		byeCh:      make(chan struct{}),
 		ctlDead:    make(chan struct{}),
 		progAnswer: make(chan []uint64, 1),
+		diagAnswer: make(chan *HangReport, 1),
 		behind:     map[int]uint64{},
 		lateOK:     make(chan struct{}, 1),
 		expect:     map[int]bool{},
@@ -662,11 +668,18 @@ func (n *Node) ctlReader() {
 				break
 			}
 			n.abortLocal(errors.New(m.Text))
+		case tHang:
+			n.hangReportArrived(m.Text)
 		case tProgress:
 			select {
 			case n.progAnswer <- m.Progress:
 			default:
 			}
+		case tStateAsk:
+			// Answered on a goroutine of its own: the control reader goes
+			// on reading (heartbeats) while the stacks are taken.
+			n.wg.Add(1) // the control reader is counted: never races with Wait
+			go n.answerHang()
 		case tBye:
 			select {
 			case <-n.byeCh:

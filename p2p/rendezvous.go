@@ -59,6 +59,13 @@ type RendezvousConfig struct {
 	// follows is established (if it ever is). It is called with the
 	// rendezvous' lock held: it must not block nor call the Rendezvous.
 	OnProc func(ProcEvent)
+	// OnHang, if set, is given every hang diagnosis (see diagnose.go): a
+	// rank waited past its stall threshold and every rank's state was
+	// gathered. It returns where it wrote the report ("" if nowhere); the
+	// ranks that asked are told it printed the diagnosis, so they do not
+	// print it again. It runs on a rendezvous goroutine of its own and may
+	// write a file, but must not block for long.
+	OnHang func(*HangReport) (dump string)
 }
 
 // ProcEventKind is what became of a process (ProcEvent).
@@ -112,6 +119,7 @@ type Rendezvous struct {
 	relayMu sync.Mutex
 	hb      time.Duration // heartbeat bound: Timeout, or Elastic.HeartbeatTimeout
 	el      rzElastic     // elastic mode, under mu
+	hang    *hangGather   // the hang diagnosis being gathered, under mu
 }
 
 // rzConn is the server side of one rank's control stream.
@@ -471,13 +479,18 @@ func (r *Rendezvous) handle(s network.Stream) {
 		}
 		switch m.T {
 		case tPing:
-		case tProgress:
+		case tProgress, tState:
 			r.mu.Lock()
 			if r.progress == nil {
 				r.progress = map[int]uint64{}
 			}
 			r.progress[c.rank] = max(r.progress[c.rank], m.Seq)
 			r.mu.Unlock()
+			if m.T == tState {
+				r.hangAnswered(c, m.Text)
+			}
+		case tHangAsk:
+			r.hangAsked(c, m.Seq)
 		case tProgQuery:
 			r.mu.Lock()
 			size := r.cfg.Size

@@ -45,6 +45,10 @@ const (
 	tLeaving   = "leaving"   // client -> server: I leave after call Seq; server -> client: rank Rank leaves after call Seq
 	tLate      = "late"      // client -> server: I am in call Seq, after a rank left; server -> that leaver: rank Rank was
 	tLateOK    = "lateok"    // server -> client: your late report reached the leavers
+	tHangAsk   = "hangask"   // client -> server: I stalled in call Seq: diagnose the job (diagnose.go)
+	tStateAsk  = "stateq"    // server -> client: send your state for a hang diagnosis
+	tState     = "state"     // client -> server: my progress (Seq) and state (Text, a RankState as JSON)
+	tHang      = "hang"      // server -> client that asked: the diagnosis (Text, a HangReport as JSON)
 
 	// Elastic mode only (see elastic.go).
 	tReconfig = "reconfig" // server -> member: epoch Epoch begins, Lost are gone; fail the current epoch
@@ -197,7 +201,7 @@ func (m *msg) check() error {
 		if _, err := checkTable(m.Table); err != nil {
 			return err
 		}
-	case tProgress, tProgQuery:
+	case tProgress, tProgQuery, tHangAsk, tStateAsk, tState, tHang:
 		if m.Rank < 0 {
 			return fmt.Errorf("bad %s: negative rank", m.T)
 		}

@@ -29,6 +29,8 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
+	// Hang dumps of the tests whose calls stall go with the binaries.
+	os.Setenv(p2p.EnvHangDir, dir)
 	gorunBin, testprogBin, rankprogBin = filepath.Join(dir, "gorun"), filepath.Join(dir, "testprog"), filepath.Join(dir, "rankprog")
 	elasticprogBin, elastictrainBin = filepath.Join(dir, "elasticprog"), filepath.Join(dir, "elastictrain")
 	for bin, pkg := range map[string]string{gorunBin: ".", testprogBin: "../../internal/testprog", rankprogBin: "./testdata/rankprog",

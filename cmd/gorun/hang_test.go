@@ -1,0 +1,195 @@
+package main
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/p2p"
+)
+
+// hangprogBin is built on first use, next to the other test programs
+// (TestMain removes their directory).
+var hangprogBin = sync.OnceValues(func() (string, error) {
+	bin := filepath.Join(filepath.Dir(gorunBin), "hangprog")
+	args := []string{"build", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	if out, err := exec.Command("go", append(args, "../../internal/hangprog")...).CombinedOutput(); err != nil {
+		return "", &buildError{err, out}
+	}
+	return bin, nil
+})
+
+type buildError struct {
+	err error
+	out []byte
+}
+
+func (e *buildError) Error() string {
+	return "building internal/hangprog: " + e.err.Error() + "\n" + string(e.out)
+}
+
+// A rank that hangs makes the ranks waiting for it warn after the stall
+// threshold; gorun, which hosts the rendezvous, then gathers every rank's
+// state and prints one diagnosis naming the rank, its last call and what
+// it does, and writes every rank's flight recorder to $GORUN_HANG_DIR.
+func TestHangDiagnosisByGorun(t *testing.T) {
+	for _, tc := range []struct {
+		mode string
+		// what the diagnosis says rank 1 does, after "it is in user code: "
+		top string
+	}{
+		{"skip", `main\.waitForShutdown at hangprog/main\.go:\d+ \(goroutine 1, chan receive\)`},
+		{"spin", `main\.spinInUserCode at hangprog/main\.go:\d+ \(goroutine 1, (running|runnable)\)`},
+		{"syscall", `syscall\.\S+ <- .*syscall\.Read <- main\.blockInSyscall at hangprog/main\.go:\d+ \(goroutine 1, syscall\)`},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			prog, err := hangprogBin()
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := t.TempDir()
+			start := time.Now()
+			g := startGorun(t, "", []string{"HANGPROG_MODE=" + tc.mode, "HANGPROG_VICTIM=1", "GORUN_STALL_THRESHOLD=1s", p2p.EnvHangDir + "=" + dir},
+				"-np", "3", "--timeout", "2m", prog)
+			// Until a waiting rank's stall warning points to gorun's
+			// diagnosis, which it gets after gorun printed it.
+			if err := g.err.waitFor("the launcher printed a hang diagnosis", 1, 2*time.Minute, g.done); err != nil {
+				t.Fatalf("gorun stderr: %v\nstdout:\n%s", err, g.out)
+			}
+			took := time.Since(start)
+			g.cmd.Process.Signal(syscall.SIGINT)
+			g.wait(t, time.Minute)
+			if left := ranksAlive(t, g.cmd.Process.Pid); len(left) > 0 {
+				t.Errorf("ranks left running: %v", left)
+			}
+			errOut := g.err.String()
+			t.Logf("diagnosis after %v; gorun said:\n%s", took.Round(time.Millisecond), errOut)
+			want := regexp.MustCompile(`(?m)^gorun: hang diagnosis: rank [02] waits in allreduce #3 "layer3.w" for rank 1; rank 1's last call was #2 and it is in user code: ` + tc.top + `$`)
+			if !want.MatchString(errOut) {
+				t.Errorf("gorun's stderr has no line matching\n%s", want)
+			}
+			if n := strings.Count(errOut, "gorun: hang diagnosis:"); n != 1 {
+				t.Errorf("%d diagnoses printed, want 1", n)
+			}
+			// The ranks that wait say where the diagnosis went, and do not
+			// print it again.
+			if !regexp.MustCompile(`\[[0-9,]+\] .*gorun: stall warning: rank [02] has waited .* in call #3 Allreduce\(float32\[1024\], Sum, name="layer3.w"\).*ranks that have not entered it yet: rank 1 \(last entered #2\); the launcher printed a hang diagnosis and wrote every rank's flight recorder to `).MatchString(errOut) {
+				t.Errorf("no rank's stall warning points to gorun's diagnosis")
+			}
+			m := regexp.MustCompile(`flight recorder \(its current call, its last calls and its stack\) is in (\S+\.json)`).FindStringSubmatch(errOut)
+			if m == nil {
+				t.Fatal("gorun names no dump file")
+			}
+			if filepath.Dir(m[1]) != dir {
+				t.Errorf("dump %s is not in GORUN_HANG_DIR %s", m[1], dir)
+			}
+			b, err := os.ReadFile(m[1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rep p2p.HangReport
+			if err := json.Unmarshal(b, &rep); err != nil {
+				t.Fatalf("the dump is not a hang report: %v", err)
+			}
+			if rep.Culprit != 1 || rep.Seq != 3 || len(rep.Ranks) != 3 {
+				t.Fatalf("dump: culprit %d, call #%d, %d ranks; want 1, #3, 3", rep.Culprit, rep.Seq, len(rep.Ranks))
+			}
+			for r, s := range rep.Ranks {
+				if s.Rank != r || s.PID == 0 || len(s.Recent) != 2 || s.Recent[0].Name != "layer1.w" || s.Recent[1].Name != "layer2.w" || s.Recent[1].Seq != 2 {
+					t.Errorf("dump: rank %d: %+v; want rank %d with calls #1 layer1.w and #2 layer2.w finished", s.Rank, s, r)
+					continue
+				}
+				if r == 1 {
+					if s.Current != nil || len(s.Goroutines) == 0 || s.Goroutines[0].Role != "user" {
+						t.Errorf("dump: rank 1 is in call %+v, goroutines %+v; want no call, a user goroutine first", s.Current, s.Goroutines)
+					}
+					continue
+				}
+				if s.Current == nil || s.Current.Seq != 3 || s.Current.Name != "layer3.w" || s.Current.Call != `Allreduce(float32[1024], Sum, name="layer3.w")` {
+					t.Errorf("dump: rank %d's current call %+v, want #3 layer3.w", r, s.Current)
+				}
+				if len(s.Goroutines) == 0 || s.Goroutines[0].Role != "collective" {
+					t.Errorf("dump: rank %d's first goroutine is not the collective's: %+v", r, s.Goroutines)
+				}
+			}
+		})
+	}
+}
+
+// Without gorun (torchrun's variables; rank 0 hosts the rendezvous), each
+// rank that waits past the stall threshold prints the diagnosis in its own
+// stall warning and writes the flight recorders to $GORUN_HANG_DIR.
+func TestHangDiagnosisWithoutGorun(t *testing.T) {
+	prog, err := hangprogBin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	dir := t.TempDir()
+	key := hex.EncodeToString(p2p.NewJobKey())
+	const n = 3
+	errs := make([]*watchedBuffer, n)
+	exited := make(chan struct{}) // closed when any rank exits: it should not
+	var once sync.Once
+	for r := range n {
+		cmd := exec.Command(prog)
+		cmd.Env = append(os.Environ(), "RANK="+strconv.Itoa(r), "WORLD_SIZE=3", "LOCAL_RANK="+strconv.Itoa(r),
+			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port), "GORUN_JOB_KEY="+key,
+			"LOCAL_WORLD_SIZE=3", "GORUN_LISTEN_IP=127.0.0.1", "HANGPROG_MODE=syscall", "HANGPROG_VICTIM=1", "GORUN_STALL_THRESHOLD=1s", "GORUN_TIMEOUT=2m", p2p.EnvHangDir+"="+dir)
+		errs[r] = newWatchedBuffer()
+		cmd.Stdout, cmd.Stderr = new(syncBuf), errs[r]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { cmd.Wait(); once.Do(func() { close(exited) }); close(done) }()
+		t.Cleanup(func() { cmd.Process.Kill(); <-done })
+	}
+	if err := errs[0].waitFor("hang diagnosis:", 1, 2*time.Minute, exited); err != nil {
+		t.Fatalf("rank 0: %v\nrank 1's stderr:\n%s\nrank 2's stderr:\n%s", err, errs[1], errs[2])
+	}
+	w := errs[0].String()
+	t.Logf("rank 0 said:\n%s", w)
+	want := regexp.MustCompile(`gorun: stall warning: rank 0 has waited \S+ in call #3 Allreduce\(float32\[1024\], Sum, name="layer3.w"\).*; hang diagnosis: rank [02] waits in allreduce #3 "layer3.w" for rank 1; rank 1's last call was #2 and it is in user code: syscall\.\S+ <- .*syscall\.Read <- main\.blockInSyscall at hangprog/main\.go:\d+ \(goroutine 1, syscall\); every rank's flight recorder is in (\S+-rank0\.json)`)
+	m := want.FindStringSubmatch(w)
+	if m == nil {
+		t.Fatalf("rank 0's stall warning does not match\n%s", want)
+	}
+	if filepath.Dir(m[1]) != dir {
+		t.Errorf("dump %s is not in GORUN_HANG_DIR %s", m[1], dir)
+	}
+	b, err := os.ReadFile(m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep p2p.HangReport
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatalf("the dump is not a hang report: %v", err)
+	}
+	if rep.Culprit != 1 || rep.Seq != 3 || len(rep.Ranks) != n || rep.Printed {
+		t.Fatalf("dump: culprit %d, call #%d, %d ranks, printed %v; want 1, #3, 3, false", rep.Culprit, rep.Seq, len(rep.Ranks), rep.Printed)
+	}
+	for r, s := range rep.Ranks {
+		if s.Rank != r || len(s.Recent) != 2 || (s.Current == nil) != (r == 1) || len(s.Goroutines) == 0 {
+			t.Errorf("dump: rank %d: %+v", r, s)
+		}
+	}
+}

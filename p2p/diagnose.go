@@ -1,0 +1,731 @@
+package p2p
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Hang diagnosis.
+//
+// When a collective waits past the stall threshold, the rank that waits
+// asks the rendezvous for a diagnosis (Node.DiagnoseHang). The rendezvous
+// asks every rank for its state on the control stream, which a rank stuck
+// in user code or in a system call still answers: the answer is built on
+// the control reader's goroutines, which Go schedules (and preempts a busy
+// loop for) like any other. A rank's state (RankState) is the call it is in
+// and the last calls it finished (the collective layer's flight recorder,
+// see SetCallReporter), the peers its blocked transfers wait for (recorded
+// by the transport where a receive or send blocks), and the goroutine
+// stacks that matter: the one running the collective, or the user's. The
+// rendezvous puts them into a HangReport whose Diagnosis names the rank the
+// waiting is stuck on and what it does, hands it to its OnHang (the
+// launcher prints it and writes the dump) and sends it back to the ranks
+// that asked (without a launcher, they print it and write the dump).
+//
+// The messages (wire.go):
+//   - rank -> rendezvous: hangask, Seq the stalled call;
+//   - rendezvous -> every rank: stateq: send your state;
+//   - rank -> rendezvous: state, with Seq its progress and Text its
+//     RankState as JSON;
+//   - rendezvous -> the ranks that asked: hang, with Text the HangReport as
+//     JSON.
+
+// EnvHangDir names the directory hang diagnoses are written to (by gorun,
+// or by the stalled rank when no launcher hosts the rendezvous); unset:
+// the system's temporary directory (os.TempDir), as PyTorch's NCCL flight
+// recorder does: a job's working directory is often a shared file system
+// that a dump per stall should not litter.
+const EnvHangDir = "GORUN_HANG_DIR"
+
+// hangAnswerTimeout bounds how long the rendezvous waits for the ranks'
+// states: a rank that does not answer within it is stopped or cut off,
+// which the diagnosis says.
+const hangAnswerTimeout = 5 * time.Second
+
+// Limits that keep a rank's answer small (it travels on the control
+// stream, whose frames are at most maxFrame).
+const (
+	maxStateGoroutines = 8
+	maxStateFrames     = 24
+)
+
+// CallRecord is one collective call in a flight recorder.
+type CallRecord struct {
+	Seq   uint64    `json:"seq"`
+	Kind  string    `json:"kind"`           // "allreduce", "broadcast", ...
+	Name  string    `json:"name,omitempty"` // the call's tensor name, if any
+	Call  string    `json:"call"`           // the call as its fingerprint reads
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end,omitzero"` // zero while the call runs
+	Err   string    `json:"error,omitempty"`
+}
+
+// String is how a diagnosis names the call: allreduce #17 "layer3.w".
+func (c *CallRecord) String() string {
+	s := fmt.Sprintf("%s #%d", c.Kind, c.Seq)
+	if c.Name != "" {
+		s += fmt.Sprintf(" %q", c.Name)
+	}
+	return s
+}
+
+// CallReporter returns the call a rank is in (nil between calls) and the
+// calls it finished last, oldest first. It must not block.
+type CallReporter func() (current *CallRecord, recent []CallRecord)
+
+// PeerWait is a data transfer that is blocked: a receive from, or a send
+// to, Peer, since Since.
+type PeerWait struct {
+	Peer  int       `json:"peer"`
+	Op    string    `json:"op"` // "recv from" or "send to"
+	Since time.Time `json:"since"`
+}
+
+// verb is how a diagnosis says what the transfer waits to do.
+func (w PeerWait) verb() string {
+	if w.Op == "recv from" {
+		return "receive from"
+	}
+	return w.Op
+}
+
+// Frame is one frame of a goroutine stack.
+type Frame struct {
+	Func string `json:"func"`
+	File string `json:"file"`
+	Line int    `json:"line"`
+}
+
+// Goroutine is one goroutine's stack, as far as a diagnosis needs it.
+type Goroutine struct {
+	ID    int    `json:"id"`
+	State string `json:"state"` // "running", "syscall", "chan receive", ...
+	// Role: "collective" (it runs or waits for a collective call) or
+	// "user" (user code, outside any collective).
+	Role   string  `json:"role"`
+	Frames []Frame `json:"frames"` // innermost first, at most maxStateFrames
+}
+
+// RankState is what one rank told the rendezvous about itself.
+type RankState struct {
+	Rank     int    `json:"rank"`
+	Host     string `json:"host,omitempty"`
+	PID      int    `json:"pid,omitempty"`
+	Progress uint64 `json:"progress"` // the last call it entered (SetProgress)
+	// Current is the call it is in; nil: it is between calls (in user code).
+	Current *CallRecord  `json:"current,omitempty"`
+	Recent  []CallRecord `json:"recent,omitempty"` // the calls it finished last, oldest first
+	Waits   []PeerWait   `json:"waits,omitempty"`  // its blocked transfers, longest first
+	// Goroutines: the one that runs the current call, or the user's
+	// goroutines when it is in no call; the most telling first.
+	Goroutines []Goroutine `json:"goroutines,omitempty"`
+	// NoAnswer says why the rendezvous has nothing else for this rank.
+	NoAnswer string `json:"no_answer,omitempty"`
+}
+
+// HangReport is one hang diagnosis: every rank's state when a rank
+// (Requester) waited past the stall threshold in call Seq.
+type HangReport struct {
+	Time      time.Time `json:"time"`
+	Requester int       `json:"requester"`
+	Seq       uint64    `json:"seq"`
+	// Diagnosis is one line naming the rank the waiting is stuck on and
+	// what it does, e.g. `rank 2 waits in allreduce #17 "layer3.w" for
+	// rank 1; rank 1's last call was #16 and it is in user code:
+	// main.loadBatch at train/main.go:88 (goroutine 1, running)`.
+	Diagnosis string      `json:"diagnosis"`
+	Culprit   int         `json:"culprit"` // the rank it names; -1: none
+	Ranks     []RankState `json:"ranks"`
+	// Dump is where the launcher (RendezvousConfig.OnHang) wrote the
+	// report; "" if no launcher did.
+	Dump string `json:"dump,omitempty"`
+	// Printed: the launcher printed the diagnosis.
+	Printed bool `json:"printed,omitempty"`
+	// Ended: the rank that asked was no longer in call Seq when the
+	// states were gathered (the stall ended): nothing was diagnosed.
+	Ended bool `json:"ended,omitempty"`
+}
+
+// SetCallReporter makes this rank's answers to a hang diagnosis carry the
+// calls f reports (the collective layer's flight recorder).
+func (n *Node) SetCallReporter(f CallReporter) { n.callReporter.Store(&f) }
+
+// DiagnoseHang asks the rendezvous to gather every rank's state because
+// this rank has waited past the stall threshold in call seq, and returns
+// the report. Bounded by ctx.
+func (n *Node) DiagnoseHang(ctx context.Context, seq uint64) (*HangReport, error) {
+	n.diagMu.Lock()
+	defer n.diagMu.Unlock()
+	select { // drop a stale answer to an earlier, abandoned request
+	case <-n.diagAnswer:
+	default:
+	}
+	if n.ctl == nil {
+		return nil, errors.New("p2p: hang diagnosis: no control path to a rendezvous")
+	}
+	if err := n.sendCtl(&msg{T: tHangAsk, Rank: max(n.rank(), 0), Seq: seq}); err != nil {
+		return nil, fmt.Errorf("p2p: hang diagnosis: %w", err)
+	}
+	select {
+	case rep := <-n.diagAnswer:
+		return rep, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("p2p: hang diagnosis: no answer from the rendezvous: %w", context.Cause(ctx))
+	case <-n.ctlDead:
+		return nil, errors.New("p2p: hang diagnosis: the control path to the rendezvous is closed")
+	}
+}
+
+// hangReportArrived hands the rendezvous' report to DiagnoseHang.
+func (n *Node) hangReportArrived(text string) {
+	var rep HangReport
+	if err := json.Unmarshal([]byte(text), &rep); err != nil {
+		n.logf("bad hang diagnosis from the rendezvous: %v", err)
+		return
+	}
+	select {
+	case n.diagAnswer <- &rep:
+	default:
+	}
+}
+
+// answerHang sends this rank's state to the rendezvous. It runs on a
+// goroutine of its own: the control reader goes on reading meanwhile.
+func (n *Node) answerHang() {
+	defer n.wg.Done()
+	st := n.State()
+	b, err := json.Marshal(st)
+	if err != nil {
+		n.logf("hang diagnosis: encoding this rank's state: %v", err)
+		return
+	}
+	if err := n.sendCtl(&msg{T: tState, Rank: max(n.rank(), 0), Seq: n.progress.Load(), Text: string(b)}); err != nil {
+		n.logf("hang diagnosis: sending this rank's state to the rendezvous: %v", err)
+	}
+}
+
+// State returns this rank's state for a hang diagnosis.
+func (n *Node) State() RankState {
+	st := RankState{Rank: n.rank(), PID: os.Getpid(), Progress: n.progress.Load()}
+	st.Host, _ = os.Hostname()
+	if f := n.callReporter.Load(); f != nil {
+		st.Current, st.Recent = (*f)()
+	}
+	st.Waits = n.pendingWaits()
+	st.Goroutines = relevantGoroutines(parseStacks(allStacks()), st.Current != nil)
+	return st
+}
+
+// pendingWaits lists the transfers on this rank's links that are blocked
+// now, the longest waiting first.
+func (n *Node) pendingWaits() []PeerWait {
+	n.mu.Lock()
+	tr := n.tr
+	n.mu.Unlock()
+	if tr == nil {
+		return nil
+	}
+	var w []PeerWait
+	for _, dir := range []struct {
+		links []*link
+		op    string
+	}{{tr.from, "recv from"}, {tr.to, "send to"}} {
+		for r, l := range dir.links {
+			if l == nil {
+				continue
+			}
+			if since := l.blockedSince.Load(); since != 0 {
+				w = append(w, PeerWait{Peer: r, Op: dir.op, Since: time.Unix(0, since)})
+			}
+		}
+	}
+	slices.SortFunc(w, func(a, b PeerWait) int { return a.Since.Compare(b.Since) })
+	return w
+}
+
+// allStacks returns every goroutine's stack (runtime.Stack's text).
+func allStacks() []byte {
+	buf := make([]byte, 256<<10)
+	for {
+		k := runtime.Stack(buf, true)
+		if k < len(buf) || len(buf) >= 64<<20 {
+			return buf[:k]
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// parseStacks parses runtime.Stack's text: blocks of "goroutine N [state]:"
+// followed by pairs of lines "func(args)" and "\tfile:line +0x..".
+func parseStacks(b []byte) []Goroutine {
+	var gs []Goroutine
+	var g *Goroutine
+	sc := bufio.NewScanner(strings.NewReader(string(b)))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "goroutine "):
+			gs = append(gs, Goroutine{})
+			g = &gs[len(gs)-1]
+			rest := strings.TrimPrefix(line, "goroutine ")
+			id, after, _ := strings.Cut(rest, " ")
+			g.ID, _ = strconv.Atoi(id)
+			if i, j := strings.Index(after, "["), strings.LastIndex(after, "]"); i >= 0 && j > i {
+				g.State = after[i+1 : j]
+			}
+		case g == nil || line == "":
+		case strings.HasPrefix(line, "\t"):
+			if len(g.Frames) == 0 {
+				continue
+			}
+			f := &g.Frames[len(g.Frames)-1]
+			loc := strings.TrimSpace(line)
+			if i := strings.LastIndex(loc, " +0x"); i >= 0 {
+				loc = loc[:i]
+			}
+			if i := strings.LastIndex(loc, ":"); i >= 0 {
+				f.File = loc[:i]
+				f.Line, _ = strconv.Atoi(loc[i+1:])
+			}
+		case strings.HasPrefix(line, "created by "), strings.HasPrefix(line, "..."):
+			// The creator's frame and elided frames say nothing about
+			// where the goroutine is; skip the creator's location line.
+			if strings.HasPrefix(line, "created by ") {
+				sc.Scan()
+			}
+		default:
+			fn := line
+			if i := strings.LastIndex(fn, "("); i > 0 {
+				fn = fn[:i]
+			}
+			g.Frames = append(g.Frames, Frame{Func: fn})
+		}
+	}
+	return gs
+}
+
+// mainModule is the module of the program's main package ("" if unknown).
+var mainModule = sync.OnceValue(func() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		return bi.Main.Path
+	}
+	return ""
+})
+
+const gorunModule = "github.com/gorun/gorun"
+
+// userFrame reports whether f is the user's code: package main, a test,
+// or the main module when that is not gorun itself.
+func userFrame(f Frame) bool {
+	if strings.HasPrefix(f.Func, "main.") || strings.HasSuffix(f.File, "_test.go") {
+		return true
+	}
+	m := mainModule()
+	return m != "" && m != gorunModule && (strings.HasPrefix(f.Func, m+".") || strings.HasPrefix(f.Func, m+"/"))
+}
+
+// runsCollective reports whether g runs, or waits for, a collective call.
+func runsCollective(g Goroutine) bool {
+	for _, f := range g.Frames {
+		if strings.HasPrefix(f.Func, gorunModule+"/collective.(*Comm).execute") ||
+			strings.HasPrefix(f.Func, gorunModule+"/collective.(*Handle).Wait") {
+			return true
+		}
+	}
+	return false
+}
+
+// busy reports whether a goroutine in state s is doing something (on a CPU
+// or in a system call) rather than waiting for other goroutines.
+func busy(s string) bool {
+	s, _, _ = strings.Cut(s, ",")
+	return s == "running" || s == "runnable" || s == "syscall"
+}
+
+// relevantGoroutines picks the goroutines a diagnosis shows: with inCall,
+// those that run or wait for a collective call first; then the user's
+// goroutines outside collectives, busy ones and the main goroutine first.
+func relevantGoroutines(all []Goroutine, inCall bool) []Goroutine {
+	var coll, user []Goroutine
+	for _, g := range all {
+		switch {
+		case runsCollective(g):
+			g.Role = "collective"
+			coll = append(coll, g)
+		case slices.ContainsFunc(g.Frames, userFrame):
+			g.Role = "user"
+			user = append(user, g)
+		}
+	}
+	slices.SortStableFunc(user, func(a, b Goroutine) int {
+		if ba, bb := busy(a.State), busy(b.State); ba != bb {
+			if ba {
+				return -1
+			}
+			return 1
+		}
+		if (a.ID == 1) != (b.ID == 1) {
+			if a.ID == 1 {
+				return -1
+			}
+			return 1
+		}
+		return a.ID - b.ID
+	})
+	out := user
+	if inCall {
+		out = append(coll, user...)
+	}
+	if len(out) == 0 {
+		// Nothing of the user's: show the main goroutine, wherever it is.
+		for _, g := range all {
+			if g.ID == 1 {
+				g.Role = "user"
+				out = append(out, g)
+			}
+		}
+	}
+	out = out[:min(len(out), maxStateGoroutines)]
+	for i := range out {
+		out[i].Frames = out[i].Frames[:min(len(out[i].Frames), maxStateFrames)]
+	}
+	return out
+}
+
+// runtimeFrame reports whether f is the Go runtime's own machinery (parking,
+// scheduling), which says nothing about what the goroutine waits for.
+func runtimeFrame(f Frame) bool {
+	return strings.HasPrefix(f.Func, "runtime.") || strings.HasPrefix(f.Func, "internal/")
+}
+
+// Top describes the top of g's stack: its innermost frames up to the
+// first one of the user's code, e.g. "syscall.read <- syscall.Read <-
+// main.blockInSyscall at hangprog/main.go:61 (goroutine 1, syscall)".
+func (g Goroutine) Top() string {
+	fs := g.Frames
+	first := slices.IndexFunc(fs, func(f Frame) bool { return !runtimeFrame(f) })
+	if first < 0 {
+		first = 0
+	}
+	last := slices.IndexFunc(fs, userFrame)
+	if last < first {
+		last = min(first+2, len(fs)-1)
+	}
+	if len(fs) == 0 {
+		return fmt.Sprintf("(goroutine %d, %s, no frames)", g.ID, g.State)
+	}
+	var names []string
+	for i := first; i <= last; i++ {
+		if last-first > 4 && i > first+1 && i < last-1 {
+			if i == first+2 {
+				names = append(names, "…")
+			}
+			continue
+		}
+		names = append(names, fs[i].Func)
+	}
+	at := fs[last]
+	return fmt.Sprintf("%s at %s:%d (goroutine %d, %s)", strings.Join(names, " <- "), shortFile(at.File), at.Line, g.ID, g.State)
+}
+
+// shortFile keeps the last directory and the file name.
+func shortFile(p string) string {
+	return filepath.Join(filepath.Base(filepath.Dir(p)), filepath.Base(p))
+}
+
+// diagnose finds the rank the stall is stuck on and says what it does. It
+// follows, from the rank that asked, the peer each rank's oldest blocked
+// transfer waits for, to the first rank that is not in the stalled call.
+// It reports false if the rank that asked is no longer in that call (the
+// stall ended, or the job is being stopped): nothing to tell a launcher.
+func (r *HangReport) diagnose() bool {
+	r.Culprit = -1
+	byRank := map[int]*RankState{}
+	for i := range r.Ranks {
+		byRank[r.Ranks[i].Rank] = &r.Ranks[i]
+	}
+	asker := byRank[r.Requester]
+	if asker == nil || asker.Current == nil || asker.Current.Seq != r.Seq {
+		r.Diagnosis = fmt.Sprintf("rank %d is no longer in call #%d: the stall ended before the diagnosis", r.Requester, r.Seq)
+		return false
+	}
+	call := asker.Current
+	waiter, cur := -1, r.Requester
+	seen := map[int]bool{}
+	for !seen[cur] {
+		seen[cur] = true
+		s := byRank[cur]
+		if s == nil || s.NoAnswer != "" || s.Current == nil || s.Current.Seq != r.Seq {
+			r.Culprit = cur
+			break
+		}
+		if len(s.Waits) == 0 {
+			break
+		}
+		waiter, cur = cur, s.Waits[0].Peer
+	}
+	if r.Culprit < 0 {
+		// No chain of waits leads out of the call: blame the first rank
+		// that has not entered it, if any.
+		for _, s := range r.Ranks {
+			if s.NoAnswer != "" || s.Current == nil || s.Current.Seq != r.Seq {
+				r.Culprit, waiter = s.Rank, -1
+				break
+			}
+		}
+	}
+	if r.Culprit < 0 {
+		var ws []string
+		for _, s := range r.Ranks {
+			if len(s.Waits) > 0 {
+				w := s.Waits[0]
+				ws = append(ws, fmt.Sprintf("rank %d waits to %s rank %d (for %v)", s.Rank, w.verb(), w.Peer, r.Time.Sub(w.Since).Round(time.Millisecond)))
+			}
+		}
+		r.Diagnosis = fmt.Sprintf("every rank is in %s, so the ring is slow or a link is stuck", call)
+		if len(ws) > 0 {
+			r.Diagnosis += ": " + strings.Join(ws, ", ")
+		}
+		return true
+	}
+	var head string
+	if waiter >= 0 {
+		head = fmt.Sprintf("rank %d waits in %s for rank %d", waiter, byRank[waiter].Current, r.Culprit)
+	} else {
+		head = fmt.Sprintf("rank %d waits in %s, which rank %d has not entered", r.Requester, call, r.Culprit)
+	}
+	r.Diagnosis = head + "; " + describe(byRank[r.Culprit], r.Culprit, r.Time)
+	return true
+}
+
+// describe says what rank (state s) does, for a diagnosis.
+func describe(s *RankState, rank int, now time.Time) string {
+	switch {
+	case s == nil:
+		return fmt.Sprintf("rank %d did not answer", rank)
+	case s.NoAnswer != "":
+		return fmt.Sprintf("rank %d did not answer: %s", rank, s.NoAnswer)
+	case s.Current != nil:
+		d := fmt.Sprintf("rank %d is in %s (for %v)", rank, s.Current, now.Sub(s.Current.Start).Round(time.Millisecond))
+		if len(s.Waits) > 0 {
+			d += fmt.Sprintf(", waiting to %s rank %d", s.Waits[0].verb(), s.Waits[0].Peer)
+		}
+		return d
+	}
+	d := fmt.Sprintf("rank %d has made no collective call yet and it is in user code", rank)
+	if n := len(s.Recent); n > 0 {
+		d = fmt.Sprintf("rank %d's last call was #%d and it is in user code", rank, s.Recent[n-1].Seq)
+	} else if s.Progress > 0 {
+		d = fmt.Sprintf("rank %d's last call was #%d and it is in user code", rank, s.Progress)
+	}
+	if len(s.Goroutines) > 0 {
+		d += ": " + s.Goroutines[0].Top()
+	}
+	return d
+}
+
+// CulpritStack returns the named rank's most telling goroutine stack, one
+// frame a line ("func at file:line"), at most max lines; nil if none.
+func (r *HangReport) CulpritStack(max int) []string {
+	for _, s := range r.Ranks {
+		if s.Rank != r.Culprit || len(s.Goroutines) == 0 {
+			continue
+		}
+		g := s.Goroutines[0]
+		lines := []string{fmt.Sprintf("rank %d, goroutine %d [%s]:", s.Rank, g.ID, g.State)}
+		for _, f := range g.Frames[:min(len(g.Frames), max)] {
+			lines = append(lines, fmt.Sprintf("  %s at %s:%d", f.Func, f.File, f.Line))
+		}
+		return lines
+	}
+	return nil
+}
+
+// WriteHangReport writes rep as JSON to dir (""=$GORUN_HANG_DIR, or
+// os.TempDir()) in a file named gorun-hang-<time><suffix>.json, and returns
+// its absolute path.
+func WriteHangReport(dir string, rep *HangReport, suffix string) (string, error) {
+	if dir == "" {
+		dir = os.Getenv(EnvHangDir)
+	}
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	base := "gorun-hang-" + rep.Time.UTC().Format("20060102T150405.000Z") + suffix
+	for i := 1; ; i++ {
+		name := base + ".json"
+		if i > 1 {
+			name = fmt.Sprintf("%s-%d.json", base, i)
+		}
+		path := filepath.Join(dir, name)
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if errors.Is(err, os.ErrExist) && i < 100 {
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("writing the hang diagnosis (set %s to a writable directory): %w", EnvHangDir, err)
+		}
+		_, err = f.Write(append(b, '\n'))
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return "", fmt.Errorf("writing the hang diagnosis to %s: %w", path, err)
+		}
+		if abs, err := filepath.Abs(path); err == nil {
+			path = abs
+		}
+		return path, nil
+	}
+}
+
+// hangGather is a diagnosis the rendezvous is gathering. Requests that
+// come while it runs (every rank that waits in the stalled call asks at
+// about the same time) get its report too.
+type hangGather struct {
+	seq        uint64
+	requester  int
+	askers     []*rzConn
+	want       map[*rzConn]bool
+	answers    map[*rzConn]*RankState
+	allAnswers chan struct{} // closed when every rank answered
+}
+
+// hangAsked handles c's request for a hang diagnosis of call seq.
+func (r *Rendezvous) hangAsked(c *rzConn, seq uint64) {
+	r.mu.Lock()
+	if g := r.hang; g != nil {
+		g.askers = append(g.askers, c)
+		r.mu.Unlock()
+		return
+	}
+	if r.closed || !r.tableSent {
+		r.mu.Unlock()
+		return
+	}
+	g := &hangGather{seq: seq, requester: c.rank, askers: []*rzConn{c}, want: map[*rzConn]bool{},
+		answers: map[*rzConn]*RankState{}, allAnswers: make(chan struct{})}
+	var conns []*rzConn
+	for _, o := range r.connsLocked() {
+		if o.joiner && !o.member || o.left {
+			continue
+		}
+		conns = append(conns, o)
+		g.want[o] = true
+	}
+	r.hang = g
+	r.wg.Add(1) // under mu and !closed: never races with Close's Wait
+	r.mu.Unlock()
+	r.cfg.Logf("rendezvous: rank %d waits past the stall threshold in call #%d; asking every rank for its state", c.rank, seq)
+	go r.gatherHang(g, conns)
+}
+
+// hangAnswered records c's state for the diagnosis being gathered.
+func (r *Rendezvous) hangAnswered(c *rzConn, text string) {
+	var st RankState
+	if err := json.Unmarshal([]byte(text), &st); err != nil {
+		r.cfg.Logf("rendezvous: rank %d sent a bad state for the hang diagnosis: %v", r.rankOf(c), err)
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	g := r.hang
+	if g == nil || !g.want[c] || g.answers[c] != nil {
+		return // late: the diagnosis went out without it
+	}
+	st.Rank = c.rank // the rank this stream registered as, whatever it says
+	g.answers[c] = &st
+	if len(g.answers) == len(g.want) {
+		close(g.allAnswers)
+	}
+}
+
+// gatherHang asks conns for their state, waits (bounded) for the answers,
+// diagnoses, tells OnHang and answers everyone who asked.
+func (r *Rendezvous) gatherHang(g *hangGather, conns []*rzConn) {
+	defer r.wg.Done()
+	ask := &msg{T: tStateAsk, Seq: g.seq}
+	var sends sync.WaitGroup
+	defer sends.Wait()
+	for _, c := range conns {
+		sends.Add(1)
+		go func() { // concurrently: one frozen rank must not hold up the others
+			defer sends.Done()
+			if err := c.send(ask, r.cfg.Timeout); err != nil {
+				r.cfg.Logf("rendezvous: asking rank %d for its state: %v", r.rankOf(c), err)
+			}
+		}()
+	}
+	// Below the heartbeat bound, so that a stopped rank is named as not
+	// answering before the heartbeat aborts the job for it.
+	bound := min(hangAnswerTimeout, r.hb/2)
+	t := time.NewTimer(bound)
+	select {
+	case <-g.allAnswers:
+	case <-t.C:
+	case <-r.closeCh:
+	}
+	t.Stop()
+	rep := &HangReport{Time: time.Now(), Requester: g.requester, Seq: g.seq}
+	r.mu.Lock()
+	aborted := r.aborted || r.closed
+	for _, c := range conns {
+		if st := g.answers[c]; st != nil {
+			rep.Ranks = append(rep.Ranks, *st)
+		} else {
+			rep.Ranks = append(rep.Ranks, RankState{Rank: c.rank,
+				NoAnswer: fmt.Sprintf("no answer within %v (the process is stopped, or its control path is stuck)", bound)})
+		}
+	}
+	r.mu.Unlock()
+	slices.SortFunc(rep.Ranks, func(a, b RankState) int { return a.Rank - b.Rank })
+	rep.Ended = !rep.diagnose()
+	if aborted {
+		// The abort's cause is the news; every rank has it.
+		rep.Ended = true
+		rep.Diagnosis = fmt.Sprintf("the job was aborted while the ranks' states were gathered (rank %d had waited in call #%d)", g.requester, g.seq)
+	}
+	r.cfg.Logf("rendezvous: hang diagnosis: %s", rep.Diagnosis)
+	if !rep.Ended && r.cfg.OnHang != nil {
+		rep.Dump = r.cfg.OnHang(rep)
+		rep.Printed = true
+	}
+	r.mu.Lock()
+	r.hang = nil
+	askers := g.askers
+	r.mu.Unlock()
+	b, err := json.Marshal(rep)
+	if err == nil && len(b) > maxFrame/2 {
+		// Too big for one control frame: the diagnosis without the states
+		// (the launcher's dump, if any, has them).
+		small := *rep
+		small.Ranks = nil
+		b, err = json.Marshal(&small)
+	}
+	if err != nil {
+		r.cfg.Logf("rendezvous: encoding the hang diagnosis: %v", err)
+		return
+	}
+	for _, c := range askers {
+		if err := c.send(&msg{T: tHang, Rank: max(r.rankOf(c), 0), Text: string(b)}, r.cfg.Timeout); err != nil {
+			r.cfg.Logf("rendezvous: sending the hang diagnosis to rank %d: %v", r.rankOf(c), err)
+		}
+	}
+}
