@@ -176,7 +176,7 @@ func runDoctor(cmd *cobra.Command, f doctorFlags, program string) error {
 		return err
 	}
 	if n := doctor.Failed(rows); n > 0 {
-		fmt.Fprintf(os.Stderr, "gorun doctor: %d of %d checks failed on %s: see FIX\n", n, len(rows), countOf(len(hosts), "host"))
+		fmt.Fprintf(os.Stderr, "gorun doctor: %d of %d checks failed on %s: each says what to fix under it\n", n, len(rows), countOf(len(hosts), "host"))
 		return exitError(1)
 	}
 	fmt.Fprintf(os.Stderr, "gorun doctor: all %d checks passed on %s (%s)\n", len(rows), countOf(len(hosts), "host"), countOf(len(pairs), "link"))

@@ -32,13 +32,17 @@ func doctorIn(t *testing.T, c *netns.Cluster, h *netns.Host, agentDir string, ar
 }
 
 // tableRow finds the row of the doctor table for where and check, and
-// returns its status and the rest (result and fix).
+// returns its status and the rest (its result, and its fix from the line
+// under it if it has one).
 func tableRow(t *testing.T, table, where, check string) (status, rest string) {
 	t.Helper()
-	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(where) + `\s+` + regexp.QuoteMeta(check) + `\s+(ok|WARN|FAIL)\s+(.*)$`)
+	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(where) + `\s+` + regexp.QuoteMeta(check) + `\s+(ok|WARN|FAIL)\s+(.*)$(?:\n\s+fix: (.*)$)?`)
 	m := re.FindStringSubmatch(table)
 	if m == nil {
 		t.Fatalf("no row %q %q in the table:\n%s", where, check, table)
+	}
+	if m[3] != "" {
+		return m[1], m[2] + " " + m[3]
 	}
 	return m[1], m[2]
 }

@@ -350,17 +350,18 @@ func Failed(rows []Row) int {
 	return n
 }
 
-// WriteTable prints rows as one aligned table; the FIX column, last, is
-// left unpadded so that long fixes do not widen every row.
+// WriteTable prints rows as one aligned table. A row's fix goes on a line
+// of its own under its result ("fix: ..."): results and fixes are the long
+// cells, and as the last cell of their lines neither widens the others,
+// so the table stays readable in a terminal.
 func WriteTable(w io.Writer, rows []Row) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOST\tCHECK\tSTATUS\tRESULT\tFIX")
+	fmt.Fprintln(tw, "HOST\tCHECK\tSTATUS\tRESULT")
 	for _, r := range rows {
-		fix := r.Fix
-		if fix == "" {
-			fix = "-"
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Where, r.Check, r.Status, oneLine(r.Result))
+		if r.Fix != "" {
+			fmt.Fprintf(tw, "\t\t\tfix: %s\n", oneLine(r.Fix))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Where, r.Check, r.Status, oneLine(r.Result), oneLine(fix))
 	}
 	return tw.Flush()
 }

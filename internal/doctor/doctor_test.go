@@ -161,9 +161,10 @@ func TestDoctorWriteTable(t *testing.T) {
 		{"node1", "ssh", OK, "reached in 50ms", ""},
 		{"node1 -> node2", "tcp", Fail, "no\tanswer", "allow TCP"},
 	})
-	want := "HOST            CHECK  STATUS  RESULT           FIX\n" +
-		"node1           ssh    ok      reached in 50ms  -\n" +
-		"node1 -> node2  tcp    FAIL    no answer        allow TCP\n"
+	want := "HOST            CHECK  STATUS  RESULT\n" +
+		"node1           ssh    ok      reached in 50ms\n" +
+		"node1 -> node2  tcp    FAIL    no answer\n" +
+		"                               fix: allow TCP\n"
 	if b.String() != want {
 		t.Errorf("table:\n%s\nwant:\n%s", b.String(), want)
 	}
