@@ -45,6 +45,13 @@
 // group and SIGKILL after GRACE. It exits with the program's status, which
 // ssh passes back to gorun.
 //
+// Inside a Slurm allocation (SlurmAllocation; gorun --launcher srun, the
+// default there when no hosts are given), SSH.Srun replaces ssh with a job
+// step per remote rank: `srun --nodes=1 --ntasks=1 --nodelist=HOST
+// --overlap --kill-on-bad-exit=1 ... sh -c PRELUDE WRAPPER ...`, the same
+// wrapper, fed the same way on stdin, so that output, stopping and exit
+// statuses are as over ssh; ending srun makes Slurm end the step's tasks.
+//
 // # Elastic jobs
 //
 // With Job.Elastic (gorun --min-np below -np, --max-np above it, or

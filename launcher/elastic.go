@@ -721,7 +721,7 @@ func (e *elasticRun) start(host string, r, localRank, localSize int) error {
 		EnvProcID+"="+strconv.Itoa(n),
 	)
 	p := &rankProc{rank: n, host: hostLabel, hostName: host, joiner: r < 0, localRank: localRank,
-		remote: remote, tail: &tail{max: 20}, out: e.out, done: make(chan struct{})}
+		remote: remote, via: e.job.SSH.via(), tail: &tail{max: 20}, out: e.out, done: make(chan struct{})}
 	var err error
 	if remote {
 		err = startRemote(e.job, p, host, e.lay.listenIP, env, e.exited)

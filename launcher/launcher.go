@@ -327,7 +327,7 @@ func makeLayout(ctx context.Context, job *Job) (*layout, error) {
 			}
 		}
 		if job.Verbose {
-			job.Logf("checking that %s can be reached over ssh", strings.Join(remotes, ", "))
+			job.Logf("checking that %s can be reached over %s", strings.Join(remotes, ", "), job.SSH.via())
 		}
 		t0 := time.Now()
 		infos, err := checkHosts(ctx, job.SSH, remotes)
@@ -499,6 +499,7 @@ type rankProc struct {
 	rank   int    // in an elastic job, the process's number (see elasticRun.label)
 	host   string // "" on a single-host job
 	remote bool
+	via    string // how a remote rank was started: "ssh" or "srun"
 	// Elastic jobs: where it runs (also on one host), whether it started
 	// as a joiner, its GORUN_LOCAL_RANK, and whether gorun stopped it on
 	// purpose (its host left the discovery list).
@@ -584,7 +585,7 @@ func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, atte
 			collective.EnvLocalSize+"="+strconv.Itoa(lay.pl.localSize[h]),
 			collective.EnvHost+"="+lay.hosts[h].Name,
 		)
-		p := &rankProc{rank: r, remote: lay.remote[h], tail: &tail{max: 20}, out: out, done: make(chan struct{})}
+		p := &rankProc{rank: r, remote: lay.remote[h], via: job.SSH.via(), tail: &tail{max: 20}, out: out, done: make(chan struct{})}
 		if lay.multiHost() {
 			p.host = lay.hosts[h].Name
 		}
@@ -852,7 +853,7 @@ func status(p *rankProc) string {
 	if errors.As(p.err, &ee) {
 		switch c := ee.ExitCode(); {
 		case c == 255:
-			return s + " (from ssh: the connection failed or was lost)"
+			return s + fmt.Sprintf(" (from %s: the connection failed or was lost)", cmp.Or(p.via, "ssh"))
 		case c > 128 && c < 160:
 			return fmt.Sprintf("%s (killed by signal %d: %v)", s, c-128, syscall.Signal(c-128))
 		}

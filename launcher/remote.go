@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -21,9 +22,35 @@ type SSH struct {
 	IdentityFile   string        // -i; "" = ssh's default
 	ConnectTimeout time.Duration // -o ConnectTimeout; 0 = 10 s
 	Options        []string      // more ssh arguments, e.g. from GORUN_SSH_OPTS
+
+	// Srun, if set, reaches the remote hosts with srun inside a Slurm
+	// allocation instead of ssh; of the fields above, only ConnectTimeout
+	// is used: it bounds the wait for the reachability check's job step.
+	Srun *Srun
 }
 
+// checkArgs are args for the reachability check (under srun, they differ).
+func (s SSH) checkArgs(host string) []string {
+	if s.Srun != nil {
+		return s.Srun.checkArgs(host, cmpDur(s.ConnectTimeout, 10*time.Second))
+	}
+	return s.args(host)
+}
+
+// via names how remote hosts are reached, for messages.
+func (s SSH) via() string {
+	if s.Srun != nil {
+		return "srun"
+	}
+	return "ssh"
+}
+
+// args are the arguments that run a shell command line, given as one more
+// argument, on host.
 func (s SSH) args(host string) []string {
+	if s.Srun != nil {
+		return s.Srun.args(host)
+	}
 	a := []string{"-T", "-o", "BatchMode=yes",
 		"-o", "ConnectTimeout=" + strconv.Itoa(max(1, int((cmpDur(s.ConnectTimeout, 10*time.Second)+time.Second-1)/time.Second)))}
 	if s.Port > 0 {
@@ -37,6 +64,9 @@ func (s SSH) args(host string) []string {
 }
 
 func (s SSH) command() string {
+	if s.Srun != nil {
+		return s.Srun.command()
+	}
 	if s.Command == "" {
 		return "ssh"
 	}
@@ -53,7 +83,8 @@ func cmpDur(d, def time.Duration) time.Duration {
 // HostError says which hosts could not be reached before the job started.
 type HostError struct {
 	Hosts  []string
-	Errors []string // ssh's own words, per host
+	Errors []string // ssh's (or srun's) own words, per host
+	Via    string   // "ssh" or "srun"; "" = "ssh"
 }
 
 func (e *HostError) Error() string {
@@ -62,21 +93,23 @@ func (e *HostError) Error() string {
 		if i > 0 {
 			b.WriteString("; ")
 		}
-		fmt.Fprintf(&b, "cannot reach host %s over ssh: %s", h, e.Errors[i])
+		fmt.Fprintf(&b, "cannot reach host %s over %s: %s", h, cmp.Or(e.Via, "ssh"), e.Errors[i])
 	}
 	b.WriteString(" (nothing was started)")
 	return b.String()
 }
 
 // sshInfo is what the reachability check learns about a remote host: the
-// addresses of the ssh connection as the remote side sees them.
+// addresses of the ssh connection as the remote side sees them (under srun,
+// of srun's host and the remote host's address towards it).
 type sshInfo struct {
 	clientIP, serverIP string
+	via                string // "ssh" or "srun"
 }
 
-// checkHosts runs "ssh host" on every remote host at once and returns what
-// each one says about the connection, or a *HostError naming every host that
-// could not be reached.
+// checkHosts runs "ssh host" (or srun, see Srun) on every remote host at
+// once and returns what each one says about the connection, or a *HostError
+// naming every host that could not be reached.
 func checkHosts(ctx context.Context, s SSH, hosts []string) (map[string]sshInfo, error) {
 	type result struct {
 		info sshInfo
@@ -88,13 +121,13 @@ func checkHosts(ctx context.Context, s SSH, hosts []string) (map[string]sshInfo,
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cmd := exec.CommandContext(ctx, s.command(), append(s.args(h), `echo "gorun-check $SSH_CONNECTION"`)...)
+			cmd := exec.CommandContext(ctx, s.command(), append(s.checkArgs(h), `echo "gorun-check $SSH_CONNECTION"`)...)
 			var out, errb bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &errb
 			err := cmd.Run()
 			for _, l := range strings.Split(out.String(), "\n") {
 				if f := strings.Fields(l); len(f) == 5 && f[0] == "gorun-check" {
-					res[i].info = sshInfo{clientIP: f[1], serverIP: f[3]}
+					res[i].info = sshInfo{clientIP: f[1], serverIP: f[3], via: s.via()}
 				}
 			}
 			if err != nil || res[i].info.serverIP == "" {
@@ -113,7 +146,7 @@ func checkHosts(ctx context.Context, s SSH, hosts []string) (map[string]sshInfo,
 		return nil, context.Cause(ctx)
 	}
 	infos := map[string]sshInfo{}
-	var he HostError
+	he := HostError{Via: s.via()}
 	for i, h := range hosts {
 		if res[i].err != "" {
 			he.Hosts, he.Errors = append(he.Hosts, h), append(he.Errors, res[i].err)
@@ -203,7 +236,7 @@ func chooseLauncherIP(infos map[string]sshInfo, order []string) (string, string,
 			continue
 		}
 		if ip := net.ParseIP(in.clientIP); ip != nil && local[ip.String()] && !ip.IsLoopback() {
-			return ip.String(), fmt.Sprintf("the address host %s sees our ssh connection come from", h), nil
+			return ip.String(), fmt.Sprintf("the address host %s sees our %s connection come from", h, cmp.Or(in.via, "ssh")), nil
 		}
 		if c, err := net.Dial("udp", net.JoinHostPort(in.serverIP, "9")); err == nil {
 			ip := c.LocalAddr().(*net.UDPAddr).IP.String()

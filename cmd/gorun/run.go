@@ -38,6 +38,10 @@ type runFlags struct {
 	verbose      bool
 	config       string
 	timeline     string
+	// launcherKind is --launcher: ssh, srun or auto; srun is what
+	// validate decided (start remote ranks with srun).
+	launcherKind string
+	srun         bool
 	// ckptReplicas is --checkpoint-replicas (GORUN_CHECKPOINT_REPLICAS);
 	// unset leaves package checkpoint's default.
 	ckptReplicas optionalInt
@@ -91,6 +95,17 @@ horovodrun, PROGRAM must exist at the same path on every host, and gorun's
 working directory must exist on every host: remote ranks start there. Remote
 hosts need a POSIX sh and setsid (util-linux); ip (iproute2) is used to find
 the address a remote rank listens on.
+
+Inside a Slurm allocation (an sbatch script or a salloc shell: SLURM_JOB_ID
+and SLURM_JOB_NODELIST set) and without -H or --hostfile, the hosts are the
+allocation's nodes with one slot per task Slurm gave each
+(SLURM_TASKS_PER_NODE), and remote ranks start with srun instead of ssh, as
+mpirun does there: one job step of one task per rank (srun --nodes=1
+--ntasks=1 --nodelist=HOST --overlap --kill-on-bad-exit=1 --cpu-bind=none
+--export=ALL --quiet --quiet, plus GORUN_SRUN_OPTS; -v there brings srun's
+own messages back). Such ranks see gorun's environment (and
+the -x variables and GORUN_* as always). --launcher ssh keeps ssh there;
+--launcher srun uses srun for -H hosts too (in an allocation only).
 
 Before starting anything, gorun checks that every remote host can be reached
 (all at once); an unreachable host is named with ssh's error and nothing
@@ -195,6 +210,7 @@ path yourself).`,
 	fl.IntVar(&f.np, "np", 1, "number of ranks, also -np N as in horovodrun and mpirun; with -H/--hostfile and no -np, one per slot")
 	fl.StringVarP(&f.hosts, "hosts", "H", "", "hosts and their slots: host1:2,host2:2 (a host without :N has 1 slot)")
 	fl.StringVar(&f.hostfile, "hostfile", "", "file listing hosts, one \"host slots=N\" per line, # comments")
+	fl.StringVar(&f.launcherKind, "launcher", "auto", "how remote ranks start: ssh, srun (a Slurm job step per rank; inside an allocation only), or auto: srun inside a Slurm allocation when the hosts are the allocation's (no -H or --hostfile), else ssh")
 	fl.IntVar(&f.sshPort, "ssh-port", 0, "ssh port of the remote hosts (default: ssh's, or ~/.ssh/config's)")
 	fl.StringVar(&f.sshIdentity, "ssh-identity-file", "", "ssh private key for the remote hosts (ssh -i)")
 	fl.StringVar(&f.netIf, "network-interface", "", "interface NAME or CIDR whose address the rendezvous and ranks on this host listen on and advertise (default: the address the remote hosts reach this host at)")
@@ -322,6 +338,13 @@ func (f *runFlags) validate(ctx context.Context, fl *pflag.FlagSet) ([]launcher.
 	if err != nil {
 		return nil, nil, err
 	}
+	fromSlurm, err := f.chooseLauncher(hosts)
+	if err != nil {
+		return nil, nil, err
+	}
+	if fromSlurm != nil {
+		hosts = fromSlurm
+	}
 	if f.discovery != "" {
 		if hosts != nil {
 			return nil, nil, errors.New("--host-discovery-script and -H/--hostfile both given: the script's hosts replace -H; use one of them")
@@ -344,6 +367,9 @@ func (f *runFlags) validate(ctx context.Context, fl *pflag.FlagSet) ([]launcher.
 		if f.hostfile != "" {
 			where = "--hostfile " + f.hostfile
 		}
+		if fromSlurm != nil {
+			where = fmt.Sprintf("the Slurm allocation (%s)", launcher.FormatHosts(hosts))
+		}
 		if f.discovery != "" {
 			where = fmt.Sprintf("--host-discovery-script %s lists %s, which", f.discovery, launcher.FormatHosts(hosts))
 		}
@@ -365,6 +391,34 @@ func (f *runFlags) validate(ctx context.Context, fl *pflag.FlagSet) ([]launcher.
 		}
 	}
 	return hosts, el, nil
+}
+
+// chooseLauncher applies --launcher: it sets f.srun, and returns the Slurm
+// allocation's hosts when the job is to run on them (no -H, --hostfile or
+// discovery script, inside an allocation), else nil.
+func (f *runFlags) chooseLauncher(hosts []launcher.Host) ([]launcher.Host, error) {
+	switch f.launcherKind {
+	case "ssh":
+		return nil, nil
+	case "srun", "auto":
+	default:
+		return nil, fmt.Errorf("--launcher %q: want ssh, srun or auto", f.launcherKind)
+	}
+	alloc, inAllocation, err := launcher.SlurmAllocation(os.Getenv)
+	switch {
+	case !inAllocation && f.launcherKind == "srun":
+		return nil, errors.New("--launcher srun: gorun is not inside a Slurm allocation (SLURM_JOB_ID or SLURM_JOB_NODELIST is not set): run gorun from an sbatch script or a salloc shell, or use --launcher ssh")
+	case !inAllocation:
+		return nil, nil
+	case hosts != nil || f.discovery != "":
+		// The user's hosts: srun only if asked for.
+		f.srun = f.launcherKind == "srun"
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("%v (or pass -H, or --launcher ssh)", err)
+	}
+	f.srun = true
+	return alloc, nil
 }
 
 func (f runFlags) envPairs() ([]string, error) {
@@ -435,6 +489,10 @@ func runJob(ctx context.Context, f runFlags, fl *pflag.FlagSet, args []string) e
 		env = append(env, collective.EnvTimeline+"="+f.timeline)
 		defer mergeTimeline(f.timeline, f.np)
 	}
+	var srun *launcher.Srun
+	if f.srun {
+		srun = &launcher.Srun{Options: strings.Fields(os.Getenv("GORUN_SRUN_OPTS"))}
+	}
 	err = launcher.Run(ctx, launcher.Job{
 		NP: f.np, Program: program, Args: args[1:], Env: env,
 		Timeout: f.timeout, StartTimeout: f.startTimeout, Grace: f.grace,
@@ -444,6 +502,7 @@ func runJob(ctx context.Context, f runFlags, fl *pflag.FlagSet, args []string) e
 			Port: f.sshPort, IdentityFile: f.sshIdentity,
 			ConnectTimeout: min(f.startTimeout, 30*time.Second),
 			Options:        strings.Fields(os.Getenv("GORUN_SSH_OPTS")),
+			Srun:           srun,
 		},
 		Console: con, FoldWindow: foldWindow,
 	})
