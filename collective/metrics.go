@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorun/gorun/ring"
@@ -96,12 +97,9 @@ func callBytes(call ring.Call, size int) int64 {
 	return n
 }
 
-// metricKinds are the call kinds observed through pre-resolved series; a
-// kind beyond them (one added to ring later) still counts, through the
-// slower labelled lookup.
-var metricKinds = [...]ring.Kind{ring.Allreduce, ring.Broadcast, ring.Allgather, ring.ReduceScatter, ring.Barrier, ring.Shift}
-
-// kindSlots indexes the pre-resolved series by ring.Kind directly.
+// kindSlots indexes the cached series by ring.Kind directly, up to the last
+// kind ring has; a kind beyond it (one added to ring later) still counts,
+// through the labelled lookup on every call.
 const kindSlots = int(ring.Shift) + 1
 
 // Why a call failed, as far as the rank could tell when the call returned.
@@ -127,11 +125,15 @@ type metricsServer struct {
 
 	durationVec *prometheus.HistogramVec
 	failureVec  *prometheus.CounterVec
-	// durations and failures are the series resolved ahead of time: a
-	// labelled lookup hashes its label values and allocates, which every
-	// collective would pay.
-	durations [kindSlots][len(sizeClasses)]prometheus.Observer
-	failures  [kindSlots][failReasons]prometheus.Counter
+	// durations and failures cache the series of each (kind, size) and
+	// (kind, reason) once its first call has created it. A series is
+	// created only when used, not up front: a histogram series is 27 on
+	// the wire (buckets, sum, count), so every kind x size class would be
+	// 810 per rank, 810 000 for 1000 ranks, mostly for kinds a job never
+	// calls. The cache spares later calls the labelled lookup, which hashes
+	// the label values and allocates.
+	durations [kindSlots][len(sizeClasses)]atomic.Pointer[observerSlot]
+	failures  [kindSlots][failReasons]atomic.Pointer[counterSlot]
 
 	srv *http.Server
 	ln  net.Listener
@@ -152,43 +154,63 @@ func (c *Comm) newMetrics() *metricsServer {
 		Help: "Collectives that failed once running, by kind and by why, as far as this rank could tell when the call returned.",
 	}, []string{metricKindLabel, metricReasonLabel})
 	m.registry.MustRegister(m.durationVec, m.failureVec)
-	for _, k := range metricKinds {
-		for s, sc := range sizeClasses {
-			m.durations[k][s] = m.durationVec.WithLabelValues(k.String(), sc.label)
-		}
-		for r, label := range failReasonLabels {
-			m.failures[k][r] = m.failureVec.WithLabelValues(k.String(), label)
-		}
-	}
 	m.gatherer = rankGatherer{c: c, registry: m.registry}
 	return m
 }
 
+// observerSlot and counterSlot box a series so that an atomic.Pointer can
+// hold it (the series are interfaces).
+type (
+	observerSlot struct{ prometheus.Observer }
+	counterSlot  struct{ prometheus.Counter }
+)
+
+// durationSeries is the histogram series of calls of kind k in size class
+// s, created by its first call. No lock of our own: the vector creates at
+// most one series per label values under its own lock, so goroutines racing
+// on a first call all get the same series and may all store it.
+func (m *metricsServer) durationSeries(k ring.Kind, s int) prometheus.Observer {
+	if int(k) >= kindSlots {
+		return m.durationVec.WithLabelValues(k.String(), sizeClasses[s].label)
+	}
+	slot := &m.durations[k][s]
+	if cached := slot.Load(); cached != nil {
+		return cached.Observer
+	}
+	series := m.durationVec.WithLabelValues(k.String(), sizeClasses[s].label)
+	slot.Store(&observerSlot{series})
+	return series
+}
+
+// failureSeries is the failure counter of kind k and reason r, created by
+// the first such failure; like durationSeries.
+func (m *metricsServer) failureSeries(k ring.Kind, r int) prometheus.Counter {
+	if int(k) >= kindSlots {
+		return m.failureVec.WithLabelValues(k.String(), failReasonLabels[r])
+	}
+	slot := &m.failures[k][r]
+	if cached := slot.Load(); cached != nil {
+		return cached.Counter
+	}
+	series := m.failureVec.WithLabelValues(k.String(), failReasonLabels[r])
+	slot.Store(&counterSlot{series})
+	return series
+}
+
 // observeCall records a call that ran: its latency if it completed, its
 // failure otherwise. ctx is the call's own context (bounded by the
-// collective timeout). It allocates nothing for the known kinds.
+// collective timeout). For the kinds ring has, it allocates nothing once
+// the call's series exists.
 func (c *Comm) observeCall(h *Handle, ctx context.Context, took time.Duration, err error) {
 	m := c.metrics
 	if m == nil {
 		return // metrics are off: the call pays nothing
 	}
-	k := h.call.Kind
-	known := int(k) < kindSlots && k != 0
 	if err == nil {
-		s := sizeClass(callBytes(h.call, h.view.size))
-		if known {
-			m.durations[k][s].Observe(took.Seconds())
-		} else {
-			m.durationVec.WithLabelValues(k.String(), sizeClasses[s].label).Observe(took.Seconds())
-		}
+		m.durationSeries(h.call.Kind, sizeClass(callBytes(h.call, h.view.size))).Observe(took.Seconds())
 		return
 	}
-	r := c.failReason(h, ctx, err)
-	if known {
-		m.failures[k][r].Inc()
-	} else {
-		m.failureVec.WithLabelValues(k.String(), failReasonLabels[r]).Inc()
-	}
+	m.failureSeries(h.call.Kind, c.failReason(h, ctx, err)).Inc()
 }
 
 // failReason classifies a failed call from what the rank knows when the call
@@ -276,7 +298,8 @@ func (g rankGatherer) Gather() ([]*dto.MetricFamily, error) {
 
 // metricsGatherer is the rank's metrics; with metrics off (no
 // WithMetricsAddr or GORUN_METRICS_ADDR) the Stats counters alone, since no
-// call was observed.
+// call was observed. A histogram or failure series appears once a call of
+// its labels has been observed.
 func (c *Comm) metricsGatherer() prometheus.Gatherer {
 	if c.metrics != nil {
 		return c.metrics.gatherer
@@ -290,7 +313,8 @@ func (c *Comm) metricsGatherer() prometheus.Gatherer {
 // series labelled with the rank: the Stats counters and, when metrics are
 // served (WithMetricsAddr, GORUN_METRICS_ADDR), the latency histogram
 // gorun_collective_duration_seconds{kind,size} and the failure counter
-// gorun_collective_failures_total{kind,reason}.
+// gorun_collective_failures_total{kind,reason}, a series for each labels
+// some call has had.
 func (c *Comm) WriteMetrics(w io.Writer) error {
 	families, err := c.metricsGatherer().Gather()
 	if err != nil {

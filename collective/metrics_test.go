@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -47,8 +48,24 @@ func counterValue(t *testing.T, f *dto.MetricFamily) float64 {
 	return f.Metric[0].GetCounter().GetValue()
 }
 
+// absent fails the test if the families hold one named name: a vector with
+// no series yet must not be gathered at all.
+func absent(t *testing.T, families []*dto.MetricFamily, name, why string) {
+	t.Helper()
+	for _, f := range families {
+		if f.GetName() == name {
+			var keys []string
+			for _, m := range f.Metric {
+				keys = append(keys, seriesKey(m))
+			}
+			t.Errorf("%s has series {%s} %s", name, strings.Join(keys, "} {"), why)
+		}
+	}
+}
+
 // Every call that completes lands in the histogram series of its kind and
-// size class, exactly once; the counters agree with Stats.
+// size class, exactly once; only the (kind, size) pairs that were called
+// have a series; the counters agree with Stats.
 func TestMetricsHistogramCountsCallsByKindAndSize(t *testing.T) {
 	comms := newJob(t, 2, WithMetricsAddr("127.0.0.1:0"))
 	ctx := context.Background()
@@ -105,19 +122,22 @@ func TestMetricsHistogramCountsCallsByKindAndSize(t *testing.T) {
 		if durations.GetType() != dto.MetricType_HISTOGRAM {
 			t.Fatalf("%s is a %v", metricCallDuration, durations.GetType())
 		}
-		// Every kind x size series exists from the start (pre-resolved), so
-		// the set of series does not depend on which calls were made.
-		if got, wantSeries := len(durations.Metric), len(metricKinds)*len(sizeClasses); got != wantSeries {
-			t.Errorf("rank %s: %d histogram series, want %d", rank, got, wantSeries)
-		}
+		// A series exists only for a (kind, size) that was called: shift,
+		// the size classes no call fell in, and every failure series are
+		// absent, not zero.
+		seen := map[string]bool{}
 		var total uint64
 		var seconds float64
 		for _, m := range durations.Metric {
 			h := m.GetHistogram()
 			key := seriesKey(m)
-			if h.GetSampleCount() != want[key] {
-				t.Errorf("rank %s: %s has %d calls, want %d", rank, key, h.GetSampleCount(), want[key])
+			wantCalls, used := want[key]
+			if !used {
+				t.Errorf("rank %s: series %s exists with %d calls, but no call had its kind and size", rank, key, h.GetSampleCount())
+			} else if h.GetSampleCount() != wantCalls {
+				t.Errorf("rank %s: %s has %d calls, want %d", rank, key, h.GetSampleCount(), wantCalls)
 			}
+			seen[key] = true
 			if n := len(h.GetBucket()); n != len(callDurationBuckets) {
 				t.Errorf("rank %s: %s has %d buckets, want %d", rank, key, n, len(callDurationBuckets))
 			}
@@ -156,12 +176,12 @@ func TestMetricsHistogramCountsCallsByKindAndSize(t *testing.T) {
 		if s.Bytes != 3*40+2*80000+80000+2*8192+4800+4800 {
 			t.Errorf("rank %s: Stats().Bytes = %d", rank, s.Bytes)
 		}
-		failures := family(t, families, metricCallFailures)
-		for _, m := range failures.Metric {
-			if v := m.GetCounter().GetValue(); v != 0 {
-				t.Errorf("rank %s: %s{%s} = %v with no failed call", rank, metricCallFailures, seriesKey(m), v)
+		for key := range want {
+			if !seen[key] {
+				t.Errorf("rank %s: no histogram series %s", rank, key)
 			}
 		}
+		absent(t, families, metricCallFailures, "with no failed call")
 	}
 }
 
@@ -259,46 +279,143 @@ func TestMetricsFailedCallCountedByKindAndReason(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The one failure has the one failure series; no other kind or reason
+	// has one.
 	failures := family(t, families, metricCallFailures)
+	if len(failures.Metric) != 1 {
+		t.Errorf("%d failure series after one failed call, want 1", len(failures.Metric))
+	}
 	for _, m := range failures.Metric {
-		want := 0.0
-		if seriesKey(m) == "kind=allreduce,rank=0,reason=timeout" {
-			want = 1
-		}
-		if v := m.GetCounter().GetValue(); v != want {
-			t.Errorf("%s{%s} = %v, want %v", metricCallFailures, seriesKey(m), v, want)
+		if key, v := seriesKey(m), m.GetCounter().GetValue(); key != "kind=allreduce,rank=0,reason=timeout" || v != 1 {
+			t.Errorf("%s{%s} = %v, want only {kind=allreduce,rank=0,reason=timeout} = 1", metricCallFailures, key, v)
 		}
 	}
-	if got, want := len(failures.Metric), len(metricKinds)*len(failReasonLabels); got != want {
-		t.Errorf("%d failure series, want %d", got, want)
-	}
-	for _, m := range family(t, families, metricCallDuration).Metric {
-		if n := m.GetHistogram().GetSampleCount(); n != 0 {
-			t.Errorf("the failed call was observed as completed: %s counts %d", seriesKey(m), n)
-		}
-	}
+	absent(t, families, metricCallDuration, "though no call completed")
 	if v := counterValue(t, family(t, families, metricCollectives)); v != 0 {
 		t.Errorf("%s = %v after a failed call", metricCollectives, v)
 	}
 }
 
-// Observing a call is on every collective's path: it must not allocate.
+// allKinds are the kinds ring has.
+var allKinds = [...]ring.Kind{ring.Allreduce, ring.Broadcast, ring.Allgather, ring.ReduceScatter, ring.Barrier, ring.Shift}
+
+// Observing a call is on every collective's path: once the first call of a
+// (kind, size) has created its series, later ones must not allocate.
 func TestMetricsObserveCallAllocatesNothing(t *testing.T) {
 	c := newJob(t, 1, WithMetricsAddr("127.0.0.1:0"))[0]
-	h := &Handle{call: ring.Call{Kind: ring.Allreduce, DType: ring.Float32, Count: 1 << 20}, view: c.cur()}
 	ctx := context.Background()
-	if allocs := testing.AllocsPerRun(1000, func() { c.observeCall(h, ctx, time.Millisecond, nil) }); allocs != 0 {
-		t.Fatalf("observeCall allocates %v times per call", allocs)
+	// A call of every kind in every size class it can have (a barrier has
+	// no buffer, so only <=4KiB): counts of float32 at each class's bound,
+	// and one past the last bound.
+	var handles []*Handle
+	keys := map[string]bool{}
+	for _, k := range allKinds {
+		for s := range sizeClasses {
+			count := int(min(sizeClasses[s].max, 16<<20+4) / 4)
+			h := &Handle{call: ring.Call{Kind: k, DType: ring.Float32, Count: count}, view: c.cur()}
+			key := "kind=" + k.String() + ",rank=0,size=" + sizeClasses[sizeClass(callBytes(h.call, h.view.size))].label
+			if !keys[key] {
+				keys[key] = true
+				handles = append(handles, h)
+			}
+		}
 	}
+	if want := (len(allKinds)-1)*len(sizeClasses) + 1; len(handles) != want {
+		t.Fatalf("%d (kind, size) pairs, want %d: %v", len(handles), want, keys)
+	}
+	for _, h := range handles { // the warm-up: each pair's first call creates its series
+		c.observeCall(h, ctx, time.Millisecond, nil)
+	}
+	observeAll := func() {
+		for _, h := range handles {
+			c.observeCall(h, ctx, time.Millisecond, nil)
+		}
+	}
+	if allocs := testing.AllocsPerRun(1000, observeAll); allocs != 0 {
+		t.Fatalf("observing a call of each of %d (kind, size) pairs allocates %v times", len(handles), allocs)
+	}
+	// The failure series, created by a first failure, likewise. (Telling
+	// the reason of a failure is not part of this: failures are rare.)
+	m := c.metrics
+	for _, k := range allKinds {
+		for r := range failReasons {
+			m.failureSeries(k, r).Inc()
+		}
+	}
+	failAll := func() {
+		for _, k := range allKinds {
+			for r := range failReasons {
+				m.failureSeries(k, r).Inc()
+			}
+		}
+	}
+	if allocs := testing.AllocsPerRun(1000, failAll); allocs != 0 {
+		t.Fatalf("counting a failure of each kind and reason allocates %v times", allocs)
+	}
+
 	families, err := c.metricsGatherer().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range family(t, families, metricCallDuration).Metric {
-		// AllocsPerRun runs the function once more to warm up.
-		if seriesKey(m) == "kind=allreduce,rank=0,size=<=16MiB" && m.GetHistogram().GetSampleCount() != 1001 {
-			t.Errorf("%s counts %d observations, want 1001", seriesKey(m), m.GetHistogram().GetSampleCount())
+	// Each pair: the warm-up, AllocsPerRun's own warm-up run, 1000 runs.
+	durations := family(t, families, metricCallDuration)
+	if len(durations.Metric) != len(handles) {
+		t.Errorf("%d histogram series, want %d", len(durations.Metric), len(handles))
+	}
+	for _, s := range durations.Metric {
+		if key, n := seriesKey(s), s.GetHistogram().GetSampleCount(); !keys[key] || n != 1002 {
+			t.Errorf("%s counts %d observations, want 1002 for each of %v", key, n, keys)
 		}
+	}
+	failures := family(t, families, metricCallFailures)
+	if want := len(allKinds) * failReasons; len(failures.Metric) != want {
+		t.Errorf("%d failure series, want %d", len(failures.Metric), want)
+	}
+	for _, s := range failures.Metric {
+		if v := s.GetCounter().GetValue(); v != 1002 {
+			t.Errorf("%s{%s} = %v, want 1002", metricCallFailures, seriesKey(s), v)
+		}
+	}
+}
+
+// Ranks' goroutines may make the first call of a (kind, size) at once (an
+// async call completing while the caller's next one does): they must all
+// land in one series, and none be lost.
+func TestMetricsFirstCallsRacingShareOneSeries(t *testing.T) {
+	c := newJob(t, 1, WithMetricsAddr("127.0.0.1:0"))[0]
+	ctx := context.Background()
+	h := &Handle{call: ring.Call{Kind: ring.Broadcast, DType: ring.Int64, Count: 100}, view: c.cur()}
+	const goroutines, calls = 8, 50
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			<-start
+			for range calls {
+				c.observeCall(h, ctx, time.Microsecond, nil)
+				c.metrics.failureSeries(ring.Broadcast, failError).Inc()
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	families, err := c.metricsGatherer().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	durations := family(t, families, metricCallDuration)
+	if len(durations.Metric) != 1 {
+		t.Fatalf("%d histogram series, want 1", len(durations.Metric))
+	}
+	if key, n := seriesKey(durations.Metric[0]), durations.Metric[0].GetHistogram().GetSampleCount(); key != "kind=broadcast,rank=0,size=<=4KiB" || n != goroutines*calls {
+		t.Errorf("%s counts %d calls, want kind=broadcast,rank=0,size=<=4KiB with %d", key, n, goroutines*calls)
+	}
+	failures := family(t, families, metricCallFailures)
+	if len(failures.Metric) != 1 {
+		t.Fatalf("%d failure series, want 1", len(failures.Metric))
+	}
+	if key, v := seriesKey(failures.Metric[0]), failures.Metric[0].GetCounter().GetValue(); key != "kind=broadcast,rank=0,reason=error" || v != goroutines*calls {
+		t.Errorf("%s{%s} = %v, want {kind=broadcast,rank=0,reason=error} = %d", metricCallFailures, key, v, goroutines*calls)
 	}
 }
 
