@@ -3,6 +3,8 @@ package collective
 import (
 	"fmt"
 	"os"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -19,20 +21,27 @@ import (
 // contend for, waits for its peer far longer than the copy takes. Binding
 // each rank to its own slice of CPUs is what mpirun does by default (its
 // --bind-to core); measured here, a 1 MiB allreduce of 2 ranks on 2 cores
-// took 225–326 µs bound against 372–431 µs unbound. A rank gets
-// CPUs/ranks-per-host CPUs, so a host with more cores than ranks still
-// gives each rank several for its own compute. GOMAXPROCS stays as Go set
-// it from all the host's CPUs: with one P per bound CPU, a goroutine that
-// spins waiting for a peer holds the P its sender needs until Go preempts
-// it, and a 1 MiB allreduce of 2 bound ranks took 2–4 ms instead of
-// 0.4 ms; with more Ps than CPUs the kernel time-slices them. mpirun,
+// took 225–326 µs bound against 372–431 µs unbound. A rank gets whole
+// cores, cores/ranks-per-host of them with all their hardware threads, so
+// a host with more cores than ranks still gives each rank several for its
+// own compute and no two ranks share a core's threads; with more ranks
+// than cores, single hardware threads, siblings side by side.
+//
+// GOMAXPROCS stays as Go set it from all the host's CPUs (and Go stops
+// lowering it to the bound CPUs, as Go 1.25 on would a second later): with
+// one P per bound CPU, a goroutine that spins waiting for a peer holds the
+// P its sender needs until Go preempts it, and a 1 MiB allreduce of 2
+// bound ranks took 2–4 ms instead of 0.4 ms; with more Ps than CPUs the
+// kernel time-slices them. A binding that fails (a seccomp profile, a
+// cpuset changed under the rank) is a warning, not an error. mpirun,
 // Slurm and containers place ranks themselves: a rank they started, or
 // one whose allowed CPUs are fewer than the ranks of its host, is left as
 // it is.
 const EnvCPUBind = "GORUN_CPU_BIND"
 
-// cpuBinding is the CPUs a rank should run on, or nil to leave it alone.
-func cpuBinding(env launchEnv, getenv func(string) string, allowed []int) ([]int, error) {
+// cpuBinding is the CPUs a rank should run on, or nil to leave it alone;
+// cores is the allowed CPUs grouped by core (coresOf).
+func cpuBinding(env launchEnv, getenv func(string) string, cores [][]int) ([]int, error) {
 	switch v := strings.TrimSpace(strings.ToLower(getenv(EnvCPUBind))); v {
 	case "", "auto":
 	case "none", "off", "0", "false", "no":
@@ -45,11 +54,58 @@ func cpuBinding(env launchEnv, getenv func(string) string, allowed []int) ([]int
 	if env.source != "gorun" || env.elastic || env.localSize < 2 || env.localRank < 0 || env.localRank >= env.localSize {
 		return nil, nil
 	}
-	if len(allowed) < env.localSize {
+	if len(cores) >= env.localSize {
+		per := len(cores) / env.localSize
+		return slices.Concat(cores[env.localRank*per : (env.localRank+1)*per]...), nil
+	}
+	threads := slices.Concat(cores...)
+	if len(threads) < env.localSize {
 		return nil, nil
 	}
-	per := len(allowed) / env.localSize
-	return allowed[env.localRank*per : (env.localRank+1)*per], nil
+	per := len(threads) / env.localSize
+	return threads[env.localRank*per : (env.localRank+1)*per], nil
+}
+
+// coresOf groups cpus by the core they are hardware threads of, as the
+// kernel's topology says (package and core id; a CPU it says nothing of is
+// a core of its own), cores in order of their first CPU. Linux numbers the
+// second thread of every core after all the first ones, so CPU numbers
+// alone would put two ranks on one core's two threads.
+func coresOf(cpus []int, topology func(cpu int) (pkg, core int, ok bool)) [][]int {
+	type key struct{ pkg, core int }
+	index := map[key]int{}
+	var cores [][]int
+	for _, cpu := range cpus {
+		pkg, core, ok := topology(cpu)
+		if !ok {
+			cores = append(cores, []int{cpu})
+			continue
+		}
+		k := key{pkg, core}
+		i, seen := index[k]
+		if !seen {
+			i = len(cores)
+			index[k] = i
+			cores = append(cores, nil)
+		}
+		cores[i] = append(cores[i], cpu)
+	}
+	return cores
+}
+
+// sysfsTopology reads a CPU's package and core id from sysfs.
+func sysfsTopology(cpu int) (pkg, core int, ok bool) {
+	read := func(name string) (int, bool) {
+		b, err := os.ReadFile(fmt.Sprintf("/sys/devices/system/cpu/cpu%d/topology/%s", cpu, name))
+		if err != nil {
+			return 0, false
+		}
+		v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		return v, err == nil
+	}
+	pkg, ok1 := read("physical_package_id")
+	core, ok2 := read("core_id")
+	return pkg, core, ok1 && ok2
 }
 
 // allowedCPUs lists the CPUs this process may run on, in order.
@@ -102,19 +158,24 @@ func bindProcess(cpus []int) error {
 	return nil
 }
 
-// applyCPUBinding binds this rank as EnvCPUBind says and returns a
-// description for the verbose log ("" when nothing was done).
-func applyCPUBinding(env launchEnv, getenv func(string) string) (string, error) {
+// applyCPUBinding binds this rank as EnvCPUBind says. It returns a
+// description for the verbose log ("" when nothing was done), a warning
+// when the binding failed (the rank runs unbound), and an error only for
+// a value of EnvCPUBind it does not know.
+func applyCPUBinding(env launchEnv, getenv func(string) string) (done, warning string, err error) {
 	allowed, err := allowedCPUs()
 	if err != nil {
-		return "", nil // no affinity on this system: nothing to do
+		return "", "", nil // no affinity on this system: nothing to do
 	}
-	cpus, err := cpuBinding(env, getenv, allowed)
+	cpus, err := cpuBinding(env, getenv, coresOf(allowed, sysfsTopology))
 	if err != nil || cpus == nil {
-		return "", err
+		return "", "", err
 	}
+	// Keep GOMAXPROCS where it is: set by hand, Go no longer lowers it to
+	// the CPUs a binding leaves (see EnvCPUBind).
+	runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
 	if err := bindProcess(cpus); err != nil {
-		return "", fmt.Errorf("%w (set %s=none to leave ranks unbound)", err, EnvCPUBind)
+		return "", fmt.Sprintf("local rank %d of %d runs unbound: %v (set %s=none to stop trying)", env.localRank, env.localSize, err, EnvCPUBind), nil
 	}
-	return fmt.Sprintf("local rank %d of %d bound to CPUs %v", env.localRank, env.localSize, cpus), nil
+	return fmt.Sprintf("local rank %d of %d bound to CPUs %v", env.localRank, env.localSize, cpus), "", nil
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,19 +19,32 @@ func TestCPUBindingChoice(t *testing.T) {
 	gorun := func(local, size int) launchEnv {
 		return launchEnv{source: "gorun", localRank: local, localSize: size}
 	}
-	eight := []int{0, 1, 2, 3, 4, 5, 6, 7}
+	single := func(cpus ...int) [][]int { // one thread per core
+		var cores [][]int
+		for _, c := range cpus {
+			cores = append(cores, []int{c})
+		}
+		return cores
+	}
+	eight := single(0, 1, 2, 3, 4, 5, 6, 7)
+	// 4 cores of 2 threads, numbered as Linux does: 0-3 first threads,
+	// 4-7 their siblings.
+	smt := [][]int{{0, 4}, {1, 5}, {2, 6}, {3, 7}}
 	cases := []struct {
 		name    string
 		env     launchEnv
 		bind    string
-		allowed []int
+		allowed [][]int
 		want    []int
 		err     string
 	}{
 		{"second of two ranks on 8 CPUs", gorun(1, 2), "", eight, []int{4, 5, 6, 7}, ""},
 		{"third of three ranks on 8 CPUs (the spare CPU stays unused)", gorun(2, 3), "auto", eight, []int{4, 5}, ""},
-		{"one rank per CPU", gorun(3, 4), "", []int{2, 3, 6, 7}, []int{7}, ""},
-		{"more ranks than CPUs: left to the kernel", gorun(0, 4), "", []int{0, 1}, nil, ""},
+		{"one rank per CPU", gorun(3, 4), "", single(2, 3, 6, 7), []int{7}, ""},
+		{"second of two ranks on 4 two-thread cores: whole cores", gorun(1, 2), "", smt, []int{2, 6, 3, 7}, ""},
+		{"four ranks on 4 two-thread cores: a core each", gorun(2, 4), "", smt, []int{2, 6}, ""},
+		{"eight ranks on 4 two-thread cores: a thread each, siblings side by side", gorun(5, 8), "", smt, []int{6}, ""},
+		{"more ranks than CPUs: left to the kernel", gorun(0, 4), "", single(0, 1), nil, ""},
 		{"alone on its host", gorun(0, 1), "", eight, nil, ""},
 		{"none", gorun(0, 2), "none", eight, nil, ""},
 		{"started by mpirun", launchEnv{source: "mpirun", localRank: 0, localSize: 2}, "", eight, nil, ""},
@@ -59,10 +73,23 @@ func TestCPUBindingChoice(t *testing.T) {
 	}
 }
 
+func TestCoresOf(t *testing.T) {
+	topology := map[int][2]int{0: {0, 0}, 1: {0, 1}, 2: {1, 0}, 3: {1, 1}, 4: {0, 0}, 5: {0, 1}, 6: {1, 0}, 7: {1, 1}}
+	got := coresOf([]int{0, 1, 2, 3, 4, 5, 6, 7, 9}, func(cpu int) (int, int, bool) {
+		pc, ok := topology[cpu]
+		return pc[0], pc[1], ok
+	})
+	want := [][]int{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {9}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("coresOf = %v, want %v (package 0 core 0 and package 1 core 0 are different cores; CPU 9 has no topology)", got, want)
+	}
+}
+
 // TestBindProcessBindsEveryThread binds a child process (binding this one
 // would bind the other tests) and checks that every thread it has, those
 // started before the binding and those started after, runs only on the
-// rank's CPUs.
+// rank's CPUs, and that Go keeps GOMAXPROCS (since 1.25 it lowers it to
+// the bound CPUs about a second later unless it was set by hand).
 func TestBindProcessBindsEveryThread(t *testing.T) {
 	if os.Getenv("GORUN_TEST_BIND_CHILD") == "1" {
 		bindChild(t)
@@ -78,8 +105,11 @@ func TestBindProcessBindsEveryThread(t *testing.T) {
 	if err != nil {
 		t.Fatalf("child: %v\n%s", err, out)
 	}
-	per := len(cpus) / 2
-	want := fmt.Sprintf("bound to CPUs %v", cpus[per:2*per])
+	expect, err := cpuBinding(launchEnv{source: "gorun", localRank: 1, localSize: 2}, func(string) string { return "" }, coresOf(cpus, sysfsTopology))
+	if err != nil || expect == nil {
+		t.Fatalf("no binding for local rank 1 of 2 on CPUs %v: %v", cpus, err)
+	}
+	want := fmt.Sprintf("bound to CPUs %v", expect)
 	if !strings.Contains(string(out), want) || !strings.Contains(string(out), "--- PASS") {
 		t.Fatalf("child output lacks %q:\n%s", want, out)
 	}
@@ -97,10 +127,14 @@ func bindChild(t *testing.T) {
 			<-release
 		}()
 	}
+	// The testing package sets GOMAXPROCS by hand, which would hide Go's
+	// updates; a program's GOMAXPROCS is Go's default.
+	runtime.SetDefaultGOMAXPROCS()
+	procs := runtime.GOMAXPROCS(0)
 	env := launchEnv{source: "gorun", localRank: 1, localSize: 2}
-	desc, err := applyCPUBinding(env, os.Getenv)
-	if err != nil || desc == "" {
-		t.Fatalf("applyCPUBinding: %q, %v", desc, err)
+	desc, warning, err := applyCPUBinding(env, os.Getenv)
+	if err != nil || desc == "" || warning != "" {
+		t.Fatalf("applyCPUBinding: %q, %q, %v", desc, warning, err)
 	}
 	t.Log(desc)
 	// Threads started after it.
@@ -138,4 +172,17 @@ func bindChild(t *testing.T) {
 	}
 	close(release)
 	wg.Wait()
+	// Work and idle in turns for 3 s, as a training loop does (the
+	// runtime's monitor looks about once a second), watching GOMAXPROCS.
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+		x := 0
+		for i := range 1 << 22 {
+			x += i
+		}
+		_ = x
+		time.Sleep(100 * time.Millisecond)
+		if n := runtime.GOMAXPROCS(0); n != procs {
+			t.Fatalf("GOMAXPROCS went from %d to %d after the binding", procs, n)
+		}
+	}
 }

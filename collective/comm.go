@@ -184,7 +184,7 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gorun: %w", err)
 	}
-	bound, err := applyCPUBinding(env, os.Getenv)
+	bound, bindWarning, err := applyCPUBinding(env, os.Getenv)
 	if err != nil {
 		return nil, fmt.Errorf("gorun: rank %d: %w", env.rank, err)
 	}
@@ -242,6 +242,9 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 	}
 	if bound != "" {
 		cfg.logf("gorun: rank %d: %s", env.rank, bound)
+	}
+	if bindWarning != "" {
+		cfg.warnf("gorun: rank %d: %s", env.rank, bindWarning)
 	}
 	if env.elastic {
 		cfg.elastic = true

@@ -22,7 +22,7 @@ import (
 // environment to every rank, remote ones included, because ranks that
 // disagree on them fail (an allreduce algorithm is part of every message's
 // fingerprint) or lose speed.
-var TuningEnv = []string{EnvAllreduceAlgorithms, EnvChunkBytes, EnvDataPlane, EnvPollUS, EnvShm, EnvShmBytes}
+var TuningEnv = []string{EnvAllreduceAlgorithms, EnvChunkBytes, EnvCPUBind, EnvDataPlane, EnvPollUS, EnvShm, EnvShmBytes}
 
 // The environment contract. gorun sets the GORUN_* variables for every rank;
 // the others are read so that the same binary also runs without gorun,

@@ -103,3 +103,18 @@ func TestTuningEnvForwarded(t *testing.T) {
 		t.Fatalf("envPairs = %q, want %q (later entries win)", got, want)
 	}
 }
+
+func TestBindToFlag(t *testing.T) {
+	t.Setenv("GORUN_CPU_BIND", "auto")
+	got, err := runFlags{bindTo: "none"}.envPairs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = slices.DeleteFunc(got, func(e string) bool { return !strings.HasPrefix(e, "GORUN_CPU_BIND=") })
+	if want := []string{"GORUN_CPU_BIND=auto", "GORUN_CPU_BIND=none"}; !slices.Equal(got, want) {
+		t.Fatalf("envPairs = %q, want %q (the flag after gorun's environment: it wins)", got, want)
+	}
+	if _, err := (runFlags{bindTo: "socket"}).envPairs(); err == nil || !strings.Contains(err.Error(), `--bind-to "socket": want auto or none`) {
+		t.Fatalf("--bind-to socket: err = %v", err)
+	}
+}

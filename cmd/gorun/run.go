@@ -42,6 +42,9 @@ type runFlags struct {
 	// validate decided (start remote ranks with srun).
 	launcherKind string
 	srun         bool
+	// bindTo is --bind-to (GORUN_CPU_BIND): auto, none, or "" to leave
+	// what gorun's environment says.
+	bindTo string
 	// ckptReplicas is --checkpoint-replicas (GORUN_CHECKPOINT_REPLICAS);
 	// unset leaves package checkpoint's default.
 	ckptReplicas optionalInt
@@ -210,6 +213,7 @@ path yourself).`,
 	fl.IntVar(&f.np, "np", 1, "number of ranks, also -np N as in horovodrun and mpirun; with -H/--hostfile and no -np, one per slot")
 	fl.StringVarP(&f.hosts, "hosts", "H", "", "hosts and their slots: host1:2,host2:2 (a host without :N has 1 slot)")
 	fl.StringVar(&f.hostfile, "hostfile", "", "file listing hosts, one \"host slots=N\" per line, # comments")
+	fl.StringVar(&f.bindTo, "bind-to", "", "bind each rank to its share of its host's cores: auto (the default: when the host has at least as many cores as ranks, as mpirun's --bind-to core) or none")
 	fl.StringVar(&f.launcherKind, "launcher", "auto", "how remote ranks start: ssh, srun (a Slurm job step per rank; inside an allocation only), or auto: srun inside a Slurm allocation when the hosts are the allocation's (no -H or --hostfile), else ssh")
 	fl.IntVar(&f.sshPort, "ssh-port", 0, "ssh port of the remote hosts (default: ssh's, or ~/.ssh/config's)")
 	fl.StringVar(&f.sshIdentity, "ssh-identity-file", "", "ssh private key for the remote hosts (ssh -i)")
@@ -431,6 +435,13 @@ func (f runFlags) envPairs() ([]string, error) {
 		if v, ok := os.LookupEnv(name); ok {
 			out = append(out, name+"="+v)
 		}
+	}
+	switch f.bindTo {
+	case "":
+	case "auto", "none":
+		out = append(out, collective.EnvCPUBind+"="+f.bindTo)
+	default:
+		return nil, fmt.Errorf("--bind-to %q: want auto or none", f.bindTo)
 	}
 	for _, e := range f.env {
 		name, _, hasValue := strings.Cut(e, "=")
