@@ -7,8 +7,10 @@ import (
 	"log"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gorun/gorun/p2p"
@@ -335,6 +337,9 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 				ListenAddr: listenAddr, Size: cfg.size, JobKey: cfg.jobKey, Timeout: cfg.timeout, Logf: cfg.logf,
 			})
 			if err != nil {
+				if errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use") {
+					return nil, fmt.Errorf("gorun: rank 0: hosting the rendezvous on %s: %w: another job on this host may hold the port; choose another with %s (the port) or %s (host:port) for every rank", cfg.rendezvous, err, EnvRendezvousPort, EnvRendezvousAddr)
+				}
 				return nil, fmt.Errorf("gorun: rank 0: hosting the rendezvous on %s: %w", cfg.rendezvous, err)
 			}
 		}

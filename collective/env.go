@@ -16,6 +16,7 @@ import (
 	"github.com/gorun/gorun/internal/hostlist"
 	"github.com/gorun/gorun/p2p"
 	"github.com/gorun/gorun/ring"
+	"golang.org/x/sys/unix"
 )
 
 // TuningEnv are the tuning variables: gorun hands those set in its own
@@ -365,6 +366,17 @@ func slurmRendezvous(getenv func(string) string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if port == 0 && getenv("SLURM_STEP_RESV_PORTS") != "" {
+		// Ports Slurm reserved for this step alone (MpiParams=ports=...,
+		// srun --resv-ports), as OpenMPI uses them: no other job or step
+		// on the node holds them, which a derived port cannot promise.
+		v := getenv("SLURM_STEP_RESV_PORTS")
+		first, _, _ := strings.Cut(v, ",")
+		first, _, _ = strings.Cut(first, "-")
+		if port, err = strconv.Atoi(strings.TrimSpace(first)); err != nil || port <= 0 || port > 65535 {
+			return "", fmt.Errorf("SLURM_STEP_RESV_PORTS=%q does not start with a port: set %s", v, EnvRendezvousPort)
+		}
+	}
 	if port == 0 {
 		job, step := getenv("SLURM_JOB_ID"), getenv("SLURM_STEP_ID")
 		if job == "" {
@@ -588,12 +600,14 @@ func readJobKey(getenv func(string) string) ([]byte, error) {
 // readPrivateFile reads a regular file that only its owner may read or
 // write (mode & 0o077 == 0). The mode is that of the file opened, so a
 // symbolic link (a Kubernetes Secret volume's files are links) is judged
-// by its target.
+// by its target. It opens without blocking, so a FIFO named by mistake is
+// refused rather than waited on forever.
 func readPrivateFile(name string) ([]byte, error) {
-	f, err := os.Open(name)
+	fd, err := unix.Open(name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, &os.PathError{Op: "open", Path: name, Err: err}
 	}
+	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
@@ -632,9 +646,11 @@ func hostingListenAddr(ctx context.Context, addr string) (string, error) {
 // when GORUN_LISTEN_IP does not say: the address this host reaches the
 // rendezvous from (the source address of the route to it; a connected UDP
 // socket sends nothing), as gorun chooses for its remote ranks. A host name
-// that leads to loopback is refused when the job spans hosts (multiHost:
-// the source said fewer ranks share this host than the job has), since
-// ranks on other hosts could not reach it.
+// that leads to loopback when the job spans hosts (multiHost: the source
+// said fewer ranks share this host than the job has) is this host's own
+// name in /etc/hosts: the default route's address is taken instead, or,
+// without one, it is an error, since ranks on other hosts could not reach
+// a loopback address.
 func defaultListenIP(ctx context.Context, rendezvous string, multiHost bool) (string, error) {
 	host, port, err := net.SplitHostPort(rendezvous)
 	if err != nil {
@@ -644,10 +660,8 @@ func defaultListenIP(ctx context.Context, rendezvous string, multiHost bool) (st
 	if err != nil {
 		return "", fmt.Errorf("rendezvous address %q: port %q is not a number", rendezvous, port)
 	}
-	var ips []net.IP
-	if ip := net.ParseIP(host); ip != nil {
-		ips = []net.IP{ip}
-	} else if ips, err = net.DefaultResolver.LookupIP(ctx, "ip", host); err != nil {
+	ips, err := p2p.LookupIP(ctx, host) // retried until ctx ends: pod 0's name may come later
+	if err != nil {
 		return "", fmt.Errorf("resolving the rendezvous host %q to choose this rank's address: %w (set %s to this host's address)", host, err, EnvListenIP)
 	}
 	var errs []error
@@ -662,12 +676,34 @@ func defaultListenIP(ctx context.Context, rendezvous string, multiHost bool) (st
 		// A name that resolves to loopback (Debian's "127.0.1.1 node1" in
 		// /etc/hosts) on a job that spans hosts; a loopback IP written as
 		// such says the job runs on this host alone.
+		// This host's own name then, for which Debian's /etc/hosts says
+		// 127.0.1.1 while the other hosts' DNS knows its real address:
+		// take the address of the default route, as a host would to reach
+		// the others.
 		if local.IsLoopback() && multiHost && net.ParseIP(host) == nil {
-			return "", fmt.Errorf("the rendezvous host %q is %v, a loopback address on this host, so ranks on other hosts could not reach this one: set %s to this host's address on the job's network (or fix %q in /etc/hosts)", host, ip, EnvListenIP, host)
+			if out := defaultRouteSource(); out != nil {
+				return out.String(), nil
+			}
+			return "", fmt.Errorf("the rendezvous host %q is %v, a loopback address on this host, and this host has no default route, so ranks on other hosts could not reach this one: set %s to this host's address on the job's network (or fix %q in /etc/hosts)", host, ip, EnvListenIP, host)
 		}
 		return local.String(), nil
 	}
 	return "", fmt.Errorf("no route to the rendezvous host %q (%v): %w; set %s to this host's address", host, ips, errors.Join(errs...), EnvListenIP)
+}
+
+// defaultRouteSource is the address this host sends from toward a host
+// that no more specific route covers (a connected UDP socket sends
+// nothing), or nil without a default route.
+func defaultRouteSource() net.IP {
+	conn, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(198, 51, 100, 1), Port: 9}) // TEST-NET-2
+	if err != nil {
+		return nil
+	}
+	defer conn.Close()
+	if ip := conn.LocalAddr().(*net.UDPAddr).IP; !ip.IsLoopback() {
+		return ip
+	}
+	return nil
 }
 
 // parseTimeout accepts a Go duration ("90s", "2m") or plain seconds ("90").

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+	"golang.org/x/sys/unix"
 )
 
 // schedKey is a valid job key for the scheduler tests (64 hex digits).
@@ -96,6 +97,9 @@ func TestSlurmEnv(t *testing.T) {
 		{"oldest names only", map[string]string{"SLURM_PROCID": "1", "SLURM_NPROCS": "2", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODELIST": "n1", "SLURM_JOBID": "7", "SLURM_STEPID": "0", EnvJobKey: schedKey},
 			envWant{"slurm", 1, 2, 1, 2, "n1:20070", true}, ""},
 		{"port override", withVars(srunTask, EnvRendezvousPort, "31000"), envWant{"slurm", 2, 4, 0, 2, "node07:31000", true}, ""},
+		{"ports Slurm reserved for the step", withVars(srunTask, "SLURM_STEP_RESV_PORTS", "12005-12008"), envWant{"slurm", 2, 4, 0, 2, "node07:12005", true}, ""},
+		{"the override beats reserved ports", withVars(srunTask, "SLURM_STEP_RESV_PORTS", "12005", EnvRendezvousPort, "31000"), envWant{"slurm", 2, 4, 0, 2, "node07:31000", true}, ""},
+		{"bad reserved ports", withVars(srunTask, "SLURM_STEP_RESV_PORTS", "x-y"), envWant{}, "SLURM_STEP_RESV_PORTS"},
 		{"MASTER_ADDR from the batch script wins", withVars(srunTask, "MASTER_ADDR", "node08", "MASTER_PORT", "29500"), envWant{"slurm", 2, 4, 0, 2, "node08:29500", true}, ""},
 		{"GORUN_RENDEZVOUS_ADDR wins", withVars(srunTask, EnvRendezvousAddr, "10.0.0.1:5000"), envWant{"slurm", 2, 4, 0, 2, "10.0.0.1:5000", true}, ""},
 		{"one task needs no rendezvous", map[string]string{"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, envWant{"slurm", 0, 1, 0, 1, "", false}, ""},
@@ -224,6 +228,12 @@ func TestJobKeyFilePermissions(t *testing.T) {
 	if err := os.Symlink(ownerRO, link); err != nil {
 		t.Fatal(err)
 	}
+	// A FIFO that nobody writes: opening it for reading the usual way
+	// would block Init for ever.
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	sources := map[string]map[string]string{
 		"gorun":         {EnvRank: "0", EnvSize: "2", EnvRendezvous: "h:1"},
 		"mpirun":        {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", EnvRendezvousAddr: "h:1"},
@@ -238,6 +248,7 @@ func TestJobKeyFilePermissions(t *testing.T) {
 			{groupRead, "chmod 600 " + groupRead},
 			{worldRead, "chmod 600 " + worldRead},
 			{dir, "not a regular file"},
+			{fifo, "not a regular file"},
 			{filepath.Join(dir, "missing"), "no such file"},
 		} {
 			got, err := readEnv(mapEnv(withVars(vars, EnvJobKeyFile, tc.file)))
@@ -281,9 +292,16 @@ func TestDefaultListenIP(t *testing.T) {
 	}
 	// A name that resolves to loopback (Debian's 127.0.1.1 line for the
 	// host's own name) in a job that spans hosts: the others could not
-	// reach this rank. A loopback IP written as such is taken at its word.
-	if _, err := defaultListenIP(ctx, "localhost:29500", true); err == nil || !strings.Contains(err.Error(), EnvListenIP) {
-		t.Errorf("toward a name for loopback in a multi-host job: err = %v, want one naming %s", err, EnvListenIP)
+	// reach this rank there, so it takes the default route's address, or
+	// fails without one. A loopback IP written as such is taken at its
+	// word.
+	got, err := defaultListenIP(ctx, "localhost:29500", true)
+	if route := defaultRouteSource(); route != nil {
+		if err != nil || got != route.String() {
+			t.Errorf("toward a name for loopback in a multi-host job: %q, %v; want the default route's %v", got, err, route)
+		}
+	} else if err == nil || !strings.Contains(err.Error(), EnvListenIP) {
+		t.Errorf("toward a name for loopback in a multi-host job, no default route: err = %v, want one naming %s", err, EnvListenIP)
 	}
 	if got, err := defaultListenIP(ctx, "127.0.0.1:29500", true); err != nil || got != "127.0.0.1" {
 		t.Errorf("toward 127.0.0.1 written as an IP: %q, %v; want 127.0.0.1", got, err)
@@ -304,8 +322,12 @@ func TestDefaultListenIP(t *testing.T) {
 			t.Errorf("toward %v: %q, %v; want %v", ipn.IP, got, err, ipn.IP)
 		}
 	}
-	if _, err := defaultListenIP(ctx, "node07.invalid:29500", false); err == nil || !strings.Contains(err.Error(), EnvListenIP) {
-		t.Errorf("toward a name that does not resolve: err = %v, want one naming %s", err, EnvListenIP)
+	// A name that does not resolve is asked again until the deadline (a
+	// pod's DNS record may come later), then named in the error.
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	if _, err := defaultListenIP(short, "node07.invalid:29500", false); err == nil || !strings.Contains(err.Error(), EnvListenIP) || !strings.Contains(err.Error(), "still failing after") {
+		t.Errorf("toward a name that does not resolve: err = %v, want one naming %s, after retrying", err, EnvListenIP)
 	}
 }
 
@@ -862,6 +884,33 @@ func TestKubeManifests(t *testing.T) {
 			t.Errorf("%s (%s): %v", tc.name, tc.file, err)
 		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
 			t.Errorf("%s (%s): err = %v, want one containing %q", tc.name, tc.file, err, tc.err)
+		}
+	}
+}
+
+// Rank 0 of a job whose derived rendezvous port another process holds (two
+// Slurm jobs whose ids end alike, on one node) is told which variables
+// choose another port.
+func TestRendezvousPortTaken(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	t.Setenv(EnvRank, "0")
+	t.Setenv(EnvSize, "2")
+	t.Setenv(EnvRendezvousAddr, l.Addr().String())
+	t.Setenv(EnvJobKey, schedKey)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := Init(ctx, WithTimeout(10*time.Second))
+	if err == nil {
+		c.Close()
+		t.Fatal("Init hosted a rendezvous on a port another process holds")
+	}
+	for _, want := range []string{"rank 0", l.Addr().String(), EnvRendezvousPort, EnvRendezvousAddr} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
 		}
 	}
 }

@@ -6,12 +6,14 @@ import (
 	"crypto/hkdf"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/connmgr"
@@ -78,14 +80,9 @@ func resolveHostPort(ctx context.Context, hp string) ([]ma.Multiaddr, error) {
 	if err != nil || port <= 0 || port > 65535 {
 		return nil, fmt.Errorf("bad port in %q", hp)
 	}
-	var ips []net.IP
-	if ip := net.ParseIP(h); ip != nil {
-		ips = []net.IP{ip}
-	} else {
-		ips, err = net.DefaultResolver.LookupIP(ctx, "ip", h)
-		if err != nil {
-			return nil, fmt.Errorf("resolve %q: %w", h, err)
-		}
+	ips, err := LookupIP(ctx, h)
+	if err != nil {
+		return nil, err
 	}
 	var out []ma.Multiaddr
 	for _, ip := range ips {
@@ -188,4 +185,37 @@ func peerIDOf(it tableItem) (peer.ID, error) {
 		return "", fmt.Errorf("rank %d: bad peer ID: %w", it.Rank, err)
 	}
 	return id, nil
+}
+
+// LookupIP resolves host (an IP is returned as it is), and, while the name
+// does not resolve yet, asks again until ctx ends: a scheduler starts every
+// rank at once, and the DNS name of the pod or node that hosts the
+// rendezvous (a Kubernetes headless Service's record of pod 0, say) may
+// appear only after the others ask. The error names the host and how long
+// it was tried.
+func LookupIP(ctx context.Context, host string) ([]net.IP, error) {
+	if ip := net.ParseIP(host); ip != nil {
+		return []net.IP{ip}, nil
+	}
+	start := time.Now()
+	wait := 50 * time.Millisecond
+	for {
+		ips, err := net.DefaultResolver.LookupIP(ctx, "ip", host)
+		if err == nil {
+			return ips, nil
+		}
+		var dnsErr *net.DNSError
+		retry := errors.As(err, &dnsErr) && (dnsErr.IsNotFound || dnsErr.IsTemporary || dnsErr.IsTimeout)
+		if !retry {
+			return nil, fmt.Errorf("resolve %q: %w", host, err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("resolve %q: %w (still failing after %v)", host, err, time.Since(start).Round(time.Millisecond))
+		case <-t.C:
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
 }
