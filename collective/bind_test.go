@@ -116,17 +116,20 @@ func TestBindProcessBindsEveryThread(t *testing.T) {
 }
 
 func bindChild(t *testing.T) {
-	// Threads started before the binding, parked in a locked goroutine each.
+	// Threads parked in a locked goroutine each, until release.
 	release := make(chan struct{})
 	var wg sync.WaitGroup
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			runtime.LockOSThread()
-			<-release
-		}()
+	startThreads := func() {
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				runtime.LockOSThread()
+				<-release
+			}()
+		}
 	}
+	startThreads() // before the binding
 	// The testing package sets GOMAXPROCS by hand, which would hide Go's
 	// updates; a program's GOMAXPROCS is Go's default.
 	runtime.SetDefaultGOMAXPROCS()
@@ -137,15 +140,7 @@ func bindChild(t *testing.T) {
 		t.Fatalf("applyCPUBinding: %q, %q, %v", desc, warning, err)
 	}
 	t.Log(desc)
-	// Threads started after it.
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			runtime.LockOSThread()
-			<-release
-		}()
-	}
+	startThreads() // and after it
 	allowed, _ := allowedCPUs()
 	var set unix.CPUSet
 	tasks, err := os.ReadDir("/proc/self/task")
