@@ -27,6 +27,7 @@ type doctorFlags struct {
 	probeBytes      string
 	probeTime       time.Duration
 	agentDir        string
+	launcherKind    string
 	verbose         bool
 }
 
@@ -35,8 +36,9 @@ func newDoctorCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "doctor [-H host:slots,... | --hostfile FILE] [flags] [PROGRAM]",
 		Short: "Check that the hosts can run a job: ssh, PROGRAM, clocks, ports, links, disk, open files",
-		Long: `gorun doctor checks, on every host of -H or --hostfile (this host without
-them), all hosts at once, what a job needs, and prints one table with a
+		Long: `gorun doctor checks, on every host of -H or --hostfile (inside a Slurm
+allocation without them, its nodes, as gorun's jobs take them; else this
+host), all hosts at once, what a job needs, and prints one table with a
 verdict per check and, for each failure, what to fix:
 
   ssh               the host answers ssh (BatchMode, as gorun's jobs use it)
@@ -50,24 +52,35 @@ verdict per check and, for each failure, what to fix:
                     directory) is writable and has --min-free free
   open files        the hard open-file limit (what Go ranks raise theirs to) is
                     enough for a job of the hosts' slots
-  A -> B tcp        host A opens a TCP connection to an ephemeral port of
-                    host B, where ranks and the rendezvous listen, then
-                    measures the round trip of small messages and the
-                    bandwidth of one stream (up to --probe-bytes or for
-                    --probe-time), for every pair, both ways
+  A -> B tcp        host A opens TCP connections to two ephemeral ports of
+                    host B (one in each half of its ip_local_port_range),
+                    where ranks and the rendezvous listen, then measures the
+                    round trip of small messages and the bandwidth of one
+                    stream (up to --probe-bytes or for --probe-time), for
+                    every pair, both ways
 
 The agent is this gorun's own binary: on this host it runs directly, on the
-others over ssh; a host that does not have it yet (in --agent-dir, by its
-sha256) gets it over the ssh session first, so gorun need not be installed
-there. Every step has a deadline: a host that does not answer, a dial that a
-firewall drops, shows as a failed row, not a hang. gorun doctor exits 1
-when a check failed, 0 otherwise (warnings included).`,
+others over ssh (srun inside a Slurm allocation, as with --launcher for
+jobs); a host that does not have it yet in --agent-dir gets it over the
+session first, so gorun need not be installed there. What runs from
+--agent-dir runs as you: gorun doctor creates it mode 0700, refuses one that
+is not yours or that others may write (a failed gorun row), and checks the
+agent's sha256 against this gorun's in the session that runs it (a cached
+copy that differs is replaced). Every step has a deadline: a host that does
+not answer, a dial that a firewall drops, shows as a failed row, not a
+hang. Each host dials its peers' ports 16 at a time, then measures them one
+after another (about half a second each), so --timeout defaults to 30s plus
+1s per host.
+
+Exit status: 0 when every check passed (warnings included), 1 when a check
+failed (the table says which), 2 when gorun doctor could not check: a bad
+flag or argument, an unreadable --hostfile, or a failure of its own.`,
 		Example: `  gorun doctor -H node1:4,node2:4 /shared/bin/train
   gorun doctor --hostfile hosts.txt --checkpoint-dir /scratch/ckpt/{host} ./train
   GORUN_SSH_OPTS="-F ./ssh_config" gorun doctor -H a,b,c`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) > 1 {
-				return fmt.Errorf("gorun doctor takes one PROGRAM, got %q: its arguments are not needed (gorun doctor -H ... PROGRAM)", strings.Join(args, " "))
+				return doctorMisuse(fmt.Errorf("gorun doctor takes one PROGRAM, got %q: its arguments are not needed (gorun doctor -H ... PROGRAM)", strings.Join(args, " ")))
 			}
 			return nil
 		},
@@ -78,9 +91,17 @@ when a check failed, 0 otherwise (warnings included).`,
 			if len(args) == 1 {
 				program = args[0]
 			}
-			return runDoctor(cmd, f, program)
+			err := runDoctor(cmd, f, program)
+			var exit exitError
+			if err == nil || errors.As(err, &exit) {
+				return err // the table's verdict, or a signal's status
+			}
+			return doctorMisuse(err)
 		},
 	}
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return doctorMisuse(fmt.Errorf("%v (gorun doctor --help lists its flags)", err))
+	})
 	fl := cmd.Flags()
 	fl.StringVarP(&f.hosts, "hosts", "H", "", "hosts to check: host1:2,host2:2 (the slots size the open-file check)")
 	fl.StringVar(&f.hostfile, "hostfile", "", "file listing the hosts, one \"host slots=N\" per line")
@@ -89,20 +110,43 @@ when a check failed, 0 otherwise (warnings included).`,
 	fl.StringVar(&f.checkpointDir, "checkpoint-dir", "", "where the job writes checkpoints, \"{host}\" for each host's name (default: the working directory)")
 	fl.StringVar(&f.minFree, "min-free", "1G", "least free space at --checkpoint-dir (K, M, G suffixes)")
 	fl.DurationVar(&f.maxSkew, "max-clock-skew", time.Second, "largest clock difference between a host and this one")
-	fl.DurationVar(&f.timeout, "timeout", 60*time.Second, "the whole check; a host that has not answered by then fails")
+	fl.DurationVar(&f.timeout, "timeout", 0, "the whole check; a host that has not answered by then fails (default 30s + 1s per host)")
 	fl.DurationVar(&f.dialTimeout, "dial-timeout", 3*time.Second, "one TCP dial between two hosts; no answer within it is a failure (a firewall dropping packets)")
 	fl.StringVar(&f.probeBytes, "probe-bytes", "64M", "most bytes one bandwidth probe sends")
 	fl.DurationVar(&f.probeTime, "probe-time", 300*time.Millisecond, "longest one bandwidth probe sends")
-	fl.StringVar(&f.agentDir, "agent-dir", "", "directory on remote hosts that keeps the agent binary (default ~/.cache/gorun/doctor)")
+	fl.StringVar(&f.agentDir, "agent-dir", "", "directory on remote hosts that keeps the agent binary, yours and private (created mode 0700; default ~/.cache/gorun/doctor)")
+	fl.StringVar(&f.launcherKind, "launcher", "auto", "how remote hosts are reached, as for a job: ssh, srun (inside a Slurm allocation only), or auto: srun for the allocation's nodes when there is no -H or --hostfile, else ssh")
 	fl.BoolVar(&f.verbose, "verbose", false, "say what gorun doctor does and how long each step took")
 	return cmd
 }
 
+// doctorMisuse prints why gorun doctor could not check the hosts and
+// makes it exit 2, so that a script tells that from a failed check (1).
+func doctorMisuse(err error) error {
+	fmt.Fprintf(os.Stderr, "gorun doctor: %v\n", err)
+	return exitError(2)
+}
+
 func runDoctor(cmd *cobra.Command, f doctorFlags, program string) error {
-	rf := runFlags{hosts: f.hosts, hostfile: f.hostfile}
+	rf := runFlags{hosts: f.hosts, hostfile: f.hostfile, launcherKind: f.launcherKind}
 	hosts, err := rf.hostList()
 	if err != nil {
 		return err
+	}
+	// Inside a Slurm allocation the hosts (and how they are reached) are
+	// chosen as for a job: see runFlags.chooseLauncher.
+	fromSlurm, err := rf.chooseLauncher(hosts)
+	if err != nil {
+		return err
+	}
+	if fromSlurm != nil {
+		hosts = fromSlurm
+	}
+	var srun *launcher.Srun
+	via := "ssh"
+	if rf.srun {
+		srun = &launcher.Srun{Options: strings.Fields(os.Getenv("GORUN_SRUN_OPTS"))}
+		via = "srun"
 	}
 	if hosts == nil {
 		hosts = []launcher.Host{{Name: "localhost", Slots: 1}}
@@ -123,7 +167,13 @@ func runDoctor(cmd *cobra.Command, f doctorFlags, program string) error {
 	if err != nil {
 		return err
 	}
-	for name, d := range map[string]time.Duration{"--timeout": f.timeout, "--dial-timeout": f.dialTimeout, "--probe-time": f.probeTime, "--max-clock-skew": f.maxSkew} {
+	if f.timeout < 0 || f.timeout == 0 && cmd.Flags().Changed("timeout") {
+		return fmt.Errorf("--timeout must be positive, got %s", f.timeout)
+	}
+	if f.timeout == 0 {
+		f.timeout = doctorTimeout(len(hosts))
+	}
+	for name, d := range map[string]time.Duration{"--dial-timeout": f.dialTimeout, "--probe-time": f.probeTime, "--max-clock-skew": f.maxSkew} {
 		if d <= 0 {
 			return fmt.Errorf("%s must be positive, got %s", name, d)
 		}
@@ -151,20 +201,22 @@ func runDoctor(cmd *cobra.Command, f doctorFlags, program string) error {
 		Program: program, Version: doctor.Version(), Slots: launcher.TotalSlots(hosts),
 		MinFree: uint64(minFree), MaxSkew: f.maxSkew,
 		SSHFlagsHelp: "; pass --ssh-port, --ssh-identity-file, or ssh options in GORUN_SSH_OPTS (e.g. \"-F ./ssh_config\")",
+		Via:          via,
 	}
 	res, pairs, err := doctor.Run(cmd.Context(), doctor.Config{
 		Hosts: names, Local: launcher.IsLocalHost, Expect: expect,
 		WorkDir: wd, CheckpointDir: f.checkpointDir, AgentDir: f.agentDir, Self: self,
-		SSH: doctor.SSH{
+		SSH: launcher.SSH{
 			Port: f.sshPort, IdentityFile: f.sshIdentity,
 			ConnectTimeout: min(f.timeout/3, 10*time.Second), // leaves time for the probes after a dead host
 			Options:        strings.Fields(os.Getenv("GORUN_SSH_OPTS")),
+			Srun:           srun,
 		},
 		Timeout: f.timeout, DialTimeout: f.dialTimeout, ProbeBytes: probeBytes, ProbeTime: f.probeTime,
 		Logf: logf,
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("could not check the hosts: %w", err)
 	}
 	var stop stopSignal
 	if ctx := cmd.Context(); ctx.Err() != nil && errors.As(context.Cause(ctx), &stop) {
@@ -182,6 +234,11 @@ func runDoctor(cmd *cobra.Command, f doctorFlags, program string) error {
 	fmt.Fprintf(os.Stderr, "gorun doctor: all %d checks passed on %s (%s)\n", len(rows), countOf(len(hosts), "host"), countOf(len(pairs), "link"))
 	return nil
 }
+
+// doctorTimeout is --timeout's default for n hosts: each host measures its
+// peers one after another, about half a second each, after up to half the
+// run for the agents to start (see doctor.Run).
+func doctorTimeout(n int) time.Duration { return 30*time.Second + time.Duration(n)*time.Second }
 
 // countOf writes "1 host", "3 hosts".
 func countOf(n int, noun string) string {

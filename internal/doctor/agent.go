@@ -2,6 +2,7 @@ package doctor
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -12,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	mathrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -21,11 +23,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/gorun/gorun/checkpoint"
+	"github.com/gorun/gorun/launcher"
 )
 
 // Module is gorun's module path, looked up in PROGRAM's build information.
@@ -107,16 +111,17 @@ type message struct {
 	// agent -> launcher
 	Facts     *Facts      `json:"facts,omitempty"`
 	Time      int64       `json:"time,omitempty"`
-	Listening string      `json:"listening,omitempty"`
+	Listening []string    `json:"listening,omitempty"`
 	Pair      *PairResult `json:"pair,omitempty"`
 	Done      bool        `json:"done,omitempty"`
 	Error     string      `json:"error,omitempty"`
 }
 
-// Peer is another host's agent, for a probe.
+// Peer is another host's agent, for a probe: its ports, one in each half
+// of its host's ephemeral port range (see listen).
 type Peer struct {
-	Name string `json:"name"`
-	Addr string `json:"addr"`
+	Name  string   `json:"name"`
+	Addrs []string `json:"addrs"`
 }
 
 // RunAgent is the doctor agent: it reads the launcher's token and then its
@@ -124,7 +129,7 @@ type Peer struct {
 // when in ends (the launcher is done, or gone: its ssh session closed) or
 // after o.Lifetime.
 func RunAgent(ctx context.Context, in io.Reader, out io.Writer, o AgentOptions) error {
-	ctx, cancel := context.WithTimeout(ctx, cmpDur(o.Lifetime, 5*time.Minute))
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(o.Lifetime, 5*time.Minute))
 	defer cancel()
 	reqs := make(chan message)
 	readErr := make(chan error, 1)
@@ -167,9 +172,9 @@ func RunAgent(ctx context.Context, in io.Reader, out io.Writer, o AgentOptions) 
 	if err := enc.Encode(message{Facts: gatherFacts(ctx, o)}); err != nil {
 		return err
 	}
-	var ln net.Listener
+	var lns []net.Listener
 	defer func() {
-		if ln != nil {
+		for _, ln := range lns {
 			ln.Close()
 		}
 	}()
@@ -193,26 +198,25 @@ func RunAgent(ctx context.Context, in io.Reader, out io.Writer, o AgentOptions) 
 		case "time":
 			reply.Time = time.Now().UnixNano()
 		case "listen":
-			if ln != nil {
-				reply.Listening = ln.Addr().String()
-				break
-			}
-			var err error
-			if ln, err = listen(m); err != nil {
-				reply.Error = err.Error()
-				break
-			}
-			go serve(ctx, ln, token)
-			reply.Listening = ln.Addr().String()
-		case "probe":
-			// In the order the launcher gives (see Run): one peer at a
-			// time, so that a bandwidth probe has the link to itself.
-			for _, p := range m.Peers {
-				r := probe(ctx, p.Addr, token, m.Dial, m.Bytes, m.For)
-				r.To = p.Name
-				if err := enc.Encode(message{Pair: &r}); err != nil {
-					return err
+			if lns == nil {
+				var err error
+				if lns, err = listen(m); err != nil {
+					reply.Error = err.Error()
+					break
 				}
+				for _, ln := range lns {
+					go serve(ctx, ln, token)
+				}
+			}
+			for _, ln := range lns {
+				reply.Listening = append(reply.Listening, ln.Addr().String())
+			}
+		case "probe":
+			err := probePeers(ctx, m.Peers, token, m.Dial, m.Bytes, m.For, func(r PairResult) error {
+				return enc.Encode(message{Pair: &r})
+			})
+			if err != nil {
+				return err
 			}
 			reply.Done = true
 		default:
@@ -224,18 +228,17 @@ func RunAgent(ctx context.Context, in io.Reader, out io.Writer, o AgentOptions) 
 	}
 }
 
-// listen opens the agent's probe port where a rank of this host would
+// listen opens the agent's probe ports where a rank of this host would
 // listen: on the address given, or the source address of the route to the
 // launcher (what gorun's remote wrapper gives ranks as GORUN_LISTEN_IP),
-// else the address the ssh session came in on. Port 0, as ranks and the
-// rendezvous do.
-func listen(m message) (net.Listener, error) {
+// else the address the ssh session came in on. Ranks and the rendezvous
+// listen on port 0, anywhere in net.ipv4.ip_local_port_range; a firewall
+// that allows only part of that range would pass or fail one probe port at
+// random, so there are two, a random one in each half of the range.
+func listen(m message) ([]net.Listener, error) {
 	ip := m.IP
 	if ip == "" && m.RouteTo != "" {
-		if c, err := net.Dial("udp", net.JoinHostPort(m.RouteTo, "9")); err == nil {
-			ip = c.LocalAddr().(*net.UDPAddr).IP.String()
-			c.Close()
-		}
+		ip, _ = launcher.RouteSource(m.RouteTo)
 	}
 	if ip == "" {
 		if f := strings.Fields(os.Getenv("SSH_CONNECTION")); len(f) == 4 {
@@ -245,11 +248,49 @@ func listen(m message) (net.Listener, error) {
 	if ip == "" {
 		return nil, errors.New("no address to listen on: no route to the launcher and no $SSH_CONNECTION")
 	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %v", ip, err)
+	lo, hi := portRange()
+	mid := lo + (hi-lo)/2
+	var lns []net.Listener
+	for _, half := range [][2]int{{lo, mid}, {mid + 1, hi}} {
+		ln, err := listenIn(ip, half[0], half[1])
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return nil, err
+		}
+		lns = append(lns, ln)
 	}
-	return ln, nil
+	return lns, nil
+}
+
+// portRange is net.ipv4.ip_local_port_range, or Linux's default.
+func portRange() (lo, hi int) {
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			l, err1 := strconv.Atoi(f[0])
+			h, err2 := strconv.Atoi(f[1])
+			if err1 == nil && err2 == nil && 0 < l && l < h && h <= 65535 {
+				return l, h
+			}
+		}
+	}
+	return 32768, 60999
+}
+
+// listenIn listens on a random free port in [lo, hi].
+func listenIn(ip string, lo, hi int) (net.Listener, error) {
+	var err error
+	for range 64 {
+		var ln net.Listener
+		if ln, err = net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(lo+mathrand.IntN(hi-lo+1)))); err == nil {
+			return ln, nil
+		}
+		if !errors.Is(err, unix.EADDRINUSE) {
+			break
+		}
+	}
+	return nil, fmt.Errorf("listen on %s, ports %d-%d: %v", ip, lo, hi, err)
 }
 
 // Probe connections start with the 32-character token and one op byte.
@@ -297,21 +338,77 @@ func serve(ctx context.Context, ln net.Listener, token []byte) {
 	}
 }
 
+// dialParallel is how many probe ports an agent dials at once: a dial
+// that a firewall drops costs the whole dial timeout, which one peer after
+// another would multiply by the number of hosts.
+const dialParallel = 16
+
+// probePeers probes the peers for their PairResults, each given to report:
+// first it dials every port of every peer, dialParallel at once; a peer
+// with a port that does not open is reported at once. Then it measures the
+// others one at a time, in the order given (see Run), so that a bandwidth
+// probe has the link mostly to itself.
+func probePeers(ctx context.Context, peers []Peer, token []byte, dial time.Duration, maxBytes int64, dur time.Duration, report func(PairResult) error) error {
+	dial = cmp.Or(dial, 3*time.Second)
+	dials := make([][]PortDial, len(peers))
+	sem := make(chan struct{}, dialParallel)
+	var wg sync.WaitGroup
+	for i, p := range peers {
+		dials[i] = make([]PortDial, len(p.Addrs))
+		for k, addr := range p.Addrs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				dials[i][k] = PortDial{Addr: addr}
+				d := net.Dialer{Timeout: dial}
+				c, err := d.DialContext(ctx, "tcp", addr)
+				if err != nil {
+					dials[i][k].Err = dialErr(err, dial)
+					return
+				}
+				c.Close() // the peer reads no token, and drops it
+			}()
+		}
+	}
+	wg.Wait()
+	var reachable []int
+	for i, p := range peers {
+		if len(p.Addrs) > 0 && !slices.ContainsFunc(dials[i], func(d PortDial) bool { return d.Err != "" }) {
+			reachable = append(reachable, i)
+			continue
+		}
+		if err := report(PairResult{To: p.Name, Ports: dials[i]}); err != nil {
+			return err
+		}
+	}
+	for _, i := range reachable {
+		r := probe(ctx, peers[i].Addrs[0], token, dial, maxBytes, dur)
+		r.To, r.Ports = peers[i].Name, dials[i]
+		if err := report(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // pings is how many round trips the latency probe makes.
 const pings = 20
 
 // probe dials addr (bounded by dial), measures the median round trip of
 // small messages, then sends up to maxBytes, or for at most dur, and
-// times it to the receiver's count.
+// times it to the receiver's count. Its result has no Ports: the caller
+// dialed them.
 func probe(ctx context.Context, addr string, token []byte, dial time.Duration, maxBytes int64, dur time.Duration) PairResult {
-	r := PairResult{Addr: addr}
-	d := net.Dialer{Timeout: cmpDur(dial, 3*time.Second)}
+	var r PairResult
+	dur = cmp.Or(dur, 300*time.Millisecond)
+	d := net.Dialer{Timeout: cmp.Or(dial, 3*time.Second)}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		r.Err = dialErr(err, d.Timeout)
+		r.Err = "ping: " + dialErr(err, d.Timeout)
 		return r
 	}
-	r.Dialed = true
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
@@ -351,7 +448,7 @@ func probe(ctx context.Context, addr string, token []byte, dial time.Duration, m
 	defer b.Close()
 	stopB := context.AfterFunc(ctx, func() { b.Close() })
 	defer stopB()
-	b.SetDeadline(time.Now().Add(cmpDur(dur, 300*time.Millisecond) + 10*time.Second))
+	b.SetDeadline(time.Now().Add(dur + 10*time.Second))
 	if _, err := b.Write(append(slices.Clone(token), opBulk)); err != nil {
 		r.Err = "bandwidth: " + err.Error()
 		return r
@@ -359,7 +456,7 @@ func probe(ctx context.Context, addr string, token []byte, dial time.Duration, m
 	chunk := make([]byte, 256<<10)
 	start := time.Now()
 	var sent int64
-	for sent < cmpInt(maxBytes, 16<<20) && time.Since(start) < cmpDur(dur, 300*time.Millisecond) {
+	for sent < cmp.Or(maxBytes, 16<<20) && time.Since(start) < dur {
 		n, err := b.Write(chunk)
 		sent += int64(n)
 		if err != nil {
@@ -553,18 +650,4 @@ func pathErr(err error) string {
 		return pe.Path + ": " + pe.Err.Error()
 	}
 	return err.Error()
-}
-
-func cmpDur(d, def time.Duration) time.Duration {
-	if d <= 0 {
-		return def
-	}
-	return d
-}
-
-func cmpInt(n, def int64) int64 {
-	if n <= 0 {
-		return def
-	}
-	return n
 }

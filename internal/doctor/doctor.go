@@ -4,11 +4,11 @@
 // host, started directly on this host and over ssh on the others, as the
 // ranks of a job are. Each agent reports its host's facts (the program at
 // its path, the working directory, free space where checkpoints go, the
-// open-file limit, its clock), listens on an ephemeral TCP port on the
-// address a rank of that host would listen on, and dials every other
-// host's agent: a real connection on the kind of port ranks and the
-// rendezvous use, then a short ping-pong (latency) and a short transfer
-// (bandwidth). Evaluate turns what the agents found into one table with a
+// open-file limit, its clock), listens on two ephemeral TCP ports (one in
+// each half of the range) on the address a rank of that host would listen
+// on, and dials every other host's agent: real connections on the kind of
+// ports ranks and the rendezvous use, then a short ping-pong (latency) and
+// a short transfer (bandwidth). Evaluate turns what the agents found into one table with a
 // verdict and a fix per row.
 package doctor
 
@@ -16,6 +16,7 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"net"
 	"slices"
 	"sort"
 	"strings"
@@ -94,25 +95,40 @@ type HostResult struct {
 	SSHErr   string // ssh could not reach it
 	SSHTime  time.Duration
 	AgentErr string // the agent did not start or did not answer
-	Facts    *Facts
+	// AgentDirErr: the agent directory there is not the user's own, or
+	// others may write it, so no agent was run from it.
+	AgentDirErr string
+	Facts       *Facts
 	// Clock: the agent's clock minus this host's, and the uncertainty
 	// (half the round trip of the best sample).
 	Skew, SkewErr time.Duration
 	ClockErr      string
-	Addr          string // where its agent listened
+	Addrs         []string // where its agent listened: a port in each half of the range
 	ListenErr     string
 }
 
 // PairResult is one host's dial and probe of another's agent.
 type PairResult struct {
-	From      string        `json:"from"`
-	To        string        `json:"to"`
-	Addr      string        `json:"addr"`
-	Err       string        `json:"err,omitempty"` // dial or probe failure
-	Dialed    bool          `json:"dialed"`        // the TCP connection was made
-	RTT       time.Duration `json:"rtt"`           // median round trip of small messages
-	Bandwidth float64       `json:"bandwidth"`     // bytes per second, one stream
+	From  string     `json:"from"`
+	To    string     `json:"to"`
+	Ports []PortDial `json:"ports"` // a dial to each of To's agent's ports
+	// Err is the latency or bandwidth probe failing after every port
+	// opened.
+	Err       string        `json:"err,omitempty"`
+	RTT       time.Duration `json:"rtt"`       // median round trip of small messages
+	Bandwidth float64       `json:"bandwidth"` // bytes per second, one stream
 	Bytes     int64         `json:"bytes"`
+}
+
+// PortDial is a dial to one port of a peer's agent.
+type PortDial struct {
+	Addr string `json:"addr"`
+	Err  string `json:"err,omitempty"` // "" = the connection was made
+}
+
+// Dialed says whether every port of the peer took a connection.
+func (p PairResult) Dialed() bool {
+	return len(p.Ports) > 0 && !slices.ContainsFunc(p.Ports, func(d PortDial) bool { return d.Err != "" })
 }
 
 // Expect is what the hosts are checked against.
@@ -124,6 +140,7 @@ type Expect struct {
 	MinFree      uint64 // bytes at the checkpoint location
 	MaxSkew      time.Duration
 	SSHFlagsHelp string // how to pass ssh settings, for the fixes
+	Via          string // how remote hosts are reached: "ssh" (or ""), "srun"
 }
 
 // NoFileNeed is the hard open-file limit a rank should have in a job of
@@ -141,15 +158,14 @@ func Evaluate(hosts []HostResult, pairs []PairResult, want Expect) []Row {
 		rows = append(rows, Row{where, check, st, result, fix})
 	}
 	refSHA, refHost := majoritySHA(hosts)
+	via := cmp.Or(want.Via, "ssh")
 	ipOf := map[string]string{}
 	portsOf := map[string]string{}
 	for _, h := range hosts {
-		if h.Addr != "" {
-			ip, _, _ := strings.Cut(h.Addr, ":")
-			if strings.HasPrefix(h.Addr, "[") {
-				ip = h.Addr[1:strings.Index(h.Addr, "]")]
+		if len(h.Addrs) > 0 {
+			if ip, _, err := net.SplitHostPort(h.Addrs[0]); err == nil {
+				ipOf[h.Name] = ip
 			}
-			ipOf[h.Name] = ip
 		}
 		if h.Facts != nil {
 			portsOf[h.Name] = h.Facts.PortRange
@@ -159,13 +175,22 @@ func Evaluate(hosts []HostResult, pairs []PairResult, want Expect) []Row {
 		w := h.Name
 		switch {
 		case h.Local:
-			add(w, "ssh", OK, "this host: runs without ssh", "")
+			add(w, via, OK, "this host: runs without "+via, "")
+		case h.SSHErr != "" && via == "srun":
+			add(w, via, Fail, h.SSHErr,
+				fmt.Sprintf("srun could not start a job step on %s: check that the node is in the allocation and up (scontrol show node %s), or pass -H to reach the hosts over ssh", h.Name, h.Name))
+			continue
 		case h.SSHErr != "":
-			add(w, "ssh", Fail, h.SSHErr,
+			add(w, via, Fail, h.SSHErr,
 				fmt.Sprintf("make `ssh %s true` work without a password prompt (BatchMode: a key or an agent)%s", h.Name, want.SSHFlagsHelp))
 			continue
 		default:
-			add(w, "ssh", OK, "reached in "+round(h.SSHTime).String(), "")
+			add(w, via, OK, "reached in "+round(h.SSHTime).String(), "")
+		}
+		if h.AgentDirErr != "" {
+			add(w, "gorun", Fail, "the agent directory is unsafe, no agent was run from it: "+h.AgentDirErr,
+				fmt.Sprintf("another user could put a program there that gorun doctor would run as you: on %s, make it yours and private (chown $USER DIR; chmod 700 DIR), or pass --agent-dir a directory only you can write (default ~/.cache/gorun/doctor)", h.Name))
+			continue
 		}
 		if h.AgentErr != "" || h.Facts == nil {
 			add(w, "gorun", Fail, "the doctor agent failed: "+cmp.Or(h.AgentErr, "no report"),
@@ -241,14 +266,31 @@ func Evaluate(hosts []HostResult, pairs []PairResult, want Expect) []Row {
 		w := p.From + " -> " + p.To
 		ports := cmp.Or(portsOf[p.To], "32768 60999")
 		lo, hi, _ := strings.Cut(strings.Join(strings.Fields(ports), " "), " ")
+		var closed, open []string
+		why := ""
+		for _, d := range p.Ports {
+			if d.Err != "" {
+				closed = append(closed, portOf(d.Addr))
+				why = cmp.Or(why, d.Err)
+			} else {
+				open = append(open, portOf(d.Addr))
+			}
+		}
 		switch {
-		case !p.Dialed:
+		case len(p.Ports) == 0:
+			add(w, "tcp", Fail, "no result: "+cmp.Or(p.Err, "the agent did not report this pair"),
+				"give gorun doctor a longer --timeout (its default grows with the hosts), or see with --verbose which step is slow")
+		case !p.Dialed():
 			from := p.From
 			if ip := ipOf[p.From]; ip != "" && ip != p.From {
 				from += " (" + ip + ")"
 			}
-			add(w, "tcp", Fail, fmt.Sprintf("cannot open a connection to %s's port %s: %s", p.To, portOf(p.Addr), p.Err),
-				fmt.Sprintf("allow TCP from %s into %s on ports %s-%s: ranks and the rendezvous listen on ephemeral ports (its net.ipv4.ip_local_port_range); e.g. on %s: nft insert rule inet filter input ip saddr %s tcp dport %s-%s accept, or open the security group", from, p.To, lo, hi, p.To, cmp.Or(ipOf[p.From], p.From), lo, hi))
+			result := fmt.Sprintf("cannot open a connection to %s's %s: %s", p.To, portsStr(closed), cmp.Or(why, p.Err, "no port to dial"))
+			if len(open) > 0 {
+				result += fmt.Sprintf(" (its %s opened: only part of the ephemeral range is allowed)", portsStr(open))
+			}
+			add(w, "tcp", Fail, result,
+				fmt.Sprintf("allow TCP from %s into %s on ports %s-%s: ranks and the rendezvous listen on ephemeral ports (its net.ipv4.ip_local_port_range), anywhere in it; e.g. on %s: nft insert rule inet filter input ip saddr %s tcp dport %s-%s accept, or open the security group", from, p.To, lo, hi, p.To, cmp.Or(ipOf[p.From], p.From), lo, hi))
 		case p.Err != "":
 			add(w, "tcp", Fail, "connected, then the probe failed: "+p.Err,
 				fmt.Sprintf("something between %s and %s cuts connections (a firewall with connection tracking, an MTU mismatch: ping -M do -s 1472 %s)", p.From, p.To, ipOf[p.To]))
@@ -256,7 +298,7 @@ func Evaluate(hosts []HostResult, pairs []PairResult, want Expect) []Row {
 			add(w, "tcp", Warn, fmt.Sprintf("rtt %s, %s/s, a tenth or less of the median link (%s/s)", round(p.RTT), bytesStr(p.Bandwidth), bytesStr(median)),
 				fmt.Sprintf("this link slows every collective: check the route and interface from %s to %s (ip route get %s, ethtool)", p.From, p.To, ipOf[p.To]))
 		default:
-			add(w, "tcp", OK, fmt.Sprintf("rtt %s, %s/s", round(p.RTT), bytesStr(p.Bandwidth)), "")
+			add(w, "tcp", OK, fmt.Sprintf("rtt %s, %s/s; %s open", round(p.RTT), bytesStr(p.Bandwidth), portsStr(open)), "")
 		}
 	}
 	return rows
@@ -301,34 +343,37 @@ func agentFix(h HostResult) string {
 	return fmt.Sprintf("%s must run this gorun's linux binary: the same OS and architecture as this host, sh, and a writable, executable --agent-dir (default ~/.cache/gorun/doctor)", h.Name)
 }
 
-// majoritySHA is the PROGRAM build most hosts have (the first host's on a
-// tie), and the first host that has it.
+// majoritySHA is the PROGRAM build most hosts have, and the first host
+// that has it. On a tie, the build of the first of the tied hosts in the
+// hosts' order wins (the first host's, if it is among them): the order of
+// -H, not of the count, decides.
 func majoritySHA(hosts []HostResult) (string, string) {
+	shaOf := func(h HostResult) string {
+		if h.Facts == nil || h.Facts.Program == nil {
+			return ""
+		}
+		return h.Facts.Program.SHA256
+	}
 	count := map[string]int{}
-	var best, bestHost string
+	most := 0
 	for _, h := range hosts {
-		if h.Facts == nil || h.Facts.Program == nil || h.Facts.Program.SHA256 == "" {
-			continue
-		}
-		s := h.Facts.Program.SHA256
-		count[s]++
-		if count[s] > count[best] {
-			best = s
+		if s := shaOf(h); s != "" {
+			count[s]++
+			most = max(most, count[s])
 		}
 	}
 	for _, h := range hosts {
-		if h.Facts != nil && h.Facts.Program != nil && h.Facts.Program.SHA256 == best {
-			bestHost = h.Name
-			break
+		if s := shaOf(h); s != "" && count[s] == most {
+			return s, h.Name
 		}
 	}
-	return best, bestHost
+	return "", ""
 }
 
 func medianBandwidth(pairs []PairResult) float64 {
 	var bw []float64
 	for _, p := range pairs {
-		if p.Dialed && p.Err == "" && p.Bandwidth > 0 {
+		if p.Dialed() && p.Err == "" && p.Bandwidth > 0 {
 			bw = append(bw, p.Bandwidth)
 		}
 	}
@@ -371,10 +416,21 @@ func oneLine(s string) string {
 }
 
 func portOf(addr string) string {
-	if i := strings.LastIndex(addr, ":"); i >= 0 {
-		return addr[i+1:]
+	if _, port, err := net.SplitHostPort(addr); err == nil {
+		return port
 	}
 	return "?"
+}
+
+// portsStr writes "port 33012" or "ports 33012 and 58001".
+func portsStr(ports []string) string {
+	switch len(ports) {
+	case 0:
+		return "ports"
+	case 1:
+		return "port " + ports[0]
+	}
+	return "ports " + strings.Join(ports[:len(ports)-1], ", ") + " and " + ports[len(ports)-1]
 }
 
 func short(sha string) string {

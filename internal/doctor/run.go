@@ -3,6 +3,7 @@ package doctor
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -13,42 +14,12 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gorun/gorun/launcher"
 )
-
-// SSH says how to reach remote hosts, as gorun's own flags do (see
-// launcher.SSH): the system ssh client with BatchMode, so ~/.ssh/config
-// applies.
-type SSH struct {
-	Command        string // "" = "ssh"
-	Port           int
-	IdentityFile   string
-	ConnectTimeout time.Duration // 0 = 10 s
-	Options        []string      // GORUN_SSH_OPTS
-}
-
-func (s SSH) args(host string) []string {
-	a := []string{"-T", "-o", "BatchMode=yes",
-		"-o", "ConnectTimeout=" + strconv.Itoa(max(1, int((cmpDur(s.ConnectTimeout, 10*time.Second)+time.Second-1)/time.Second)))}
-	if s.Port > 0 {
-		a = append(a, "-p", strconv.Itoa(s.Port))
-	}
-	if s.IdentityFile != "" {
-		a = append(a, "-i", s.IdentityFile)
-	}
-	a = append(a, s.Options...)
-	return append(a, "--", host)
-}
-
-func (s SSH) command() string {
-	if s.Command == "" {
-		return "ssh"
-	}
-	return s.Command
-}
 
 // Config is one doctor run.
 type Config struct {
@@ -57,10 +28,14 @@ type Config struct {
 	Expect        Expect
 	WorkDir       string
 	CheckpointDir string // "" = the working directory
-	SSH           SSH
+	// SSH reaches the remote hosts as a job's ranks are reached: ssh, or
+	// srun inside a Slurm allocation (SSH.Srun).
+	SSH launcher.SSH
 	// AgentDir is where remote hosts keep the agent (this gorun's binary,
 	// sent over ssh when missing, named by its hash): "" =
-	// ~/.cache/gorun/doctor of the ssh user.
+	// ~/.cache/gorun/doctor of the ssh user. It is created mode 0700; one
+	// that is not the user's own, or that others may write, is refused,
+	// since what is in it runs as the user (see installScript).
 	AgentDir    string
 	Self        string        // this gorun's executable
 	Timeout     time.Duration // the whole run
@@ -92,7 +67,7 @@ func Run(ctx context.Context, cfg Config) ([]HostResult, []PairResult, error) {
 		return nil, nil, err
 	}
 	token := hex.EncodeToString(tok)
-	selfSHA, selfSize, err := fileSHA256(cfg.Self)
+	selfSHA, _, err := fileSHA256(cfg.Self)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading this gorun's executable to send it as the agent: %w", err)
 	}
@@ -111,9 +86,9 @@ func Run(ctx context.Context, cfg Config) ([]HostResult, []PairResult, error) {
 	parallel(n, func(i int) {
 		h := cfg.Hosts[i]
 		res[i].Name, res[i].Local = h, cfg.Local(h)
-		a, err := startAgent(ctx, helloCtx, cfg, &res[i], agentName, selfSize)
+		a, err := startAgent(ctx, helloCtx, cfg, &res[i], agentName, selfSHA)
 		if err != nil {
-			if res[i].SSHErr == "" {
+			if res[i].SSHErr == "" && res[i].AgentDirErr == "" {
 				res[i].AgentErr = err.Error()
 			}
 			return
@@ -191,20 +166,24 @@ func Run(ctx context.Context, cfg Config) ([]HostResult, []PairResult, error) {
 			return
 		}
 		m, err := a.recv(stepCtx)
-		if err != nil || m.Listening == "" {
+		if err != nil || len(m.Listening) == 0 {
 			res[i].ListenErr = a.failure(cmpErr(err, m))
 			return
 		}
-		res[i].Addr = m.Listening
+		res[i].Addrs = m.Listening
 	})
 
-	// Every agent dials every other, one at a time, starting with the
-	// host after its own: at step k host i sends to host i+k, so each
-	// host sends one stream and receives one, and a bandwidth probe has
-	// the links mostly to itself.
+	// Every agent first dials every other's ports, a few at once (see
+	// probePeers), then measures them one at a time, starting with the host
+	// after its own: host i's k-th peer is host i+k, so at the start each
+	// host sends one stream and receives one. The agents are not kept in
+	// step (a probe to a nearby host ends sooner than one to a far one),
+	// so later a host may receive two streams at once: a bandwidth figure
+	// is one stream's on a link that is mostly, not always, its own, and
+	// only a link far below the median (a tenth) is called slow.
 	var probing []int
 	for i := range n {
-		if res[i].Addr != "" {
+		if len(res[i].Addrs) > 0 {
 			probing = append(probing, i)
 		}
 	}
@@ -216,7 +195,7 @@ func Run(ctx context.Context, cfg Config) ([]HostResult, []PairResult, error) {
 		var peers []Peer
 		for s := 1; s < len(probing); s++ {
 			j := probing[(k+s)%len(probing)]
-			peers = append(peers, Peer{Name: res[j].Name, Addr: res[j].Addr})
+			peers = append(peers, Peer{Name: res[j].Name, Addrs: res[j].Addrs})
 		}
 		got := map[string]bool{}
 		record := func(p PairResult) {
@@ -233,7 +212,7 @@ func Run(ctx context.Context, cfg Config) ([]HostResult, []PairResult, error) {
 					if ctx.Err() != nil {
 						why += ": " + context.Cause(ctx).Error()
 					}
-					record(PairResult{To: p.Name, Addr: p.Addr, Err: why})
+					record(PairResult{To: p.Name, Err: why})
 				}
 			}
 		}()
@@ -280,41 +259,56 @@ func chooseLauncherIP(res []HostResult) string {
 		if ip := net.ParseIP(r.Facts.SSHClientIP); ip != nil && local[ip.String()] && !ip.IsLoopback() {
 			return ip.String()
 		}
-		if c, err := net.Dial("udp", net.JoinHostPort(r.Facts.SSHServerIP, "9")); err == nil {
-			ip := c.LocalAddr().(*net.UDPAddr).IP.String()
-			c.Close()
+		if ip, err := launcher.RouteSource(r.Facts.SSHServerIP); err == nil {
 			return ip
 		}
 	}
 	return "127.0.0.1"
 }
 
+// The agent cache on a remote host runs whatever is in it as the user, so
+// neither script trusts a file for its name: installScript creates the
+// directory mode 0700 and refuses (gorun-doctor-unsafe, no agent run) one
+// that is not the user's or that others may write, and both check the
+// agent's sha256 against this gorun's before using it.
+
 // installScript stores the agent on a remote host unless it is there: it
-// prints "have", or "send" and then reads exactly $3 bytes of the binary
-// from stdin into $1/$2 (a partial copy is never kept), and removes older
-// agents. Arguments: the directory ("" = ~/.cache/gorun/doctor), the name,
-// the size.
-const installScript = `d=${1:-$HOME/.cache/gorun/doctor}; f=$d/$2
-if [ -x "$f" ]; then echo gorun-doctor-have; exit 0; fi
-mkdir -p "$d" || exit 1
+// prints "have", or "send" and then reads the binary from stdin into $1/$2
+// (a partial or altered copy is never kept: its sha256 must be $3), and
+// removes older agents. Arguments: the directory ("" =
+// ~/.cache/gorun/doctor), the name, the sha256. The temporary name has the
+// host's name in it: a home directory shared by the hosts gets several
+// copies at once.
+const installScript = `d=${1:-$HOME/.cache/gorun/doctor}; f=$d/$2; want=$3
+command -v sha256sum >/dev/null || { echo "sha256sum (coreutils) is not installed: the agent cannot be checked" >&2; exit 1; }
+mkdir -p -m 700 "$d" || exit 1
+m=$(ls -ldL "$d") || exit 1
+if [ ! -O "$d" ]; then echo "gorun-doctor-unsafe $d is not owned by $(id -un): $m"; exit 0; fi
+case $m in ?????w*|????????w*) echo "gorun-doctor-unsafe $d is writable by other users: $m"; exit 0;; esac
+sum() { s=$(sha256sum <"$1") && echo "${s%% *}"; }
+if [ -f "$f" ] && [ -x "$f" ] && [ "$(sum "$f")" = "$want" ]; then echo gorun-doctor-have; exit 0; fi
 echo gorun-doctor-send
-t=$f.tmp.$$
-if cat >"$t" && [ "$(wc -c <"$t")" -eq "$3" ] && chmod 755 "$t" && mv -f "$t" "$f"; then
+t=$f.tmp.$(uname -n).$$
+if cat >"$t" && [ "$(sum "$t")" = "$want" ] && chmod 700 "$t" && mv -f "$t" "$f"; then
   for o in "$d"/gorun-doctor-agent-*; do case $o in "$f"|*.tmp.*) ;; *) rm -f "$o";; esac; done
   echo gorun-doctor-stored
 else
-  rm -f "$t"; echo "could not store the agent in $d" >&2; exit 1
+  rm -f "$t"; echo "could not store the agent in $d (or what arrived there is not this gorun: its sha256 differs)" >&2; exit 1
 fi`
 
-// runScript starts the stored agent: arguments the directory, the name,
-// then the agent's own.
-const runScript = `d=${1:-$HOME/.cache/gorun/doctor}; f=$d/$2; shift 2; exec "$f" doctor-agent "$@"`
+// runScript starts the stored agent after checking, in the same session,
+// that it still is this gorun: arguments the directory, the name, the
+// sha256, then the agent's own.
+const runScript = `d=${1:-$HOME/.cache/gorun/doctor}; f=$d/$2; want=$3; shift 3
+s=$(sha256sum <"$f") || exit 1
+if [ "${s%% *}" != "$want" ]; then echo "$f is not this gorun (sha256 ${s%% *}, want $want): it changed since it was stored; not run" >&2; exit 1; fi
+exec "$f" doctor-agent "$@"`
 
 // startAgent starts host r.Name's agent: this gorun itself on this host,
 // over ssh on another (first sending the binary if that host lacks it).
 // The agent lives until ctx ends; its installation must be done by
 // helloCtx.
-func startAgent(ctx, helloCtx context.Context, cfg Config, r *HostResult, name string, size int64) (*agentConn, error) {
+func startAgent(ctx, helloCtx context.Context, cfg Config, r *HostResult, name, sha string) (*agentConn, error) {
 	args := []string{"--host", r.Name, "--workdir", cfg.WorkDir, "--lifetime", (cfg.Timeout + 30*time.Second).String()}
 	if cfg.Expect.Program != "" {
 		args = append(args, "--program", cfg.Expect.Program)
@@ -326,21 +320,30 @@ func startAgent(ctx, helloCtx context.Context, cfg Config, r *HostResult, name s
 		return startConn(exec.CommandContext(ctx, cfg.Self, append([]string{"doctor-agent"}, args...)...))
 	}
 	t0 := time.Now()
-	if err := install(helloCtx, cfg, r.Name, name, size, func() { r.SSHTime = time.Since(t0) }); err != nil {
+	if err := install(helloCtx, cfg, r.Name, name, sha, func() { r.SSHTime = time.Since(t0) }); err != nil {
 		var se *sshError
-		if errors.As(err, &se) {
+		var ue *unsafeDirError
+		switch {
+		case errors.As(err, &se):
 			r.SSHErr = se.msg
+		case errors.As(err, &ue):
+			r.AgentDirErr = ue.msg
 		}
 		return nil, err
 	}
-	line := []string{"exec", "sh", "-c", shquote(runScript), "gorun-doctor", shquote(cfg.AgentDir), name}
+	line := []string{"exec", "sh", "-c", launcher.ShellQuote(runScript), "gorun-doctor", launcher.ShellQuote(cfg.AgentDir), name, sha}
 	for _, a := range args {
-		line = append(line, shquote(a))
+		line = append(line, launcher.ShellQuote(a))
 	}
-	return startConn(exec.CommandContext(ctx, cfg.SSH.command(), append(cfg.SSH.args(r.Name), strings.Join(line, " "))...))
+	return startConn(exec.CommandContext(ctx, cfg.SSH.Client(), append(cfg.SSH.Args(r.Name), strings.Join(line, " "))...))
 }
 
-// sshError is ssh failing to reach a host (exit status 255), in its words.
+// unsafeDirError is an agent directory others could plant a program in.
+type unsafeDirError struct{ msg string }
+
+func (e *unsafeDirError) Error() string { return e.msg }
+
+// sshError is ssh (or srun) failing to reach a host, in its words.
 type sshError struct{ msg string }
 
 func (e *sshError) Error() string { return e.msg }
@@ -348,9 +351,9 @@ func (e *sshError) Error() string { return e.msg }
 // install makes sure host has the agent: one ssh session that answers
 // whether it has it, and if not takes it on stdin. reached is called when
 // the host first answers.
-func install(ctx context.Context, cfg Config, host, name string, size int64, reached func()) error {
-	line := strings.Join([]string{"exec", "sh", "-c", shquote(installScript), "gorun-doctor", shquote(cfg.AgentDir), name, strconv.FormatInt(size, 10)}, " ")
-	cmd := exec.CommandContext(ctx, cfg.SSH.command(), append(cfg.SSH.args(host), line)...)
+func install(ctx context.Context, cfg Config, host, name, sha string, reached func()) error {
+	line := strings.Join([]string{"exec", "sh", "-c", launcher.ShellQuote(installScript), "gorun-doctor", launcher.ShellQuote(cfg.AgentDir), name, sha}, " ")
+	cmd := exec.CommandContext(ctx, cfg.SSH.Client(), append(cfg.SSH.CheckArgs(host), line)...)
 	cmd.WaitDelay = 2 * time.Second
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -376,6 +379,7 @@ func install(ctx context.Context, cfg Config, host, name string, size int64, rea
 		reached()
 	}
 	var sendErr error
+	unsafe, isUnsafe := strings.CutPrefix(sc.Text(), "gorun-doctor-unsafe ")
 	if answered && sc.Text() == "gorun-doctor-send" {
 		sendErr = sendFile(stdin, cfg.Self)
 	}
@@ -390,13 +394,18 @@ func install(ctx context.Context, cfg Config, host, name string, size int64, rea
 	if !answered && code >= 0 && code != 255 {
 		reached() // the remote shell ran, and failed
 	}
+	via := cfg.SSH.Via()
 	switch {
-	case !answered && code == 255:
-		return &sshError{cmpStr(lastLine(stderr.String()), "ssh failed with exit status 255")}
+	case !answered && (via == "ssh" && code == 255 || via == "srun" && strings.HasPrefix(lastLine(stderr.String()), "srun:")):
+		// ssh exits 255 when it cannot reach the host; srun has no status
+		// of its own for that, but its messages start with "srun:".
+		return &sshError{cmp.Or(lastLine(stderr.String()), fmt.Sprintf("%s failed with exit status %d", via, code))}
 	case !answered && ctx.Err() != nil:
 		return &sshError{"no answer: " + context.Cause(ctx).Error()}
+	case answered && isUnsafe:
+		return &unsafeDirError{unsafe}
 	case err != nil || sendErr != nil:
-		msg := cmpStr(lastLine(stderr.String()), fmt.Sprint(cmpErr2(sendErr, err)))
+		msg := cmp.Or(lastLine(stderr.String()), fmt.Sprint(cmp.Or(sendErr, err)))
 		return fmt.Errorf("could not install the agent (this gorun's binary) on %s: %s", host, msg)
 	}
 	return nil
@@ -554,22 +563,6 @@ func cmpErr(err error, m message) error {
 	return errors.New("unexpected answer from the agent")
 }
 
-func cmpErr2(errs ...error) error {
-	for _, e := range errs {
-		if e != nil {
-			return e
-		}
-	}
-	return nil
-}
-
-func cmpStr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
-}
-
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	for i := len(lines) - 1; i >= 0; i-- {
@@ -578,13 +571,4 @@ func lastLine(s string) string {
 		}
 	}
 	return ""
-}
-
-func shquote(s string) string {
-	if s != "" && !strings.ContainsFunc(s, func(r rune) bool {
-		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:=@%+,", r))
-	}) {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

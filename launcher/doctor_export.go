@@ -1,0 +1,40 @@
+package launcher
+
+import (
+	"fmt"
+	"net"
+)
+
+// What gorun doctor (internal/doctor) shares with the launcher: it reaches
+// the hosts exactly as a job's remote ranks are reached, ssh or srun, with
+// the same flags and quoting.
+
+// Args are the arguments of Client that run a shell command line, given
+// as one more argument, on host: ssh's, or srun's when s.Srun is set.
+func (s SSH) Args(host string) []string { return s.args(host) }
+
+// CheckArgs are Args for a short session that must say why it cannot
+// start: under srun, srun's errors are kept and the step gives up when the
+// allocation cannot start it within ConnectTimeout; with ssh, Args.
+func (s SSH) CheckArgs(host string) []string { return s.checkArgs(host) }
+
+// Client is the program Args are for: ssh (or s.Command), or srun.
+func (s SSH) Client() string { return s.command() }
+
+// Via names how remote hosts are reached, "ssh" or "srun", for messages.
+func (s SSH) Via() string { return s.via() }
+
+// ShellQuote quotes s for a POSIX shell, leaving plain words as they are.
+func ShellQuote(s string) string { return shquote(s) }
+
+// RouteSource is the address of this host that the kernel's route to ip
+// starts from: the address a host at ip reaches this one at. No packet is
+// sent (a UDP socket is only connected).
+func RouteSource(ip string) (string, error) {
+	c, err := net.Dial("udp", net.JoinHostPort(ip, "9"))
+	if err != nil {
+		return "", fmt.Errorf("no route to %s: %v", ip, err)
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
+}
