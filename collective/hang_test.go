@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -40,42 +42,55 @@ func spinInUserCode(stop *atomic.Bool) (n int) {
 	return n
 }
 
-// Without a launcher (the rendezvous runs in a rank's process), the rank
-// that waits past the stall threshold prints the hang diagnosis in its
-// stall warning and writes every rank's flight recorder to
-// $GORUN_HANG_DIR: here rank 1 spins in user code instead of making its
-// second call, and the diagnosis names it, its last call and the function.
+// Without a launcher (the rendezvous runs in a rank's process), the ranks
+// that wait past the stall threshold print their stall warning at once,
+// then the hang diagnosis on lines of their own: the rank that asked first
+// prints it, the other says who did and where the dump is. The rendezvous
+// wrote every rank's flight recorder to $GORUN_HANG_DIR. Here rank 1 spins
+// in user code instead of making its second call, and the diagnosis names
+// it, its last call and the function.
 func TestHangDiagnosisWithoutLauncher(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv(p2p.EnvHangDir, dir)
-	warnings := make(chan string, 16)
+	var (
+		mu    sync.Mutex
+		lines []string // the stall warnings and diagnosis lines, in order
+	)
+	// Both waiting ranks have said what they had to: one the diagnosis
+	// and the dump, the other where they are.
+	done := func() bool {
+		full, dump, pointer := false, false, false
+		for _, l := range lines {
+			full = full || strings.HasPrefix(l, "gorun: hang diagnosis: ")
+			dump = dump || strings.HasPrefix(l, "gorun: every rank's flight recorder")
+			pointer = pointer || strings.Contains(l, "hang diagnosis of call #2: rank")
+		}
+		return full && dump && pointer
+	}
+	allSaid := make(chan struct{})
+	var said sync.Once
 	logf := func(format string, args ...any) {
 		msg := fmt.Sprintf(format, args...)
-		if strings.Contains(msg, "stall warning") {
-			select {
-			case warnings <- msg:
-			default:
+		if strings.HasPrefix(msg, "gorun: ") && (strings.Contains(msg, "stall warning") || strings.Contains(msg, "hang diagnosis") || strings.Contains(msg, "flight recorder")) {
+			mu.Lock()
+			lines = append(lines, msg)
+			if done() {
+				said.Do(func() { close(allSaid) })
 			}
+			mu.Unlock()
 		}
 		t.Log(msg)
 	}
 	comms := newJob(t, 3, WithStallThreshold(time.Second), WithTimeout(2*time.Minute), WithLogger(logf))
 	ctx := context.Background()
 	var stop atomic.Bool
-	diagnosed := make(chan string, 1)
 	go func() { // ends the spin once the diagnosis is out, or after a bound
+		// Blocked, not polling: a busy goroutine of this file would be
+		// the user code the diagnosis names.
 		defer stop.Store(true)
-		deadline := time.After(time.Minute)
-		for {
-			select {
-			case w := <-warnings:
-				if strings.Contains(w, "hang diagnosis") {
-					diagnosed <- w
-					return
-				}
-			case <-deadline:
-				return
-			}
+		select {
+		case <-allSaid:
+		case <-time.After(time.Minute):
 		}
 	}()
 	mustAll(t, onEach(comms, func(c *Comm) error {
@@ -87,27 +102,57 @@ func TestHangDiagnosisWithoutLauncher(t *testing.T) {
 		}
 		return c.Allreduce(ctx, make([]float32, 8), Sum, Name("layer2.w"))
 	}))
-	var w string
-	select {
-	case w = <-diagnosed:
-	default:
-		t.Fatal("no stall warning with a hang diagnosis within a minute")
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("said:\n%s", strings.Join(lines, "\n"))
+	if !done() {
+		t.Fatal("no hang diagnosis from both waiting ranks within a minute")
 	}
-	t.Logf("warning: %s", w)
-	want := regexp.MustCompile(`hang diagnosis: rank [02] waits in allreduce #2 "layer2.w" for rank 1; rank 1's last call was #1 and it is in user code: .*collective\.spinInUserCode at collective/hang_test\.go:\d+ \(goroutine \d+, (running|runnable)\)`)
-	if !want.MatchString(w) {
-		t.Fatalf("the warning does not name rank 1, its last call and spinInUserCode:\n%s", w)
+	var full, dumpLine, pointer []string
+	firstWarning, firstDiagnosis := -1, -1
+	for i, l := range lines {
+		switch {
+		case strings.Contains(l, "stall warning"):
+			if strings.Contains(l, "hang diagnosis") {
+				t.Errorf("a stall warning waits for the diagnosis: %s", l)
+			}
+			if !strings.Contains(l, "ranks that have not entered it yet: rank 1 (last entered #1)") {
+				t.Errorf("the warning lost its list of ranks that have not entered the call:\n%s", l)
+			}
+			if firstWarning < 0 {
+				firstWarning = i
+			}
+		case strings.HasPrefix(l, "gorun: hang diagnosis: "):
+			full = append(full, l)
+			firstDiagnosis = i
+		case strings.HasPrefix(l, "gorun: every rank's flight recorder"):
+			dumpLine = append(dumpLine, l)
+		case strings.Contains(l, "hang diagnosis of call #2: rank"):
+			pointer = append(pointer, l)
+		}
 	}
-	if !strings.Contains(w, "ranks that have not entered it yet: rank 1 (last entered #1)") {
-		t.Errorf("the warning lost its list of ranks that have not entered the call:\n%s", w)
+	if len(full) != 1 || len(dumpLine) != 1 || len(pointer) != 1 {
+		t.Fatalf("%d diagnoses, %d dump lines, %d pointers to them; want 1 each (one per job, not per rank)", len(full), len(dumpLine), len(pointer))
 	}
-	m := regexp.MustCompile(`every rank's flight recorder is in (\S+\.json)`).FindStringSubmatch(w)
-	if m == nil {
-		t.Fatalf("the warning names no dump file:\n%s", w)
+	if firstWarning < 0 || firstWarning > firstDiagnosis {
+		t.Errorf("the first stall warning (line %d) does not come before the diagnosis (line %d)", firstWarning, firstDiagnosis)
+	}
+	want := regexp.MustCompile(`^gorun: hang diagnosis: rank [02] waits in allreduce #2 "layer2.w" for rank 1; rank 1's last call was #1 and it is in user code: .*collective\.spinInUserCode at collective/hang_test\.go:\d+ \(goroutine \d+, (running|runnable)\)$`)
+	if !want.MatchString(full[0]) {
+		t.Fatalf("the diagnosis does not name rank 1, its last call and spinInUserCode:\n%s", full[0])
+	}
+	host, _ := os.Hostname()
+	m := regexp.MustCompile(`is in (\S+\.json) on host (\S+)$`).FindStringSubmatch(dumpLine[0])
+	if m == nil || m[2] != host || filepath.Dir(m[1]) != dir {
+		t.Fatalf("the dump line names no dump in %s on host %s:\n%s", dir, host, dumpLine[0])
 	}
 	rep := readHangReport(t, m[1])
-	if rep.Culprit != 1 || rep.Seq != 2 || len(rep.Ranks) != 3 {
-		t.Fatalf("dump: culprit %d, seq %d, %d ranks; want 1, 2, 3", rep.Culprit, rep.Seq, len(rep.Ranks))
+	if rep.Culprit != 1 || rep.Seq != 2 || len(rep.Ranks) != 3 || (rep.Requester != 0 && rep.Requester != 2) {
+		t.Fatalf("dump: culprit %d, seq %d, %d ranks, requester %d; want 1, 2, 3, rank 0 or 2", rep.Culprit, rep.Seq, len(rep.Ranks), rep.Requester)
+	}
+	other := 2 - rep.Requester
+	if wantPointer := fmt.Sprintf("gorun: rank %d: hang diagnosis of call #2: rank %d printed it; every rank's flight recorder is in %s on host %s", other, rep.Requester, m[1], host); pointer[0] != wantPointer {
+		t.Errorf("pointer line:\n%s\nwant:\n%s", pointer[0], wantPointer)
 	}
 	for r, s := range rep.Ranks {
 		if s.Rank != r || len(s.Recent) != 1 || s.Recent[0].Seq != 1 || s.Recent[0].Name != "layer1.w" || s.Recent[0].Kind != "allreduce" {
@@ -117,8 +162,8 @@ func TestHangDiagnosisWithoutLauncher(t *testing.T) {
 			t.Errorf("dump: rank %d current call %+v", r, s.Current)
 		}
 	}
-	if entries, _ := os.ReadDir(dir); len(entries) == 0 {
-		t.Error("no dump in GORUN_HANG_DIR")
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("%d files in GORUN_HANG_DIR, want the one dump", len(entries))
 	}
 }
 

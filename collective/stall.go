@@ -24,8 +24,11 @@ const DefaultStallThreshold = 60 * time.Second
 // watchStall arms the stall warning for h, which started running at start,
 // and returns the function that disarms it. The warning repeats every
 // threshold while the call waits; it never ends the call (the timeout does).
-// It also records the call's start in the flight recorder (traceCall
-// records its end).
+// The first warning of the call is followed by the hang diagnosis, on
+// lines of its own (hangDiagnosis): the warning goes out at once, the
+// diagnosis when the rendezvous has gathered every rank's state, seconds
+// later. It also records the call's start in the flight recorder
+// (traceCall records its end).
 func (c *Comm) watchStall(h *Handle, start time.Time) func() {
 	if f := c.flight(); f != nil {
 		f.begin(h.call, start)
@@ -47,21 +50,20 @@ func (c *Comm) watchStall(h *Handle, start time.Time) func() {
 		default:
 		}
 		c.stats.stalls.Add(1)
-		msg := c.stallMessage(h, start)
+		c.warnf("%s", c.stallMessage(h, start))
+		c.trace().instant(h.rank(), laneCollectives, "stall warning", map[string]any{"seq": h.call.Seq, "call": h.call.String()})
 		mu.Lock()
 		diagnose := first
 		first = false
+		t.Reset(d) // the repeats do not wait for the diagnosis
 		mu.Unlock()
 		if diagnose {
 			// One diagnosis per stalled call: the repeats only say how
 			// long it has waited.
-			msg += c.hangDiagnosis(h)
+			for _, line := range c.hangDiagnosis(h) {
+				c.warnf("%s", line)
+			}
 		}
-		c.warnf("%s", msg)
-		c.trace().instant(h.rank(), laneCollectives, "stall warning", map[string]any{"seq": h.call.Seq, "call": h.call.String()})
-		mu.Lock()
-		t.Reset(d)
-		mu.Unlock()
 	}
 	mu.Lock()
 	t = time.AfterFunc(d, warn)
@@ -97,40 +99,76 @@ func (c *Comm) stallMessage(h *Handle, start time.Time) string {
 
 // hangDiagnosis asks the rendezvous to gather every rank's state (the call
 // it is in, its flight recorder, the peer it waits for, its stack) and
-// returns what the stall warning adds: where the launcher's diagnosis
-// went, or, with no launcher, the diagnosis itself and the dump this rank
-// wrote (to $GORUN_HANG_DIR, or os.TempDir()).
-func (c *Comm) hangDiagnosis(h *Handle) string {
+// returns the lines to print after the stall warning:
+//   - under a launcher, which printed the diagnosis: where it went;
+//   - without one, on the rank that asked first: the diagnosis, the named
+//     rank's stack and where every rank's state went (the rendezvous, in
+//     rank 0's process, wrote it);
+//   - on the other ranks: one line saying who printed it and where the
+//     states went, so that a big job prints and writes it once.
+func (c *Comm) hangDiagnosis(h *Handle) []string {
 	if c.node == nil {
-		return ""
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(c.life, hangDiagnosisTimeout)
+	rank, seq := h.rank(), h.call.Seq
+	ctx, cancel := context.WithTimeout(c.life, hangAskTimeout)
 	defer cancel()
-	rep, err := c.node.DiagnoseHang(ctx, h.call.Seq)
+	rep, err := c.node.DiagnoseHang(ctx, seq)
 	if err != nil {
-		return fmt.Sprintf("; no hang diagnosis: %v", err)
+		return []string{fmt.Sprintf("gorun: rank %d: no hang diagnosis of call #%d: %v", rank, seq, err)}
 	}
 	if rep.Ended {
-		return "; " + rep.Diagnosis
+		return []string{fmt.Sprintf("gorun: rank %d: no hang diagnosis of call #%d: %s", rank, seq, rep.Diagnosis)}
+	}
+	where := ""
+	if rep.Dump != "" {
+		where = fmt.Sprintf("%s on host %s", rep.Dump, rep.DumpHost)
 	}
 	if rep.Printed {
-		msg := "; the launcher printed a hang diagnosis"
-		if rep.Dump != "" {
-			msg += " and wrote every rank's flight recorder to " + rep.Dump + " on its host"
+		msg := fmt.Sprintf("gorun: rank %d: the launcher printed a hang diagnosis of call #%d", rank, seq)
+		if where != "" {
+			msg += " and wrote every rank's flight recorder to " + where
 		}
-		return msg
+		return []string{msg}
 	}
-	msg := "; hang diagnosis: " + rep.Diagnosis
-	path, err := p2p.WriteHangReport("", rep, fmt.Sprintf("-rank%d", h.rank()))
-	if err != nil {
-		return msg + fmt.Sprintf("; %v", err)
+	if !rep.First {
+		msg := fmt.Sprintf("gorun: rank %d: hang diagnosis of call #%d: rank %d printed it", rank, seq, rep.Requester)
+		if where != "" {
+			msg += "; every rank's flight recorder is in " + where
+		}
+		return []string{msg}
 	}
-	return msg + "; every rank's flight recorder is in " + path
+	lines := []string{"gorun: hang diagnosis: " + rep.Diagnosis}
+	for _, l := range rep.CulpritStack(hangStackFrames) {
+		lines = append(lines, "gorun:   "+l)
+	}
+	switch {
+	case where != "":
+		lines = append(lines, "gorun: every rank's flight recorder (its current call, its last calls and its stack) is in "+where)
+	case rep.Stripped:
+		// The states did not fit in the answer: this rank has only the
+		// diagnosis, nothing to write.
+		lines = append(lines, fmt.Sprintf("gorun: the ranks' flight recorders were not written: the rendezvous could not (%s), and they are too big to send to rank %d", rep.DumpErr, rank))
+	default:
+		// The rendezvous could not write them; this rank has them all.
+		path, err := p2p.WriteHangReport("", rep, fmt.Sprintf("-rank%d", rank))
+		if err != nil {
+			lines = append(lines, fmt.Sprintf("gorun: the ranks' flight recorders were not written: by the rendezvous: %s; by rank %d: %v", rep.DumpErr, rank, err))
+		} else {
+			lines = append(lines, fmt.Sprintf("gorun: every rank's flight recorder (its current call, its last calls and its stack) is in %s (written by rank %d: the rendezvous could not: %s)", path, rank, rep.DumpErr))
+		}
+	}
+	return lines
 }
 
-// hangDiagnosisTimeout bounds a hang diagnosis: the rendezvous waits a few
-// seconds for the ranks' answers, then sends it.
-const hangDiagnosisTimeout = 15 * time.Second
+// hangAskTimeout bounds how long a stalled rank waits for the hang report:
+// the rendezvous waits up to a few seconds for the ranks' states
+// (p2p's stateAnswerTimeout), then writes the dump and answers.
+const hangAskTimeout = 15 * time.Second
+
+// hangStackFrames is how much of the named rank's stack the diagnosis
+// shows (the dump has the rest).
+const hangStackFrames = 8
 
 type rankProgress struct {
 	rank int

@@ -10,10 +10,16 @@ import (
 // gathers them: p2p/diagnose.go) and writes each one's report, every rank's
 // flight recorder and stack, to $GORUN_HANG_DIR or os.TempDir().
 type hangLog struct {
-	mu       sync.Mutex
-	logf     func(format string, args ...any)
-	last     string // the last diagnosis printed
-	lastDump string // and where its report went
+	mu      sync.Mutex
+	logf    func(format string, args ...any)
+	printed map[hangCall]string // the calls diagnosed, and where each report went
+}
+
+// hangCall is a diagnosed call and the rank its diagnosis names.
+type hangCall struct {
+	epoch   int
+	seq     uint64
+	culprit int
 }
 
 // culpritFrames is how much of the named rank's stack gorun prints under
@@ -21,13 +27,16 @@ type hangLog struct {
 const culpritFrames = 8
 
 // report prints rep and writes it to a file; it returns the file's path.
-// Every rank that waits in the stalled call asks for a diagnosis: the same
-// diagnosis again is not printed nor written twice.
+// The rendezvous gathers one report per stalled call however many ranks
+// ask; should it gather a call again (its kept reports are few), a
+// diagnosis naming the same rank for the same call is not printed nor
+// written twice. The text is no key: it holds durations, which differ.
 func (h *hangLog) report(rep *p2p.HangReport) string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if rep.Diagnosis == h.last {
-		return h.lastDump
+	key := hangCall{rep.Epoch, rep.Seq, rep.Culprit}
+	if path, ok := h.printed[key]; ok {
+		return path
 	}
 	h.logf("hang diagnosis: %s", rep.Diagnosis)
 	for _, l := range rep.CulpritStack(culpritFrames) {
@@ -39,6 +48,9 @@ func (h *hangLog) report(rep *p2p.HangReport) string {
 	} else {
 		h.logf("every rank's flight recorder (its current call, its last calls and its stack) is in %s", path)
 	}
-	h.last, h.lastDump = rep.Diagnosis, path
+	if h.printed == nil {
+		h.printed = map[hangCall]string{}
+	}
+	h.printed[key] = path
 	return path
 }

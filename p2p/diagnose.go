@@ -27,32 +27,54 @@ import (
 // loop for) like any other. A rank's state (RankState) is the call it is in
 // and the last calls it finished (the collective layer's flight recorder,
 // see SetCallReporter), the peers its blocked transfers wait for (recorded
-// by the transport where a receive or send blocks), and the goroutine
+// by the transport: on a shm link only once a transfer parks, so that its
+// fast path pays nothing; on a socket for the transfer's duration, next
+// to system calls that cost far more), and the goroutine
 // stacks that matter: the one running the collective, or the user's. The
 // rendezvous puts them into a HangReport whose Diagnosis names the rank the
 // waiting is stuck on and what it does, hands it to its OnHang (the
-// launcher prints it and writes the dump) and sends it back to the ranks
-// that asked (without a launcher, they print it and write the dump).
+// launcher prints it and writes the dump) or, without one, writes the dump
+// itself (it is the one process that has every rank's state), and sends it
+// back to the ranks that asked. Without a launcher, the rank that asked
+// first (HangReport.First) prints the diagnosis; the others print where
+// it went.
+//
+// One hang, one gathering: every rank that waits in the stalled call asks,
+// at about the same time or seconds apart (each rank's stall threshold
+// runs from its own start of the call). Asks for a call (epoch, Seq)
+// whose states are being gathered join that gathering; asks for a call
+// already diagnosed get the kept report, with no new gathering (which
+// would take every rank's goroutine stacks again, and print the diagnosis
+// again). A call whose stall had ended when it was gathered is not kept.
 //
 // The messages (wire.go):
 //   - rank -> rendezvous: hangask, Seq the stalled call;
-//   - rendezvous -> every rank: stateq: send your state;
+//   - rendezvous -> every rank: stateq, Text the gathering's id: send your
+//     state;
 //   - rank -> rendezvous: state, with Seq its progress and Text its
-//     RankState as JSON;
-//   - rendezvous -> the ranks that asked: hang, with Text the HangReport as
-//     JSON.
+//     RankState and the gathering's id as JSON (stateAnswer);
+//   - rendezvous -> the ranks that asked: hang, with Rank the rank it goes
+//     to and Text the HangReport as JSON.
 
-// EnvHangDir names the directory hang diagnoses are written to (by gorun,
-// or by the stalled rank when no launcher hosts the rendezvous); unset:
+// EnvHangDir names the directory hang diagnoses are written to (by gorun;
+// without it, by the process that hosts the rendezvous, rank 0's, or, if
+// that fails, by the rank that asked first); unset:
 // the system's temporary directory (os.TempDir), as PyTorch's NCCL flight
 // recorder does: a job's working directory is often a shared file system
 // that a dump per stall should not litter.
 const EnvHangDir = "GORUN_HANG_DIR"
 
-// hangAnswerTimeout bounds how long the rendezvous waits for the ranks'
+// stateAnswerTimeout bounds how long the rendezvous waits for the ranks'
 // states: a rank that does not answer within it is stopped or cut off,
-// which the diagnosis says.
-const hangAnswerTimeout = 5 * time.Second
+// which the diagnosis says. (A stalled rank waits for the report itself
+// longer: collective's hangAskTimeout.)
+const stateAnswerTimeout = 5 * time.Second
+
+// keptHangReports is how many diagnosed calls the rendezvous keeps the
+// report of, to answer later asks for the same call: a job stalls in one
+// call at a time, but ranks stuck in an earlier call than the others ask
+// about that one.
+const keptHangReports = 8
 
 // Limits that keep a rank's answer small (it travels on the control
 // stream, whose frames are at most maxFrame).
@@ -136,10 +158,12 @@ type RankState struct {
 }
 
 // HangReport is one hang diagnosis: every rank's state when a rank
-// (Requester) waited past the stall threshold in call Seq.
+// (Requester, the first to ask) waited past the stall threshold in call
+// Seq (of membership epoch Epoch, in an elastic job).
 type HangReport struct {
 	Time      time.Time `json:"time"`
 	Requester int       `json:"requester"`
+	Epoch     int       `json:"epoch,omitempty"`
 	Seq       uint64    `json:"seq"`
 	// Diagnosis is one line naming the rank the waiting is stuck on and
 	// what it does, e.g. `rank 2 waits in allreduce #17 "layer3.w" for
@@ -148,14 +172,40 @@ type HangReport struct {
 	Diagnosis string      `json:"diagnosis"`
 	Culprit   int         `json:"culprit"` // the rank it names; -1: none
 	Ranks     []RankState `json:"ranks"`
-	// Dump is where the launcher (RendezvousConfig.OnHang) wrote the
-	// report; "" if no launcher did.
-	Dump string `json:"dump,omitempty"`
+	// Dump is where the report, with every rank's state, was written:
+	// by the launcher (RendezvousConfig.OnHang) or, without one, by the
+	// process that hosts the rendezvous, on host DumpHost. "" if nowhere:
+	// DumpErr says why, if it was tried.
+	Dump     string `json:"dump,omitempty"`
+	DumpHost string `json:"dump_host,omitempty"`
+	DumpErr  string `json:"dump_error,omitempty"`
 	// Printed: the launcher printed the diagnosis.
 	Printed bool `json:"printed,omitempty"`
 	// Ended: the rank that asked was no longer in call Seq when the
 	// states were gathered (the stall ended): nothing was diagnosed.
 	Ended bool `json:"ended,omitempty"`
+	// Stripped: Ranks was left out of the answer to the ranks that asked,
+	// to fit one control frame (a big job); the dump, if any, has them.
+	Stripped bool `json:"stripped,omitempty"`
+	// First, set by DiagnoseHang (not sent): this rank is Requester, the
+	// first to ask about the call, so it is the one to print the
+	// diagnosis when no launcher did.
+	First bool `json:"-"`
+}
+
+// stateAnswer is a rank's answer to a gathering's stateq: its state and
+// the gathering it answers (a late answer to an earlier gathering must
+// not count for a later one).
+type stateAnswer struct {
+	RankState
+	Gathering uint64 `json:"gathering"`
+}
+
+// hangAnswer is a report as it reached this rank: the rank the
+// rendezvous sent it to, to tell whether this rank asked first.
+type hangAnswer struct {
+	rep *HangReport
+	to  int
 }
 
 // SetCallReporter makes this rank's answers to a hang diagnosis carry the
@@ -164,7 +214,8 @@ func (n *Node) SetCallReporter(f CallReporter) { n.callReporter.Store(&f) }
 
 // DiagnoseHang asks the rendezvous to gather every rank's state because
 // this rank has waited past the stall threshold in call seq, and returns
-// the report. Bounded by ctx.
+// the report, with First set if this rank was the first to ask about the
+// call. Bounded by ctx.
 func (n *Node) DiagnoseHang(ctx context.Context, seq uint64) (*HangReport, error) {
 	n.diagMu.Lock()
 	defer n.diagMu.Unlock()
@@ -178,35 +229,54 @@ func (n *Node) DiagnoseHang(ctx context.Context, seq uint64) (*HangReport, error
 	if err := n.sendCtl(&msg{T: tHangAsk, Rank: max(n.rank(), 0), Seq: seq}); err != nil {
 		return nil, fmt.Errorf("p2p: hang diagnosis: %w", err)
 	}
-	select {
-	case rep := <-n.diagAnswer:
-		return rep, nil
-	case <-ctx.Done():
-		return nil, fmt.Errorf("p2p: hang diagnosis: no answer from the rendezvous: %w", context.Cause(ctx))
-	case <-n.ctlDead:
-		return nil, errors.New("p2p: hang diagnosis: the control path to the rendezvous is closed")
+	for {
+		select {
+		case a := <-n.diagAnswer:
+			if a.rep.Seq != seq {
+				// A late answer to an earlier request, abandoned at its
+				// deadline: not this call's.
+				continue
+			}
+			a.rep.First = a.rep.Requester == a.to
+			return a.rep, nil
+		case <-ctx.Done():
+			return nil, fmt.Errorf("p2p: hang diagnosis: no answer from the rendezvous: %w", context.Cause(ctx))
+		case <-n.ctlDead:
+			return nil, errors.New("p2p: hang diagnosis: the control path to the rendezvous is closed")
+		}
 	}
 }
 
-// hangReportArrived hands the rendezvous' report to DiagnoseHang.
-func (n *Node) hangReportArrived(text string) {
+// hangReportArrived hands the rendezvous' report, sent to rank to, to
+// DiagnoseHang. The newest report wins: one left unread in the channel is
+// an answer nobody waits for any more.
+func (n *Node) hangReportArrived(text string, to int) {
 	var rep HangReport
 	if err := json.Unmarshal([]byte(text), &rep); err != nil {
 		n.logf("bad hang diagnosis from the rendezvous: %v", err)
 		return
 	}
-	select {
-	case n.diagAnswer <- &rep:
-	default:
+	a := hangAnswer{rep: &rep, to: to}
+	for {
+		select {
+		case n.diagAnswer <- a:
+			return
+		default:
+		}
+		select { // only this goroutine (the control reader) sends
+		case <-n.diagAnswer:
+		default:
+		}
 	}
 }
 
-// answerHang sends this rank's state to the rendezvous. It runs on a
-// goroutine of its own: the control reader goes on reading meanwhile.
-func (n *Node) answerHang() {
+// answerHang sends this rank's state to the rendezvous for the gathering
+// whose id is gathering (the stateq's Text). It runs on a goroutine of its
+// own: the control reader goes on reading meanwhile.
+func (n *Node) answerHang(gathering string) {
 	defer n.wg.Done()
-	st := n.State()
-	b, err := json.Marshal(st)
+	id, _ := strconv.ParseUint(gathering, 10, 64)
+	b, err := json.Marshal(stateAnswer{RankState: n.State(), Gathering: id})
 	if err != nil {
 		n.logf("hang diagnosis: encoding this rank's state: %v", err)
 		return
@@ -246,7 +316,7 @@ func (n *Node) pendingWaits() []PeerWait {
 			if l == nil {
 				continue
 			}
-			if since := l.blockedSince.Load(); since != 0 {
+			if since := l.waitSince(); since != 0 {
 				w = append(w, PeerWait{Peer: r, Op: dir.op, Since: time.Unix(0, since)})
 			}
 		}
@@ -555,8 +625,8 @@ func (r *HangReport) CulpritStack(max int) []string {
 }
 
 // WriteHangReport writes rep as JSON to dir (""=$GORUN_HANG_DIR, or
-// os.TempDir()) in a file named gorun-hang-<time><suffix>.json, and returns
-// its absolute path.
+// os.TempDir()) in a file named gorun-hang-<time><suffix>.json, readable
+// by its owner only, and returns its absolute path.
 func WriteHangReport(dir string, rep *HangReport, suffix string) (string, error) {
 	if dir == "" {
 		dir = os.Getenv(EnvHangDir)
@@ -575,7 +645,7 @@ func WriteHangReport(dir string, rep *HangReport, suffix string) (string, error)
 			name = fmt.Sprintf("%s-%d.json", base, i)
 		}
 		path := filepath.Join(dir, name)
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600) // host names, PIDs, tensor names: the user's only
 		if errors.Is(err, os.ErrExist) && i < 100 {
 			continue
 		}
@@ -596,11 +666,26 @@ func WriteHangReport(dir string, rep *HangReport, suffix string) (string, error)
 	}
 }
 
-// hangGather is a diagnosis the rendezvous is gathering. Requests that
-// come while it runs (every rank that waits in the stalled call asks at
-// about the same time) get its report too.
+// hangKey names a call in a job: its epoch (0 unless elastic) and
+// sequence number, which restarts at every epoch.
+type hangKey struct {
+	epoch int
+	seq   uint64
+}
+
+// keptHang is the answer the rendezvous sent for a diagnosed call, kept
+// for the ranks that ask about it later.
+type keptHang struct {
+	key  hangKey
+	text string // the HangReport as sent, JSON
+}
+
+// hangGather is a diagnosis the rendezvous is gathering. Requests for the
+// same call that come while it runs (every rank that waits in the stalled
+// call asks at about the same time) get its report too.
 type hangGather struct {
-	seq        uint64
+	id         uint64 // in stateq and the states, to match the answers
+	key        hangKey
 	requester  int
 	askers     []*rzConn
 	want       map[*rzConn]bool
@@ -608,19 +693,42 @@ type hangGather struct {
 	allAnswers chan struct{} // closed when every rank answered
 }
 
-// hangAsked handles c's request for a hang diagnosis of call seq.
+// hangKeyLocked names call seq of the current epoch. r.mu is held.
+func (r *Rendezvous) hangKeyLocked(seq uint64) hangKey {
+	if r.cfg.Elastic != nil {
+		return hangKey{epoch: r.el.epoch, seq: seq}
+	}
+	return hangKey{seq: seq}
+}
+
+// hangAsked handles c's request for a hang diagnosis of call seq: it joins
+// the gathering for that call, is answered with its kept report, or
+// starts a gathering.
 func (r *Rendezvous) hangAsked(c *rzConn, seq uint64) {
 	r.mu.Lock()
-	if g := r.hang; g != nil {
-		g.askers = append(g.askers, c)
-		r.mu.Unlock()
-		return
-	}
 	if r.closed || !r.tableSent {
 		r.mu.Unlock()
 		return
 	}
-	g := &hangGather{seq: seq, requester: c.rank, askers: []*rzConn{c}, want: map[*rzConn]bool{},
+	key := r.hangKeyLocked(seq)
+	if g := r.hangs[key]; g != nil {
+		g.askers = append(g.askers, c)
+		r.mu.Unlock()
+		return
+	}
+	for _, k := range r.hangKept {
+		if k.key == key {
+			r.wg.Add(1) // under mu and !closed: never races with Close's Wait
+			r.mu.Unlock()
+			go func() {
+				defer r.wg.Done()
+				r.sendHang(c, k.text)
+			}()
+			return
+		}
+	}
+	r.hangIDs++
+	g := &hangGather{id: r.hangIDs, key: key, requester: c.rank, askers: []*rzConn{c}, want: map[*rzConn]bool{},
 		answers: map[*rzConn]*RankState{}, allAnswers: make(chan struct{})}
 	var conns []*rzConn
 	for _, o := range r.connsLocked() {
@@ -630,26 +738,35 @@ func (r *Rendezvous) hangAsked(c *rzConn, seq uint64) {
 		conns = append(conns, o)
 		g.want[o] = true
 	}
-	r.hang = g
+	if r.hangs == nil {
+		r.hangs = map[hangKey]*hangGather{}
+	}
+	r.hangs[key] = g
 	r.wg.Add(1) // under mu and !closed: never races with Close's Wait
 	r.mu.Unlock()
 	r.cfg.Logf("rendezvous: rank %d waits past the stall threshold in call #%d; asking every rank for its state", c.rank, seq)
 	go r.gatherHang(g, conns)
 }
 
-// hangAnswered records c's state for the diagnosis being gathered.
+// hangAnswered records c's state for the gathering it answers.
 func (r *Rendezvous) hangAnswered(c *rzConn, text string) {
-	var st RankState
-	if err := json.Unmarshal([]byte(text), &st); err != nil {
+	var ans stateAnswer
+	if err := json.Unmarshal([]byte(text), &ans); err != nil {
 		r.cfg.Logf("rendezvous: rank %d sent a bad state for the hang diagnosis: %v", r.rankOf(c), err)
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	g := r.hang
+	var g *hangGather
+	for _, o := range r.hangs {
+		if o.id == ans.Gathering {
+			g = o
+		}
+	}
 	if g == nil || !g.want[c] || g.answers[c] != nil {
 		return // late: the diagnosis went out without it
 	}
+	st := ans.RankState
 	st.Rank = c.rank // the rank this stream registered as, whatever it says
 	g.answers[c] = &st
 	if len(g.answers) == len(g.want) {
@@ -658,10 +775,11 @@ func (r *Rendezvous) hangAnswered(c *rzConn, text string) {
 }
 
 // gatherHang asks conns for their state, waits (bounded) for the answers,
-// diagnoses, tells OnHang and answers everyone who asked.
+// diagnoses, has the report printed and written (by OnHang, or here),
+// keeps it for later asks and answers everyone who asked.
 func (r *Rendezvous) gatherHang(g *hangGather, conns []*rzConn) {
 	defer r.wg.Done()
-	ask := &msg{T: tStateAsk, Seq: g.seq}
+	ask := &msg{T: tStateAsk, Seq: g.key.seq, Text: strconv.FormatUint(g.id, 10)}
 	var sends sync.WaitGroup
 	defer sends.Wait()
 	for _, c := range conns {
@@ -675,7 +793,7 @@ func (r *Rendezvous) gatherHang(g *hangGather, conns []*rzConn) {
 	}
 	// Below the heartbeat bound, so that a stopped rank is named as not
 	// answering before the heartbeat aborts the job for it.
-	bound := min(hangAnswerTimeout, r.hb/2)
+	bound := min(stateAnswerTimeout, r.hb/2)
 	t := time.NewTimer(bound)
 	select {
 	case <-g.allAnswers:
@@ -683,7 +801,7 @@ func (r *Rendezvous) gatherHang(g *hangGather, conns []*rzConn) {
 	case <-r.closeCh:
 	}
 	t.Stop()
-	rep := &HangReport{Time: time.Now(), Requester: g.requester, Seq: g.seq}
+	rep := &HangReport{Time: time.Now(), Requester: g.requester, Epoch: g.key.epoch, Seq: g.key.seq}
 	r.mu.Lock()
 	aborted := r.aborted || r.closed
 	for _, c := range conns {
@@ -700,32 +818,59 @@ func (r *Rendezvous) gatherHang(g *hangGather, conns []*rzConn) {
 	if aborted {
 		// The abort's cause is the news; every rank has it.
 		rep.Ended = true
-		rep.Diagnosis = fmt.Sprintf("the job was aborted while the ranks' states were gathered (rank %d had waited in call #%d)", g.requester, g.seq)
+		rep.Diagnosis = fmt.Sprintf("the job was aborted while the ranks' states were gathered (rank %d had waited in call #%d)", g.requester, g.key.seq)
 	}
 	r.cfg.Logf("rendezvous: hang diagnosis: %s", rep.Diagnosis)
-	if !rep.Ended && r.cfg.OnHang != nil {
-		rep.Dump = r.cfg.OnHang(rep)
-		rep.Printed = true
+	if !rep.Ended {
+		if r.cfg.OnHang != nil {
+			rep.Dump = r.cfg.OnHang(rep)
+			rep.Printed = true
+		} else if path, err := WriteHangReport("", rep, ""); err != nil {
+			// This process has every rank's state: the ranks that asked
+			// may only get the diagnosis (Stripped below).
+			rep.DumpErr = err.Error()
+		} else {
+			rep.Dump = path
+		}
+		if rep.Dump != "" {
+			rep.DumpHost, _ = os.Hostname()
+		}
 	}
-	r.mu.Lock()
-	r.hang = nil
-	askers := g.askers
-	r.mu.Unlock()
 	b, err := json.Marshal(rep)
 	if err == nil && len(b) > maxFrame/2 {
 		// Too big for one control frame: the diagnosis without the states
-		// (the launcher's dump, if any, has them).
+		// (the dump, if any, has them).
 		small := *rep
-		small.Ranks = nil
+		small.Ranks, small.Stripped = nil, true
 		b, err = json.Marshal(&small)
 	}
 	if err != nil {
 		r.cfg.Logf("rendezvous: encoding the hang diagnosis: %v", err)
+		b = nil
+	}
+	r.mu.Lock()
+	delete(r.hangs, g.key)
+	if b != nil && !rep.Ended {
+		// Later asks for this call get this report: a stall that had ended
+		// is not kept, the call may stall again.
+		r.hangKept = append(r.hangKept, keptHang{key: g.key, text: string(b)})
+		if len(r.hangKept) > keptHangReports {
+			r.hangKept = slices.Delete(r.hangKept, 0, len(r.hangKept)-keptHangReports)
+		}
+	}
+	askers := g.askers
+	r.mu.Unlock()
+	if b == nil {
 		return
 	}
 	for _, c := range askers {
-		if err := c.send(&msg{T: tHang, Rank: max(r.rankOf(c), 0), Text: string(b)}, r.cfg.Timeout); err != nil {
-			r.cfg.Logf("rendezvous: sending the hang diagnosis to rank %d: %v", r.rankOf(c), err)
-		}
+		r.sendHang(c, string(b))
+	}
+}
+
+// sendHang sends the report text to c, which asked for it.
+func (r *Rendezvous) sendHang(c *rzConn, text string) {
+	if err := c.send(&msg{T: tHang, Rank: max(r.rankOf(c), 0), Text: text}, r.cfg.Timeout); err != nil {
+		r.cfg.Logf("rendezvous: sending the hang diagnosis to rank %d: %v", r.rankOf(c), err)
 	}
 }

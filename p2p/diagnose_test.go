@@ -1,7 +1,13 @@
 package p2p
 
 import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -87,5 +93,221 @@ func TestHangStateFindsUserGoroutines(t *testing.T) {
 	}
 	if found.Role != "user" || found.State != "chan receive" || found.ID <= 1 {
 		t.Errorf("goroutine %+v: want a user goroutine in chan receive", found)
+	}
+}
+
+// fakeCalls is a rank's flight recorder for the rendezvous tests: the call
+// it is in (none: seq 0), and how often a diagnosis asked for it (once per
+// gathering).
+type fakeCalls struct {
+	seq   atomic.Uint64
+	asked atomic.Int32
+	name  string // the call's name ("w" if unset)
+}
+
+func (f *fakeCalls) report() (*CallRecord, []CallRecord) {
+	f.asked.Add(1)
+	if s := f.seq.Load(); s > 0 {
+		return &CallRecord{Seq: s, Kind: "allreduce", Name: cmp.Or(f.name, "w"), Start: time.Now()}, nil
+	}
+	return nil, nil
+}
+
+// hangJob runs 3 ranks with fake flight recorders: ranks 0 and 2 in call
+// #5, rank 1 in none, as if rank 1 skipped it.
+func hangJob(t *testing.T, onHang func(*HangReport) string, callName string) (*job, []*fakeCalls) {
+	t.Helper()
+	j := &job{key: NewJobKey(), log: &logRec{}}
+	o := jobOpts{size: 3, timeout: 10 * time.Second, log: j.log}
+	err := j.launch(t, RendezvousConfig{Size: 3, Timeout: o.timeout, OnHang: onHang}, func(r int) Config { return baseConfig(j, o, r) })
+	t.Cleanup(func() { j.close(t) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := make([]*fakeCalls, 3)
+	for r, n := range j.nodes {
+		calls[r] = &fakeCalls{name: callName}
+		if r != 1 {
+			calls[r].seq.Store(5)
+		}
+		n.SetCallReporter(calls[r].report)
+	}
+	return j, calls
+}
+
+func diagnoseHang(t *testing.T, n *Node, seq uint64) *HangReport {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rep, err := n.DiagnoseHang(ctx, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// One stalled call is diagnosed once: a rank that asks after the
+// gathering ended gets the same report, with no new gathering (no rank
+// is asked for its state again) and no second OnHang; the first asker
+// alone is told it asked first. A stall in another call is diagnosed anew.
+func TestHangDiagnosisOncePerCall(t *testing.T) {
+	var onHang atomic.Int32
+	j, calls := hangJob(t, func(*HangReport) string { onHang.Add(1); return "" }, "")
+	first := diagnoseHang(t, j.nodes[0], 5)
+	if !first.First || first.Requester != 0 || first.Seq != 5 || first.Culprit != 1 || !first.Printed || first.Ended {
+		t.Fatalf("first report: %+v; want rank 0 first, call #5, rank 1 named, printed", first)
+	}
+	again := diagnoseHang(t, j.nodes[2], 5)
+	if again.First || again.Requester != 0 || again.Diagnosis != first.Diagnosis || !again.Time.Equal(first.Time) {
+		t.Errorf("second ask got %+v; want the first report (requester 0, %q at %v), not first", again, first.Diagnosis, first.Time)
+	}
+	if n := onHang.Load(); n != 1 {
+		t.Errorf("OnHang called %d times for one call, want 1", n)
+	}
+	if n := calls[1].asked.Load(); n != 1 {
+		t.Errorf("rank 1 was asked for its state %d times for one call, want 1", n)
+	}
+	for _, c := range calls {
+		c.seq.Store(6)
+	}
+	calls[1].seq.Store(0)
+	next := diagnoseHang(t, j.nodes[2], 6)
+	if !next.First || next.Seq != 6 || next.Requester != 2 || next.Culprit != 1 {
+		t.Errorf("call #6: %+v; want a new report asked first by rank 2", next)
+	}
+	if n := onHang.Load(); n != 2 {
+		t.Errorf("OnHang called %d times for two calls, want 2", n)
+	}
+}
+
+// An answer that does not answer this request (a late one to an earlier
+// request, here arriving while this one waits) is dropped: DiagnoseHang
+// returns the report on the call it asked about.
+func TestHangDiagnosisDropsStaleAnswers(t *testing.T) {
+	var j *job
+	stale, err := json.Marshal(&HangReport{Requester: 0, Seq: 4, Diagnosis: "stale", Culprit: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, _ = hangJob(t, func(*HangReport) string {
+		// Rank 0 waits for the answer on call #5 now: it asked before
+		// the gathering began.
+		j.nodes[0].hangReportArrived(string(stale), 0)
+		return ""
+	}, "")
+	rep := diagnoseHang(t, j.nodes[0], 5)
+	if rep.Seq != 5 || rep.Diagnosis == "stale" || !rep.First {
+		t.Fatalf("got %+v; want the report on call #5", rep)
+	}
+}
+
+// Without a launcher the rendezvous, which has every rank's state, writes
+// the dump (readable by its owner only: it holds host names, PIDs and
+// tensor names) and tells the ranks where; the rank that asked later
+// gets the same dump, and no other is written.
+func TestHangDiagnosisRendezvousWritesDump(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(EnvHangDir, dir)
+	j, _ := hangJob(t, nil, "")
+	rep := diagnoseHang(t, j.nodes[2], 5)
+	host, _ := os.Hostname()
+	if rep.Printed || !rep.First || rep.Dump == "" || filepath.Dir(rep.Dump) != dir || rep.DumpHost != host || rep.Stripped {
+		t.Fatalf("report %+v: want not printed, first, a dump in %s on host %s", rep, dir, host)
+	}
+	fi, err := os.Stat(rep.Dump)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("dump mode %v, want 0600", fi.Mode().Perm())
+	}
+	b, err := os.ReadFile(rep.Dump)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dumped HangReport
+	if err := json.Unmarshal(b, &dumped); err != nil {
+		t.Fatal(err)
+	}
+	if dumped.Culprit != 1 || dumped.Seq != 5 || len(dumped.Ranks) != 3 || dumped.Ranks[0].Current == nil || dumped.Ranks[1].Current != nil {
+		t.Errorf("dump: %+v; want call #5, rank 1 named, every rank's state", dumped)
+	}
+	later := diagnoseHang(t, j.nodes[0], 5)
+	if later.First || later.Dump != rep.Dump {
+		t.Errorf("the later ask got dump %q (first %v), want %q, not first", later.Dump, later.First, rep.Dump)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("%d dumps in %s, want 1", len(entries), dir)
+	}
+}
+
+// A report too big for a control frame (here: long call names; in a big
+// job: many ranks) reaches the ranks without the states, and says so; the
+// rendezvous' dump has them all.
+func TestHangDiagnosisStripsBigReports(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(EnvHangDir, dir)
+	j, _ := hangJob(t, nil, strings.Repeat("n", maxFrame/5))
+	rep := diagnoseHang(t, j.nodes[0], 5)
+	if !rep.Stripped || rep.Ranks != nil || rep.Culprit != 1 || rep.Dump == "" {
+		t.Fatalf("report: stripped %v, %d ranks, culprit %d, dump %q; want stripped, no ranks, culprit 1, a dump", rep.Stripped, len(rep.Ranks), rep.Culprit, rep.Dump)
+	}
+	b, err := os.ReadFile(rep.Dump)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dumped HangReport
+	if err := json.Unmarshal(b, &dumped); err != nil {
+		t.Fatal(err)
+	}
+	if len(dumped.Ranks) != 3 || dumped.Stripped || dumped.Ranks[0].Current == nil || len(dumped.Ranks[0].Current.Name) != maxFrame/5 {
+		t.Errorf("the dump does not hold every rank's whole state: %d ranks, stripped %v", len(dumped.Ranks), dumped.Stripped)
+	}
+}
+
+// A rendezvous that can not write the dump says why, and sends the states
+// to the ranks (which may write them).
+func TestHangDiagnosisDumpError(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing")
+	t.Setenv(EnvHangDir, missing)
+	j, _ := hangJob(t, nil, "")
+	rep := diagnoseHang(t, j.nodes[0], 5)
+	if rep.Dump != "" || !strings.Contains(rep.DumpErr, EnvHangDir) || !strings.Contains(rep.DumpErr, missing) || len(rep.Ranks) != 3 || rep.Stripped {
+		t.Errorf("report: dump %q, error %q, %d ranks, stripped %v; want no dump, an error naming %s and %s, 3 ranks", rep.Dump, rep.DumpErr, len(rep.Ranks), rep.Stripped, EnvHangDir, missing)
+	}
+}
+
+// A receive that waits for its peer shows in the rank's state, naming the
+// peer, on a shm link (recorded only once the transfer parks) and on a
+// socket; it is gone once the transfer completed.
+func TestHangStateNamesThePeerAWaitIsFor(t *testing.T) {
+	for _, noShm := range []bool{false, true} {
+		t.Run(map[bool]string{false: "shm", true: "socket"}[noShm], func(t *testing.T) {
+			j := startJob(t, jobOpts{size: 2, noShm: noShm})
+			t.Logf("links: %s", linkKinds(j.nodes))
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			got := make(chan error, 1)
+			buf := make([]byte, 64)
+			go func() { got <- j.nodes[0].Mesh().RecvFrom(ctx, 1, buf) }()
+			var waits []PeerWait
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+				if waits = j.nodes[0].pendingWaits(); len(waits) > 0 {
+					break
+				}
+			}
+			if len(waits) != 1 || waits[0].Peer != 1 || waits[0].Op != "recv from" || time.Since(waits[0].Since) > time.Minute {
+				t.Errorf("waits %+v; want one receive from rank 1", waits)
+			}
+			if err := j.nodes[1].Mesh().SendTo(ctx, 0, pattern(1, 0, len(buf))); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-got; err != nil {
+				t.Fatal(err)
+			}
+			if w := j.nodes[0].pendingWaits(); len(w) != 0 {
+				t.Errorf("waits %+v after the receive completed; want none", w)
+			}
+		})
 	}
 }

@@ -58,10 +58,22 @@ type link struct {
 	wbuf   []byte   // coalesces small buffers of a message into one record
 	bc     *batchConn
 
-	// blockedSince is when the transfer in progress on this link started
-	// (UnixNano), 0 when none is: a hang diagnosis reads it to say which
-	// peer a rank waits for (diagnose.go). Two atomic stores per transfer.
+	// blockedSince is when the socket transfer in progress on this link
+	// started (UnixNano), 0 when none is: a hang diagnosis reads it to say
+	// which peer a rank waits for (diagnose.go, waitSince). A socket
+	// transfer makes system calls and arms a context watch anyway, which
+	// cost far more than the clock read and two stores. A shm link keeps
+	// its own (shmLink.waitingSince), set only when a transfer parks.
 	blockedSince atomic.Int64
+}
+
+// waitSince is when the transfer in progress on l began waiting for the
+// peer (UnixNano), 0 if none is waiting.
+func (l *link) waitSince() int64 {
+	if l.shm != nil {
+		return l.shm.waitingSince.Load()
+	}
+	return l.blockedSince.Load()
 }
 
 // close breaks the link at once. A TLS conn is not closed through TLS: its
@@ -931,14 +943,13 @@ func (t *transport) SendTo(ctx context.Context, rank int, bufs ...[]byte) error 
 		return err
 	}
 	l := t.to[rank]
-	l.blockedSince.Store(time.Now().UnixNano())
-	defer l.blockedSince.Store(0)
 	if l.shm != nil {
 		if err := l.shm.write(ctx, bufs, t.waitPolicy()); err != nil {
 			return t.fail(ctx, err, "send to", l)
 		}
 		return nil
 	}
+	l.blockedSince.Store(time.Now().UnixNano())
 	done := watch(ctx, l.rw.SetWriteDeadline)
 	var err error
 	switch {
@@ -960,6 +971,7 @@ func (t *transport) SendTo(ctx context.Context, rank int, bufs ...[]byte) error 
 		}
 	}
 	done()
+	l.blockedSince.Store(0)
 	if err != nil {
 		return t.fail(ctx, err, "send to", l)
 	}
@@ -1027,14 +1039,13 @@ func (t *transport) RecvFrom(ctx context.Context, rank int, buf []byte) error {
 		return err
 	}
 	l := t.from[rank]
-	l.blockedSince.Store(time.Now().UnixNano())
-	defer l.blockedSince.Store(0)
 	if l.shm != nil {
 		if err := l.shm.read(ctx, buf, t.waitPolicy()); err != nil {
 			return t.fail(ctx, err, "recv from", l)
 		}
 		return nil
 	}
+	l.blockedSince.Store(time.Now().UnixNano())
 	done := watch(ctx, l.rw.SetReadDeadline)
 	var err error
 	if l.raw != nil {
@@ -1043,6 +1054,7 @@ func (t *transport) RecvFrom(ctx context.Context, rank int, buf []byte) error {
 		_, err = io.ReadFull(l.rw, buf)
 	}
 	done()
+	l.blockedSince.Store(0)
 	if err != nil {
 		return t.fail(ctx, err, "recv from", l)
 	}

@@ -170,7 +170,7 @@ type Node struct {
 	// Hang diagnosis (diagnose.go).
 	callReporter atomic.Pointer[CallReporter]
 	diagMu       sync.Mutex // one DiagnoseHang at a time
-	diagAnswer   chan *HangReport
+	diagAnswer   chan hangAnswer
 
 	// Ranks that left early (see leave.go).
 	leaveMu        sync.Mutex
@@ -265,7 +265,7 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 		byeCh:      make(chan struct{}),
 		ctlDead:    make(chan struct{}),
 		progAnswer: make(chan []uint64, 1),
-		diagAnswer: make(chan *HangReport, 1),
+		diagAnswer: make(chan hangAnswer, 1),
 		behind:     map[int]uint64{},
 		lateOK:     make(chan struct{}, 1),
 		expect:     map[int]bool{},
@@ -669,7 +669,7 @@ func (n *Node) ctlReader() {
 			}
 			n.abortLocal(errors.New(m.Text))
 		case tHang:
-			n.hangReportArrived(m.Text)
+			n.hangReportArrived(m.Text, m.Rank)
 		case tProgress:
 			select {
 			case n.progAnswer <- m.Progress:
@@ -679,7 +679,7 @@ func (n *Node) ctlReader() {
 			// Answered on a goroutine of its own: the control reader goes
 			// on reading (heartbeats) while the stacks are taken.
 			n.wg.Add(1) // the control reader is counted: never races with Wait
-			go n.answerHang()
+			go n.answerHang(m.Text)
 		case tBye:
 			select {
 			case <-n.byeCh:

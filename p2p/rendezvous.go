@@ -61,10 +61,13 @@ type RendezvousConfig struct {
 	OnProc func(ProcEvent)
 	// OnHang, if set, is given every hang diagnosis (see diagnose.go): a
 	// rank waited past its stall threshold and every rank's state was
-	// gathered. It returns where it wrote the report ("" if nowhere); the
-	// ranks that asked are told it printed the diagnosis, so they do not
-	// print it again. It runs on a rendezvous goroutine of its own and may
-	// write a file, but must not block for long.
+	// gathered. It is called once per stalled call, however many ranks
+	// ask. It returns where it wrote the report ("" if nowhere); the ranks
+	// that asked are told it printed the diagnosis, so they do not print
+	// it again. It runs on a rendezvous goroutine of its own and may write
+	// a file, but must not block for long. Unset, the rendezvous writes
+	// the report (with every rank's state) itself, and the rank that
+	// asked first prints the diagnosis.
 	OnHang func(*HangReport) (dump string)
 }
 
@@ -119,7 +122,11 @@ type Rendezvous struct {
 	relayMu sync.Mutex
 	hb      time.Duration // heartbeat bound: Timeout, or Elastic.HeartbeatTimeout
 	el      rzElastic     // elastic mode, under mu
-	hang    *hangGather   // the hang diagnosis being gathered, under mu
+	// Hang diagnoses (diagnose.go), under mu: those being gathered, the
+	// reports of the last diagnosed calls, the last gathering's id.
+	hangs    map[hangKey]*hangGather
+	hangKept []keptHang
+	hangIDs  uint64
 }
 
 // rzConn is the server side of one rank's control stream.

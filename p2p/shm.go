@@ -436,6 +436,13 @@ type shmLink struct {
 	closing   bool
 	released  chan struct{}
 	closeOnce sync.Once
+
+	// waitingSince is when the transfer in flight parked (UnixNano), 0
+	// while none has: a hang diagnosis reads it to say which peer a rank
+	// waits for (diagnose.go). It is set only where a transfer parks (a
+	// futex wait, a system call anyway) and cleared only by a transfer
+	// that set it, so the fast path pays nothing for it.
+	waitingSince atomic.Int64
 }
 
 func newShmLink(mem []byte, writer bool, c *net.UnixConn) *shmLink {
@@ -579,11 +586,17 @@ func futexWake(w *atomic.Uint32) {
 type parked struct {
 	stop  func() bool
 	fired chan struct{}
+	// waiting: the transfer parked and set its link's waitingSince.
+	waiting bool
 }
 
 // end unregisters the callback, waiting for it if it is running: it
-// touches the mapping, which must outlive it.
-func (p *parked) end() {
+// touches the mapping, which must outlive it. It clears s.waitingSince if
+// the transfer set it.
+func (p *parked) end(s *shmLink) {
+	if p.waiting {
+		s.waitingSince.Store(0)
+	}
 	if p.stop != nil && !p.stop() {
 		<-p.fired
 	}
@@ -650,6 +663,12 @@ func (s *shmLink) await(ctx context.Context, p *parked, wait shmWait) error {
 	if wait.gosched {
 		runtime.Gosched()
 	}
+	if !p.waiting {
+		// From here on the transfer waits for the peer: say so to a hang
+		// diagnosis (the spins and yields above are too short to matter).
+		p.waiting = true
+		s.waitingSince.Store(time.Now().UnixNano())
+	}
 	w := s.myWord()
 	if p.stop == nil && ctx.Done() != nil {
 		p.fired = make(chan struct{})
@@ -691,7 +710,7 @@ func (s *shmLink) write(ctx context.Context, bufs [][]byte, w shmWait) error {
 	}
 	defer s.release()
 	var p parked
-	defer p.end()
+	defer p.end(s)
 	r := s.ring
 	capacity := uint64(len(r.data))
 	for _, b := range bufs {
@@ -748,7 +767,7 @@ func (s *shmLink) read(ctx context.Context, buf []byte, w shmWait) error {
 	}
 	defer s.release()
 	var p parked
-	defer p.end()
+	defer p.end(s)
 	r := s.ring
 	got := 0
 	for got < len(buf) {

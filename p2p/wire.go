@@ -46,9 +46,9 @@ const (
 	tLate      = "late"      // client -> server: I am in call Seq, after a rank left; server -> that leaver: rank Rank was
 	tLateOK    = "lateok"    // server -> client: your late report reached the leavers
 	tHangAsk   = "hangask"   // client -> server: I stalled in call Seq: diagnose the job (diagnose.go)
-	tStateAsk  = "stateq"    // server -> client: send your state for a hang diagnosis
-	tState     = "state"     // client -> server: my progress (Seq) and state (Text, a RankState as JSON)
-	tHang      = "hang"      // server -> client that asked: the diagnosis (Text, a HangReport as JSON)
+	tStateAsk  = "stateq"    // server -> client: send your state for hang diagnosis gathering Text (its id)
+	tState     = "state"     // client -> server: my progress (Seq) and state (Text: a RankState and the gathering's id, as JSON)
+	tHang      = "hang"      // server -> client that asked: the diagnosis (Text, a HangReport as JSON; Rank: the recipient's rank)
 
 	// Elastic mode only (see elastic.go).
 	tReconfig = "reconfig" // server -> member: epoch Epoch begins, Lost are gone; fail the current epoch

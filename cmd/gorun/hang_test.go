@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -64,9 +65,11 @@ func TestHangDiagnosisByGorun(t *testing.T) {
 			start := time.Now()
 			g := startGorun(t, "", []string{"HANGPROG_MODE=" + tc.mode, "HANGPROG_VICTIM=1", "GORUN_STALL_THRESHOLD=1s", p2p.EnvHangDir + "=" + dir},
 				"-np", "3", "--timeout", "2m", prog)
-			// Until a waiting rank's stall warning points to gorun's
-			// diagnosis, which it gets after gorun printed it.
-			if err := g.err.waitFor("the launcher printed a hang diagnosis", 1, 2*time.Minute, g.done); err != nil {
+			// Until both waiting ranks (0 and 2) point to gorun's
+			// diagnosis, which they get after gorun printed it: whether
+			// they asked within one gathering or one after the other,
+			// gorun must have printed it once.
+			if err := g.err.waitFor("the launcher printed a hang diagnosis", 2, 2*time.Minute, g.done); err != nil {
 				t.Fatalf("gorun stderr: %v\nstdout:\n%s", err, g.out)
 			}
 			took := time.Since(start)
@@ -84,14 +87,20 @@ func TestHangDiagnosisByGorun(t *testing.T) {
 			if n := strings.Count(errOut, "gorun: hang diagnosis:"); n != 1 {
 				t.Errorf("%d diagnoses printed, want 1", n)
 			}
-			// The ranks that wait say where the diagnosis went, and do not
-			// print it again.
-			if !regexp.MustCompile(`\[[0-9,]+\] .*gorun: stall warning: rank [02] has waited .* in call #3 Allreduce\(float32\[1024\], Sum, name="layer3.w"\).*ranks that have not entered it yet: rank 1 \(last entered #2\); the launcher printed a hang diagnosis and wrote every rank's flight recorder to `).MatchString(errOut) {
-				t.Errorf("no rank's stall warning points to gorun's diagnosis")
+			// The ranks that wait warn without waiting for the diagnosis,
+			// then say where it went, and do not print it again.
+			if !regexp.MustCompile(`(?m)\[[0-9,]+\] .*gorun: stall warning: rank [02] has waited .* in call #3 Allreduce\(float32\[1024\], Sum, name="layer3.w"\).*ranks that have not entered it yet: rank 1 \(last entered #2\)$`).MatchString(errOut) {
+				t.Errorf("no rank's stall warning names call #3 and rank 1 (alone on its line)")
 			}
 			m := regexp.MustCompile(`flight recorder \(its current call, its last calls and its stack\) is in (\S+\.json)`).FindStringSubmatch(errOut)
 			if m == nil {
 				t.Fatal("gorun names no dump file")
+			}
+			host, _ := os.Hostname()
+			for _, r := range []int{0, 2} {
+				if !strings.Contains(errOut, fmt.Sprintf("gorun: rank %d: the launcher printed a hang diagnosis of call #3 and wrote every rank's flight recorder to %s on host %s\n", r, m[1], host)) {
+					t.Errorf("rank %d does not point to gorun's diagnosis and its dump %s", r, m[1])
+				}
 			}
 			if filepath.Dir(m[1]) != dir {
 				t.Errorf("dump %s is not in GORUN_HANG_DIR %s", m[1], dir)
@@ -129,9 +138,10 @@ func TestHangDiagnosisByGorun(t *testing.T) {
 	}
 }
 
-// Without gorun (torchrun's variables; rank 0 hosts the rendezvous), each
-// rank that waits past the stall threshold prints the diagnosis in its own
-// stall warning and writes the flight recorders to $GORUN_HANG_DIR.
+// Without gorun (torchrun's variables; rank 0 hosts the rendezvous), the
+// rank that asked first for a diagnosis prints it after its stall warning;
+// rank 0's process, which hosts the rendezvous, writes every rank's flight
+// recorder to $GORUN_HANG_DIR; the other waiting rank says where both are.
 func TestHangDiagnosisWithoutGorun(t *testing.T) {
 	prog, err := hangprogBin()
 	if err != nil {
@@ -163,18 +173,53 @@ func TestHangDiagnosisWithoutGorun(t *testing.T) {
 		go func() { cmd.Wait(); once.Do(func() { close(exited) }); close(done) }()
 		t.Cleanup(func() { cmd.Process.Kill(); <-done })
 	}
-	if err := errs[0].waitFor("hang diagnosis:", 1, 2*time.Minute, exited); err != nil {
-		t.Fatalf("rank 0: %v\nrank 1's stderr:\n%s\nrank 2's stderr:\n%s", err, errs[1], errs[2])
+	for _, r := range []int{0, 2} { // the waiting ranks
+		if err := errs[r].waitFor("hang diagnosis", 1, 2*time.Minute, exited); err != nil {
+			t.Fatalf("rank %d: %v\nrank 0's stderr:\n%s\nrank 1's stderr:\n%s\nrank 2's stderr:\n%s", r, err, errs[0], errs[1], errs[2])
+		}
 	}
-	w := errs[0].String()
-	t.Logf("rank 0 said:\n%s", w)
-	want := regexp.MustCompile(`gorun: stall warning: rank 0 has waited \S+ in call #3 Allreduce\(float32\[1024\], Sum, name="layer3.w"\).*; hang diagnosis: rank [02] waits in allreduce #3 "layer3.w" for rank 1; rank 1's last call was #2 and it is in user code: syscall\.\S+ <- .*syscall\.Read <- main\.blockInSyscall at hangprog/main\.go:\d+ \(goroutine 1, syscall\); every rank's flight recorder is in (\S+-rank0\.json)`)
-	m := want.FindStringSubmatch(w)
-	if m == nil {
-		t.Fatalf("rank 0's stall warning does not match\n%s", want)
+	// Wait for the full diagnosis's last line, printed after the first.
+	first := -1
+	for deadline := time.Now().Add(time.Minute); first < 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		for _, r := range []int{0, 2} {
+			if strings.Contains(errs[r].String(), "gorun: every rank's flight recorder") {
+				first = r
+			}
+		}
+	}
+	if first < 0 {
+		t.Fatalf("no rank printed where the dump is\nrank 0's stderr:\n%s\nrank 2's stderr:\n%s", errs[0], errs[2])
+	}
+	other := 2 - first
+	w := errs[first].String()
+	t.Logf("rank %d said:\n%s\nrank %d said:\n%s", first, w, other, errs[other])
+	if !regexp.MustCompile(fmt.Sprintf(`(?m)gorun: stall warning: rank %d has waited \S+ in call #3 Allreduce\(float32\[1024\], Sum, name="layer3.w"\).*ranks that have not entered it yet: rank 1 \(last entered #2\)$`, first)).MatchString(w) {
+		t.Errorf("rank %d's stall warning does not name call #3 and rank 1, alone on its line", first)
+	}
+	want := regexp.MustCompile(`(?m)gorun: hang diagnosis: rank [02] waits in allreduce #3 "layer3.w" for rank 1; rank 1's last call was #2 and it is in user code: syscall\.\S+ <- .*syscall\.Read <- main\.blockInSyscall at hangprog/main\.go:\d+ \(goroutine 1, syscall\)$`)
+	if !want.MatchString(w) {
+		t.Fatalf("rank %d's diagnosis does not match\n%s", first, want)
+	}
+	host, _ := os.Hostname()
+	m := regexp.MustCompile(`gorun: every rank's flight recorder \(its current call, its last calls and its stack\) is in (\S+\.json) on host (\S+)`).FindStringSubmatch(w)
+	if m == nil || m[2] != host {
+		t.Fatalf("rank %d names no dump on host %s", first, host)
 	}
 	if filepath.Dir(m[1]) != dir {
 		t.Errorf("dump %s is not in GORUN_HANG_DIR %s", m[1], dir)
+	}
+	if o := errs[other].String(); strings.Contains(o, "gorun: hang diagnosis:") || !strings.Contains(o, fmt.Sprintf("gorun: rank %d: hang diagnosis of call #3: rank %d printed it; every rank's flight recorder is in %s on host %s\n", other, first, m[1], host)) {
+		t.Errorf("rank %d printed the diagnosis again, or does not point to rank %d's and the dump", other, first)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("%d files in GORUN_HANG_DIR, want the one dump", len(entries))
+	}
+	fi, err := os.Stat(m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("the dump's mode is %v, want 0600: it holds host names, PIDs and tensor names", fi.Mode().Perm())
 	}
 	b, err := os.ReadFile(m[1])
 	if err != nil {
@@ -184,8 +229,8 @@ func TestHangDiagnosisWithoutGorun(t *testing.T) {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatalf("the dump is not a hang report: %v", err)
 	}
-	if rep.Culprit != 1 || rep.Seq != 3 || len(rep.Ranks) != n || rep.Printed {
-		t.Fatalf("dump: culprit %d, call #%d, %d ranks, printed %v; want 1, #3, 3, false", rep.Culprit, rep.Seq, len(rep.Ranks), rep.Printed)
+	if rep.Culprit != 1 || rep.Seq != 3 || len(rep.Ranks) != n || rep.Printed || rep.Requester != first {
+		t.Fatalf("dump: culprit %d, call #%d, %d ranks, printed %v, requester %d; want 1, #3, 3, false, %d", rep.Culprit, rep.Seq, len(rep.Ranks), rep.Printed, rep.Requester, first)
 	}
 	for r, s := range rep.Ranks {
 		if s.Rank != r || len(s.Recent) != 2 || (s.Current == nil) != (r == 1) || len(s.Goroutines) == 0 {
