@@ -81,6 +81,7 @@ func TestSlurm(t *testing.T) {
 		{"SbatchGorunRankKilled", testSlurmSbatchGorunRankKilled},
 		{"SbatchGorunStopped", testSlurmSbatchGorunStopped},
 		{"SbatchGorunKilled", testSlurmSbatchGorunKilled},
+		{"NodeFailed", testSlurmNodeFailed},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, c) })
 	}
@@ -142,12 +143,19 @@ func gorunCommandLine(args ...string) string {
 // allocation and returns the job id and the file its output goes to.
 func slurmBatchScript(t *testing.T, c *slurmtest.Cluster, body string) (id, output string) {
 	t.Helper()
+	return slurmBatchOpts(t, c, nil, body)
+}
+
+// slurmBatchOpts is slurmBatchScript with more sbatch options.
+func slurmBatchOpts(t *testing.T, c *slurmtest.Cluster, opts []string, body string) (id, output string) {
+	t.Helper()
 	dir := t.TempDir()
 	script, output := filepath.Join(dir, "job.sh"), filepath.Join(dir, "job.out")
 	if err := os.WriteFile(script, []byte("#!/bin/sh\n"+body), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	out := c.Run(t, c.Nodes[0], 30*time.Second, "sbatch", "--parsable", "-N", "2", "-n", "4", "-w", "node[1-2]", "--output", output, "--chdir", dir, script)
+	args := append([]string{"--parsable", "-N", "2", "-n", "4", "-w", "node[1-2]", "--output", output, "--chdir", dir}, opts...)
+	out := c.Run(t, c.Nodes[0], 30*time.Second, "sbatch", append(args, script)...)
 	id, _, _ = strings.Cut(strings.TrimSpace(out), ";")
 	if !regexp.MustCompile(`^\d+$`).MatchString(id) {
 		t.Fatalf("sbatch printed %q, not a job id", out)
@@ -391,4 +399,110 @@ func TestSlurmLauncherFlag(t *testing.T) {
 			t.Errorf("gorun %q with %q: %v, said:\n%s\nwant:\n%s", tc.args, tc.env, err, out, tc.want)
 		}
 	}
+}
+
+// node2 fails as a power loss would (its network gone, then every process
+// on it killed: see slurmtest.Fail) while two jobs run on node[1-2]: one
+// whose 4 ranks srun starts itself, and one where gorun, inside an sbatch
+// allocation, starts them. Both run at once, sharing the nodes' CPUs
+// (--oversubscribe), so that one failure tests both and TestSlurm stays
+// short. Nothing tells the survivors that node2 is gone (no FIN, no RST):
+//   - the ranks on node1, and gorun's rendezvous, find it by the heartbeat
+//     bound, which is the collective timeout (GORUN_TIMEOUT or gorun
+//     --timeout: 5s here, 60s by default), and fail naming a rank of node2;
+//   - gorun stops the ranks on node1 and the srun clients of the ranks on
+//     node2 (those only end when killed, after --grace and 5 s more, or
+//     when Slurm ends the job), and fails the job;
+//   - srun, whose tasks on node2 never report, and the sbatch job, whose
+//     node2 never confirms it ended, end when slurmctld sets node2 DOWN,
+//     7 to about 17 s after the failure with the cluster's SlurmdTimeout=10
+//     (see slurmtest). That always comes after the ranks found the loss, but
+//     may come before gorun is done stopping: Slurm then ends the job's
+//     processes, the srun clients included, and gorun's verdict is the
+//     same, only sooner.
+//
+// Then nothing is left on node1, and node2 is brought back for any later
+// case.
+func testSlurmNodeFailed(t *testing.T, c *slurmtest.Cluster) {
+	prog := slurmprog(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	srun := c.Command(ctx, c.Nodes[0], "srun", "-N", "2", "-n", "4", "-w", "node[1-2]", "--oversubscribe", "--kill-on-bad-exit=1", prog)
+	srun.Env = append(srun.Env, "GORUN_JOB_KEY_FILE="+slurmJobKeyFile(t), "SLURMPROG_LOOP=1", "GORUN_TIMEOUT=5s")
+	srunOut := new(syncBuf)
+	srun.Stdout, srun.Stderr = srunOut, srunOut
+	if err := srun.Start(); err != nil {
+		t.Fatal(err)
+	}
+	srunDone := make(chan error, 1)
+	go func() { srunDone <- srun.Wait() }()
+	// --no-requeue: Slurm would otherwise requeue a batch job that a node
+	// failure ended, and start it again once node2 is back.
+	id, output := slurmBatchOpts(t, c, []string{"--oversubscribe", "--no-requeue"},
+		"exec "+gorunCommandLine("-np", "4", "--timeout", "5s", "--grace", "500ms", "-x", "SLURMPROG_LOOP=1", prog)+"\n")
+	read := func() string { b, _ := os.ReadFile(output); return string(b) }
+	slurmVictim(t, c, c.Nodes[1], prog, "SLURM_PROCID", 4, srunOut.String)
+	slurmVictim(t, c, c.Nodes[1], prog, "GORUN_RANK", 4, read)
+
+	failed := time.Now()
+	c.Fail(t, c.Nodes[1])
+
+	// gorun's verdict comes within --timeout, --grace and 5 s (11 s), or
+	// sooner if Slurm ends the job first; 30 s on a loaded machine.
+	gorunFailed := regexp.MustCompile(`(?m)^gorun: job failed: .*$`)
+	deadline := failed.Add(30 * time.Second)
+	for !gorunFailed.MatchString(read()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("gorun did not fail the job within 30s of node2's failure; its output:\n%s\n%s", read(), c.Logs())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	gorunTook := time.Since(failed)
+	text := read()
+	// The ranks of node2, and the cause. gorun names the first rank that
+	// failed (a survivor, exiting on the abort) and the abort's cause.
+	lost := `rank [23] \(/ip4/10\.213\.0\.2/tcp/\d+\) stopped responding: no heartbeat within 5s`
+	gorunWant := regexp.MustCompile(`(?m)^gorun: job failed: rank [01] on host node1 failed: exit status 2 \(its stderr is above\); the job was aborted because ` + lost + `; also failed: rank [01] on host node1 \(exit status 2\)$`)
+	if !gorunWant.MatchString(text) {
+		t.Errorf("gorun's verdict does not match %s; its output:\n%s", gorunWant, text)
+	}
+
+	// srun ends when slurmctld sets node2 DOWN: about 17 s after the
+	// failure at the latest (see slurmtest's SlurmdTimeout); 30 s on a
+	// loaded machine.
+	var srunErr error
+	select {
+	case srunErr = <-srunDone:
+	case <-time.After(time.Until(failed.Add(30 * time.Second))):
+		srun.Process.Kill()
+		<-srunDone
+		t.Fatalf("srun did not end within 30s of node2's failure; its output:\n%s\n%s", srunOut, c.Logs())
+	}
+	srunTook := time.Since(failed)
+	state, exit := c.WaitJob(t, id, time.Until(failed.Add(30*time.Second)))
+	jobTook := time.Since(failed)
+
+	out := srunOut.String()
+	for r := range 2 {
+		survivor := regexp.MustCompile(fmt.Sprintf(`(?m)^slurmprog: rank %d: gorun: rank %d: %s$`, r, r, lost))
+		if !survivor.MatchString(out) {
+			t.Errorf("rank %d does not say a rank of node2 stopped responding (%s)", r, survivor)
+		}
+	}
+	if want := "srun: error: Node failure on node2\n"; srunErr == nil || !strings.Contains(out, want) {
+		t.Errorf("srun: %v; want an error and %q", srunErr, want)
+	}
+	if t.Failed() {
+		t.Logf("srun's output:\n%s", out)
+	}
+	// FAILED if gorun was done before Slurm set node2 DOWN, else NODE_FAIL;
+	// the exit code is gorun's either way.
+	if state != "FAILED" && state != "NODE_FAIL" || exit != "1:0" {
+		t.Errorf("job %s ended %s, exit code %s; want FAILED or NODE_FAIL, and 1:0 (gorun's); its output:\n%s", id, state, exit, text)
+	}
+	t.Logf("node2 failed: gorun failed the job %v later:\n%s", gorunTook.Round(time.Millisecond), gorunFailed.FindString(text))
+	t.Logf("srun ended %v after the failure (%v): %s", srunTook.Round(time.Millisecond), srunErr, regexp.MustCompile(`(?m)^slurmprog: rank 0: .*$`).FindString(out))
+	t.Logf("job %s ended %s %v after the failure", id, state, jobTook.Round(time.Millisecond))
+	c.NoneLeft(t, 10*time.Second)
+	c.Restore(t, c.Nodes[1])
 }

@@ -7,7 +7,8 @@
 // machine's configuration is read or changed: the munge key, socket, Slurm
 // configuration, state, spool directories and logs all live in the test's
 // temporary directory. Jobs started by a slurmd inherit its namespaces, so a
-// rank sees the host name and the network of its node.
+// rank sees the host name and the network of its node. Fail takes a node
+// down as a power loss would, and Restore brings it back.
 //
 // It needs root, ip, unshare and nsenter (util-linux), munged (Debian
 // package munge), slurmctld, slurmd and the client commands (packages
@@ -135,6 +136,9 @@ func New(t testing.TB, n int) *Cluster {
 		c.start(t, nd.slurmd, "slurmd on "+nd.Name)
 	}
 	c.waitIdle(t, 30*time.Second)
+	if testing.Verbose() {
+		t.Logf("Slurm cluster of %d nodes idle %v after start", len(c.Nodes), time.Since(c.started).Round(time.Millisecond))
+	}
 	return c
 }
 
@@ -150,7 +154,32 @@ func (c *Cluster) log(name string) string { return filepath.Join(c.Dir, name+".l
 // config is slurm.conf: no cgroups (proctrack/linuxproc follows a job's
 // processes by parentage, so the ranks' own sessions stay in the job), no
 // accounting, state and spools in the test's directory, and short timeouts
-// so a failed node or job shows quickly.
+// so a failed node or job shows quickly:
+//
+//   - SlurmdTimeout=10 (Slurm's default is 300 s): a node that stops
+//     answering is set DOWN, and its jobs and steps ended ("Node failure"),
+//     only after it. slurmctld pings a node that has not answered for
+//     SlurmdTimeout/3 seconds, every SlurmdTimeout/3 seconds, and sets it
+//     DOWN at the first ping round after it has been silent for
+//     SlurmdTimeout since the previous round, and a round waits for the
+//     previous one's pings to end (see MessageTimeout): 7 s after a power
+//     loss at the soonest, about 17 s at the latest (11 to 15.5 s in the
+//     runs here). Until then srun waits for a dead node's tasks, and a job
+//     whose node died stays COMPLETING. 10 s and not less, so that the
+//     node is set DOWN after a job's ranks have found the loss themselves
+//     (the Slurm test's heartbeat bound is 5 s), as on a real cluster, and
+//     a node's slurmd starved of CPU on this loaded machine is not taken
+//     for dead.
+//   - MessageTimeout=3 (default 10): a ping to a dead node lasts this long
+//     (the other nodes still have its MAC address cached, so a connect
+//     gets no error, only no answer), and the next ping round waits for
+//     it; RPCs between live nodes here take milliseconds.
+//   - KillWait=2 (default 30): a cancelled job's processes get SIGKILL 2 s
+//     after SIGTERM.
+//
+// The partition lets jobs that ask for it (--oversubscribe) share CPUs, so
+// a test can run two jobs on the same nodes at once; a job that does not
+// ask still gets CPUs of its own.
 func (c *Cluster) config(mungeSocket string) string {
 	var b strings.Builder
 	first := c.Nodes[0]
@@ -186,8 +215,8 @@ JobCompType=jobcomp/none
 PropagateResourceLimits=NONE
 ReturnToService=2
 KillWait=2
-MessageTimeout=10
-SlurmdTimeout=30
+MessageTimeout=3
+SlurmdTimeout=10
 InactiveLimit=0
 MinJobAge=300
 `, first.Name, first.Host.IP, mungeSocket, filepath.Join(c.Dir, "state"), filepath.Join(c.Dir, "spool"),
@@ -195,7 +224,7 @@ MinJobAge=300
 	for _, nd := range c.Nodes {
 		fmt.Fprintf(&b, "NodeName=%s NodeAddr=%s CPUs=%d RealMemory=1000 State=UNKNOWN\n", nd.Name, nd.Host.IP, CPUs)
 	}
-	b.WriteString("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO\n")
+	b.WriteString("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n")
 	return b.String()
 }
 
@@ -220,7 +249,9 @@ func (c *Cluster) Env() []string {
 
 func (c *Cluster) start(t testing.TB, cmd *exec.Cmd, what string) {
 	t.Helper()
-	out, err := os.Create(c.log(strings.ReplaceAll(what, " ", "-") + ".out"))
+	// Appended to: a node's slurmd restarted by Restore keeps the first
+	// one's output.
+	out, err := os.OpenFile(c.log(strings.ReplaceAll(what, " ", "-")+".out"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,9 +297,6 @@ func (c *Cluster) waitIdle(t testing.TB, limit time.Duration) {
 		}
 		return idle == len(c.Nodes)
 	})
-	if testing.Verbose() {
-		t.Logf("Slurm cluster of %d nodes idle %v after start", len(c.Nodes), time.Since(c.started).Round(time.Millisecond))
-	}
 }
 
 // Command runs a command (srun, sbatch, squeue, or a test's own) on node nd,
@@ -383,6 +411,43 @@ func (c *Cluster) NoneLeft(t testing.TB, limit time.Duration) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// Fail makes node nd fail as a power loss would: everything on it is gone
+// and no packet comes from it any more. Its network goes first (eth0 down,
+// so that nothing that dies afterwards sends a FIN or a RST that would tell
+// the other nodes), then every process on it is killed with SIGKILL: its
+// slurmd, the jobs' slurmstepd and tasks (only the netns package's sshd is
+// left, unreachable without the link). The other nodes can then learn of
+// the failure only by timeouts: slurmctld when the node stops answering its
+// pings (SlurmdTimeout), a job's ranks by their heartbeat or collective
+// timeout. Restore brings the node back.
+func (c *Cluster) Fail(t testing.TB, nd *Node) {
+	t.Helper()
+	if out, err := exec.Command("ip", "-n", nd.Host.NS, "link", "set", "eth0", "down").CombinedOutput(); err != nil {
+		t.Fatalf("taking %s's network down: %v: %s", nd.Name, err, out)
+	}
+	for _, pid := range c.Net.PIDs(nd.Host) {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	// Reaped here, so Close does not signal a pid that may be reused.
+	nd.slurmd.Wait()
+	if testing.Verbose() {
+		t.Logf("%s failed: network down, every process killed", nd.Name)
+	}
+}
+
+// Restore brings a node back after Fail: its network up, a new slurmd,
+// and every node idle again (ReturnToService=2 makes slurmctld take back a
+// node it set DOWN as soon as its slurmd registers).
+func (c *Cluster) Restore(t testing.TB, nd *Node) {
+	t.Helper()
+	if out, err := exec.Command("ip", "-n", nd.Host.NS, "link", "set", "eth0", "up").CombinedOutput(); err != nil {
+		t.Fatalf("bringing %s's network up: %v: %s", nd.Name, err, out)
+	}
+	nd.slurmd = c.inNode(nd, "slurmd", "-D", "-N", nd.Name)
+	c.start(t, nd.slurmd, "slurmd on "+nd.Name)
+	c.waitIdle(t, 30*time.Second)
 }
 
 // Logs is the end of every daemon's log, for failure messages.
