@@ -94,6 +94,10 @@ type RankError struct {
 	// "rank 1 aborted: ..."), when there was one: the rank named above may
 	// only be the first to exit because of it.
 	JobCause string
+	// Lost is JobCause when it was a rank that stopped responding (a host
+	// that died, a rank frozen): that rank, not the first to exit, is the
+	// culprit, so the message starts with it, naming its host.
+	Lost string
 	// Others are the other ranks seen failing at about the same time, e.g.
 	// "rank 1 (exit status 1)": when a rank fails cleanly its peers may exit
 	// first, so the rank named above is a guess the user can check here.
@@ -110,6 +114,9 @@ const scrollLines = 10
 
 func (e *RankError) Error() string {
 	var b strings.Builder
+	if e.Lost != "" && len(e.LeftEarly) == 0 {
+		fmt.Fprintf(&b, "%s, so the job was aborted; then ", e.Lost)
+	}
 	if len(e.LeftEarly) > 0 {
 		fmt.Fprintf(&b, "%s while other ranks were still making collective calls (every rank must make the same calls before Close); then ",
 			strings.Join(e.LeftEarly, ", "))
@@ -125,7 +132,7 @@ func (e *RankError) Error() string {
 	if len(e.Same) > 0 {
 		fmt.Fprintf(&b, "; %s failed the same way (%s)", rankList(e.Same), e.Status)
 	}
-	if e.JobCause != "" && len(e.LeftEarly) == 0 { // a departure is said already
+	if e.JobCause != "" && e.Lost == "" && len(e.LeftEarly) == 0 { // a departure or a lost rank is said already
 		fmt.Fprintf(&b, "; the job was aborted because %s", e.JobCause)
 	}
 	if len(e.Others) > 0 {
@@ -662,8 +669,31 @@ func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, atte
 		}
 		re.LeftEarly = departures.leftEarly(procs)
 		re.JobCause = departures.abortCause()
+		re.Lost = lostRank(re.JobCause, procs)
 	}
 	return failure
+}
+
+// lostRankCause is how the rendezvous says a rank stopped responding
+// (p2p's Rendezvous.lost).
+var lostRankCause = regexp.MustCompile(`^rank (\d+) \(([^)]*)\) stopped responding: (.*)$`)
+
+// lostRank rewrites an abort cause that is a rank that stopped responding
+// with that rank's host, as gorun names ranks ("rank 2 on host node2
+// (/ip4/...) stopped responding: no heartbeat within 5s"); "" for any
+// other cause.
+func lostRank(cause string, procs []*rankProc) string {
+	m := lostRankCause.FindStringSubmatch(cause)
+	if m == nil {
+		return ""
+	}
+	rank, _ := strconv.Atoi(m[1])
+	for _, p := range procs {
+		if p.rank == rank && p.host != "" {
+			return fmt.Sprintf("rank %d on host %s (%s) stopped responding: %s", rank, p.host, m[2], m[3])
+		}
+	}
+	return cause
 }
 
 // departureLog records, from the rendezvous, the ranks that closed their

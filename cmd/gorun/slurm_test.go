@@ -459,10 +459,10 @@ func testSlurmNodeFailed(t *testing.T, c *slurmtest.Cluster) {
 	}
 	gorunTook := time.Since(failed)
 	text := read()
-	// The ranks of node2, and the cause. gorun names the first rank that
-	// failed (a survivor, exiting on the abort) and the abort's cause.
-	lost := `rank [23] \(/ip4/10\.213\.0\.2/tcp/\d+\) stopped responding: no heartbeat within 5s`
-	gorunWant := regexp.MustCompile(`(?m)^gorun: job failed: rank [01] on host node1 failed: exit status 2 \(its stderr is above\); the job was aborted because ` + lost + `; also failed: rank [01] on host node1 \(exit status 2\)$`)
+	lost := `rank [23] \(/ip4/10\.213\.0\.2/tcp/\d+\) stopped responding: no heartbeat within 5s` // as the ranks say it
+	// The cause first, a rank of node2 named with its host, then the first
+	// rank that failed (a survivor, exiting on the abort).
+	gorunWant := regexp.MustCompile(`(?m)^gorun: job failed: rank [23] on host node2 \(/ip4/10\.213\.0\.2/tcp/\d+\) stopped responding: no heartbeat within 5s, so the job was aborted; then rank [01] on host node1 failed: exit status 2 \(its stderr is above\); also failed: rank [01] on host node1 \(exit status 2\)$`)
 	if !gorunWant.MatchString(text) {
 		t.Errorf("gorun's verdict does not match %s; its output:\n%s", gorunWant, text)
 	}
