@@ -831,7 +831,17 @@ type transport struct {
 var (
 	_ ring.Mesh        = (*transport)(nil)
 	_ ring.Concurrency = (*transport)(nil)
+	_ ring.LinkBuffers = (*transport)(nil)
 )
+
+// LinkBuffer implements ring.LinkBuffers: a shared-memory link holds its
+// ring's capacity; a socket's kernel buffer is not promised (0).
+func (t *transport) LinkBuffer(rank int) int {
+	if rank < 0 || rank >= len(t.to) || t.to[rank] == nil || t.to[rank].shm == nil {
+		return 0
+	}
+	return len(t.to[rank].shm.ring.data)
+}
 
 // waitPolicy is how a shm operation of this transport waits.
 func (t *transport) waitPolicy() shmWait {

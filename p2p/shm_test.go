@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/ring"
 	"golang.org/x/sys/unix"
 )
 
@@ -106,11 +107,11 @@ func newDevShm(t testing.TB, before map[string]bool) []string {
 // capacity, odd sizes and wrapping writes stream through, every rank
 // sending to and receiving from every other concurrently.
 func TestShm(t *testing.T) {
-	for _, ring := range []string{"", strconv.Itoa(minShmBytes)} {
+	for _, ringBytes := range []string{"", strconv.Itoa(minShmBytes)} {
 		for size := 1; size <= 4; size++ {
-			t.Run(fmt.Sprintf("ring=%s/N=%d", ring, size), func(t *testing.T) {
-				if ring != "" {
-					t.Setenv(envShmBytes, ring)
+			t.Run(fmt.Sprintf("ring=%s/N=%d", ringBytes, size), func(t *testing.T) {
+				if ringBytes != "" {
+					t.Setenv(envShmBytes, ringBytes)
 				}
 				j := startJob(t, jobOpts{size: size})
 				if size == 1 {
@@ -121,11 +122,15 @@ func TestShm(t *testing.T) {
 				}
 				wantKinds(t, j.nodes, allShm)
 				want := defaultShmBytes
-				if ring != "" {
+				if ringBytes != "" {
 					want = minShmBytes
 				}
 				if c := len(shmLinkOf(t, j.nodes[0], 1, true).ring.data); c != want {
 					t.Fatalf("ring of %d bytes, want %d", c, want)
+				}
+				// The ring runs steps up to half of it on one goroutine.
+				if lb := j.nodes[0].Mesh().(ring.LinkBuffers).LinkBuffer(1); lb != want {
+					t.Fatalf("LinkBuffer(1) = %d, want the ring's %d bytes", lb, want)
 				}
 				sizes := []int{1, 7, 4095, 4097, 100_003, 3<<20 + 5, 0, 56}
 				exchange(t, j.nodes, sizes)
@@ -160,6 +165,9 @@ func TestShmDisabled(t *testing.T) {
 		t.Setenv(envShm, "0")
 		j := startJob(t, jobOpts{size: 3})
 		wantKinds(t, j.nodes, func(int, int) string { return LinkUnix })
+		if lb := j.nodes[0].Mesh().(ring.LinkBuffers).LinkBuffer(1); lb != 0 {
+			t.Errorf("LinkBuffer(1) of a unix socket = %d, want 0 (a kernel buffer is not promised)", lb)
+		}
 		exchange(t, j.nodes, []int{10, 70000})
 	})
 	t.Run("one rank", func(t *testing.T) {

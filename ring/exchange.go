@@ -152,16 +152,16 @@ type pairXfer struct {
 	overlap bool
 }
 
-// exchange runs x on buf. Small rounds (the sent bytes fit any
-// transport's buffer, see SmallBytes) send, then receive, on the caller's
-// goroutine; larger ones send from a goroutine while the caller receives
-// and reduces, chunk by chunk.
+// exchange runs x on buf. Small rounds (the sent bytes fit the link's
+// buffer, see SmallBytes and LinkBuffers) send, then receive, on the
+// caller's goroutine; larger ones send from a goroutine while the caller
+// receives and reduces, chunk by chunk.
 func (r *Ring) exchange(ctx context.Context, buf []byte, x pairXfer) error {
 	p := &r.p
 	if !x.recv {
 		return r.sendRange(ctx, r.newSenderOnce(), x.peer, x.step, buf, x.sOff, x.sN, nil)
 	}
-	if !x.send || x.sN*p.esz+numChunks(x.sN, p.ce)*HeaderSize <= SmallBytes {
+	if !x.send || x.sN*p.esz+numChunks(x.sN, p.ce)*HeaderSize <= r.sendFirstBound(x.peer) {
 		if x.send {
 			if err := r.sendRange(ctx, r.newSenderOnce(), x.peer, x.step, buf, x.sOff, x.sN, nil); err != nil {
 				return err

@@ -42,6 +42,9 @@ func NewMemRing(n int) []Transport {
 	return ts
 }
 
+// LinkBuffer implements LinkBuffers: every pipe holds MemPipeCapacity.
+func (m *MemTransport) LinkBuffer(rank int) int { return MemPipeCapacity }
+
 func (m *MemTransport) to(rank int) *memPipe   { return m.pipes[m.rank][rank] }
 func (m *MemTransport) from(rank int) *memPipe { return m.pipes[rank][m.rank] }
 

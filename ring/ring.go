@@ -401,6 +401,16 @@ func (r *Ring) errPrefix(t int) string {
 // scatter-gather exchange rely on the same bound.
 const SmallBytes = 64 << 10
 
+// sendFirstBound is the largest message to peer that a schedule may send
+// before it receives, on the caller's goroutine: SmallBytes, or half the
+// link's buffer where the transport says it is larger (LinkBuffers).
+func (r *Ring) sendFirstBound(peer int) int {
+	if lb, ok := r.t.(LinkBuffers); ok {
+		return max(SmallBytes, lb.LinkBuffer(peer)/2)
+	}
+	return SmallBytes
+}
+
 // concurrent tells the transport, if it implements Concurrency, that this
 // call now runs goroutines besides the caller's (on) or has joined them.
 func (r *Ring) concurrent(on bool) {
@@ -424,7 +434,7 @@ func (r *Ring) runSteps(ctx context.Context) error {
 	// Broadcast forwards what it receives in the same step, so it must
 	// receive first: it always pipelines.
 	maxSeg := (p.count + p.nseg - 1) / p.nseg
-	if p.call.Kind != Broadcast && maxSeg*p.esz+numChunks(maxSeg, p.ce)*HeaderSize <= SmallBytes {
+	if p.call.Kind != Broadcast && maxSeg*p.esz+numChunks(maxSeg, p.ce)*HeaderSize <= r.sendFirstBound(r.next) {
 		return r.runSequential(ctx)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)

@@ -1,0 +1,87 @@
+package ring
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+)
+
+// bufferedMesh is a MemTransport whose links say they hold buffer bytes
+// (LinkBuffers) and that counts the calls that ran goroutines of their own
+// (Concurrency).
+type bufferedMesh struct {
+	*MemTransport
+	buffer     int
+	concurrent atomic.Int32
+}
+
+func (b *bufferedMesh) LinkBuffer(int) int { return b.buffer }
+
+func (b *bufferedMesh) Concurrent(on bool) {
+	if on {
+		b.concurrent.Add(1)
+	}
+}
+
+// A step whose message fits half a link's buffer runs send-then-receive on
+// the caller's goroutine, ring and exchange schedules alike; a larger one
+// keeps its sender goroutine. Results are checked against the reference
+// either way.
+func TestLinkBufferChoosesSequentialSteps(t *testing.T) {
+	const n = 2
+	for _, tc := range []struct {
+		algo      string
+		count     int // float32 elements
+		buffer    int
+		goroutine bool
+	}{
+		// Ring at N = 2: a step carries half the buffer (512 KiB of a
+		// 1 MiB allreduce) plus headers.
+		{"ring", 1 << 18, 0, true},                      // beyond SmallBytes, nothing promised
+		{"ring", 1 << 18, 1 << 20, true},                // half of 1 MiB is short of 512 KiB + headers
+		{"ring", 1 << 18, 2 << 20, false},               // half of 2 MiB holds it
+		{"ring", 1<<18 + 1, 2 << 20, false},             // an odd length too
+		{"recursive-doubling", 1 << 17, 2 << 20, false}, // one exchange of 512 KiB
+		{"recursive-doubling", 1 << 18, 2 << 20, true},  // of 1 MiB: too much
+	} {
+		t.Run(fmt.Sprintf("%s/%d/%d", tc.algo, tc.count, tc.buffer), func(t *testing.T) {
+			policy, err := ParseAllreducePolicy(tc.algo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts := NewMemRing(n)
+			meshes := make([]*bufferedMesh, n)
+			rs := make([]*Ring, n)
+			for i := range rs {
+				meshes[i] = &bufferedMesh{MemTransport: ts[i].(*MemTransport), buffer: tc.buffer}
+				if rs[i], err = New(Config{Rank: i, Size: n, Allreduce: policy}, meshes[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			in := randomInputs(n, tc.count, 3, uint64(tc.count))
+			bufs := make([][]byte, n)
+			inputs := make([][]float64, n)
+			for i := range bufs {
+				bufs[i] = append([]byte(nil), in[i]...)
+				inputs[i] = decode(Float32, in[i])
+			}
+			mustAll(t, parallel(n, func(i int) error {
+				return rs[i].Allreduce(testCtx(t), Call{Op: Sum, DType: Float32, Count: tc.count}, bufs[i])
+			}))
+			want := reference(Float32, Sum, inputs)
+			for i := range bufs {
+				got := decode(Float32, bufs[i])
+				for k := range want {
+					if float32(got[k]) != float32(want[k]) {
+						t.Fatalf("rank %d element %d: %v, want %v", i, k, got[k], want[k])
+					}
+				}
+			}
+			for i, m := range meshes {
+				if ran := m.concurrent.Load() > 0; ran != tc.goroutine {
+					t.Errorf("rank %d: sender goroutine %v, want %v", i, ran, tc.goroutine)
+				}
+			}
+		})
+	}
+}
