@@ -826,13 +826,42 @@ type transport struct {
 	// now (ring.Concurrency): a shm wait then lets them run before it
 	// polls and before it parks.
 	concurrent atomic.Int32
+	// viewBuf receives RecvPrevView's bytes from a socket link (one
+	// receiver at a time, see ring.Transport).
+	viewBuf []byte
 }
 
 var (
-	_ ring.Mesh        = (*transport)(nil)
-	_ ring.Concurrency = (*transport)(nil)
-	_ ring.LinkBuffers = (*transport)(nil)
+	_ ring.Mesh         = (*transport)(nil)
+	_ ring.Concurrency  = (*transport)(nil)
+	_ ring.LinkBuffers  = (*transport)(nil)
+	_ ring.ViewReceiver = (*transport)(nil)
 )
+
+// RecvPrevView implements ring.ViewReceiver: from a shared-memory link the
+// bytes are handed over in place; from a socket they are read into a
+// buffer of the transport's first.
+func (t *transport) RecvPrevView(ctx context.Context, n int, use func(span []byte)) error {
+	rank := (t.me - 1 + t.size) % t.size
+	if l := t.from[rank]; l != nil && l.shm != nil {
+		if err := t.pre(ctx); err != nil {
+			return err
+		}
+		if err := l.shm.readView(ctx, n, use, t.waitPolicy()); err != nil {
+			return t.fail(ctx, err, "recv from", l)
+		}
+		return nil
+	}
+	if cap(t.viewBuf) < n {
+		t.viewBuf = make([]byte, n)
+	}
+	buf := t.viewBuf[:n]
+	if err := t.RecvFrom(ctx, rank, buf); err != nil {
+		return err
+	}
+	use(buf)
+	return nil
+}
 
 // LinkBuffer implements ring.LinkBuffers: a shared-memory link holds its
 // ring's capacity; a socket's kernel buffer is not promised (0).

@@ -812,6 +812,63 @@ func (s *shmLink) read(ctx context.Context, buf []byte, w shmWait) error {
 	return nil
 }
 
+// readView is read without the copy: it hands the next n bytes to use,
+// in order, as spans of the ring itself (two where the ring wraps, and
+// pieces of at most shmChunk), each valid only during its call: the
+// writer may reuse the space once use returns. A receiver that reduces
+// what it receives does so straight from the ring.
+func (s *shmLink) readView(ctx context.Context, n int, use func(span []byte), w shmWait) error {
+	if !s.acquire() {
+		return net.ErrClosed
+	}
+	defer s.release()
+	var p parked
+	defer p.end(s)
+	r := s.ring
+	got := 0
+	for got < n {
+		avail := s.peerPos - s.pos
+		if avail == 0 {
+			s.peerPos = r.head.Load()
+			avail = s.peerPos - s.pos
+		}
+		if avail > uint64(len(r.data)) {
+			return errShmCorrupt
+		}
+		if avail == 0 {
+			if r.closed.Load() != 0 {
+				if s.peerPos = r.head.Load(); s.peerPos != s.pos {
+					continue
+				}
+				return eofAfter(got)
+			}
+			if s.broken.Load() {
+				if err := s.err(); err != io.EOF {
+					return err
+				}
+				return eofAfter(got)
+			}
+			if err := s.await(ctx, &p, w); err != nil {
+				return err
+			}
+			continue
+		}
+		raceAcquireIO()
+		k := int(min(avail, uint64(n-got), shmChunk))
+		off := int(s.pos & r.mask)
+		first := min(k, len(r.data)-off)
+		use(r.data[off : off+first])
+		if first < k {
+			use(r.data[:k-first])
+		}
+		got += k
+		s.pos += uint64(k)
+		r.tail.Store(s.pos)
+		notify(r.spaceWait)
+	}
+	return nil
+}
+
 // errShmCorrupt: the peer's counter says more than the ring holds. Only a
 // peer that broke the protocol does that; the link is unusable.
 var errShmCorrupt = errors.New("shm ring counters out of range")

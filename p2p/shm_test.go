@@ -761,3 +761,44 @@ func TestShmPeerLinksGone(t *testing.T) {
 		}
 	}
 }
+
+// RecvPrevView hands over exactly the bytes sent, in order, from shared
+// memory (in place, in pieces where the ring wraps) and from a unix socket
+// (through the transport's buffer), messages larger than the ring
+// included.
+func TestRecvPrevView(t *testing.T) {
+	for _, kind := range []string{LinkShm, LinkUnix} {
+		t.Run(kind, func(t *testing.T) {
+			t.Setenv(envShmBytes, strconv.Itoa(minShmBytes))
+			j := startJob(t, jobOpts{size: 2, noShm: kind == LinkUnix})
+			if k := j.nodes[1].Peers()[0].Link; k != kind {
+				t.Fatalf("link is %s, want %s", k, kind)
+			}
+			send, recv := j.nodes[0].Transport(), j.nodes[1].Transport().(ring.ViewReceiver)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for _, n := range []int{1, 4097, minShmBytes - 3, 3*minShmBytes + 11} {
+				want := make([]byte, n)
+				for i := range want {
+					want[i] = byte(i*7 + n)
+				}
+				sent := make(chan error, 1)
+				go func() { sent <- send.SendNext(ctx, want) }()
+				var got []byte
+				spans := 0
+				if err := recv.RecvPrevView(ctx, n, func(span []byte) {
+					got = append(got, span...)
+					spans++
+				}); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-sent; err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, want) {
+					t.Fatalf("%d bytes in %d spans: not the bytes sent", n, spans)
+				}
+			}
+		})
+	}
+}

@@ -604,11 +604,9 @@ func (r *Ring) recvSteps(ctx context.Context, t0, t1 int) error {
 			}
 			if nb > 0 {
 				if st.reduce {
-					sc := r.scratch[:nb]
-					if err := r.t.RecvPrev(ctx, sc); err != nil {
+					if err := r.recvReduce(ctx, p.bytes(st.dst, off+lo, k), p.bytes(st.a, off+lo, k), st.final); err != nil {
 						return fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(t), r.prev, err)
 					}
-					r.reduce(p.bytes(st.dst, off+lo, k), p.bytes(st.a, off+lo, k), sc, st.final)
 				} else if err := r.t.RecvPrev(ctx, p.bytes(st.dst, off+lo, k)); err != nil {
 					return fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(t), r.prev, err)
 				}
@@ -684,6 +682,51 @@ func (r *Ring) checkHeader(t, c, off, nb int) error {
 			r.errPrefix(t), r.prev, h.Step, h.Chunk, h.Offset, h.Length, t, c, off, nb)
 	}
 	return nil
+}
+
+// recvReduce receives len(dst) bytes from the previous rank and reduces
+// them: dst = a op received. A ViewReceiver's spans are reduced where they
+// lie; an element split between two spans, or a span not aligned for the
+// element type, goes through scratch space. Other transports receive into
+// scratch first.
+func (r *Ring) recvReduce(ctx context.Context, dst, a []byte, final bool) error {
+	vr, ok := r.t.(ViewReceiver)
+	if !ok {
+		sc := r.scratch[:len(dst)]
+		if err := r.t.RecvPrev(ctx, sc); err != nil {
+			return err
+		}
+		r.reduce(dst, a, sc, final)
+		return nil
+	}
+	esz := r.p.esz
+	var carry [8]byte // the start of an element split between spans
+	held, pos := 0, 0
+	return vr.RecvPrevView(ctx, len(dst), func(span []byte) {
+		if held > 0 { // complete the split element
+			k := copy(carry[held:esz], span)
+			held += k
+			span = span[k:]
+			if held < esz {
+				return
+			}
+			r.reduce(dst[pos:pos+esz], a[pos:pos+esz], carry[:esz], final)
+			pos += esz
+			held = 0
+		}
+		whole := len(span) - len(span)%esz
+		if whole > 0 {
+			b := span[:whole]
+			if !aligned(b, esz) {
+				r.scratch = growAligned(r.scratch, whole)
+				b = r.scratch[:whole]
+				copy(b, span)
+			}
+			r.reduce(dst[pos:pos+whole], a[pos:pos+whole], b, final)
+			pos += whole
+		}
+		held = copy(carry[:], span[whole:])
+	})
 }
 
 // reduce computes dst = a op b (then divides by Size on the final Avg step),

@@ -56,6 +56,18 @@ type LinkBuffers interface {
 	LinkBuffer(rank int) int
 }
 
+// ViewReceiver is an optional interface of a Transport that can hand over
+// what it received without copying it first (a shared-memory ring's bytes,
+// in place). The ring reduces a received chunk straight from them, which
+// saves a copy of every reduced byte.
+type ViewReceiver interface {
+	// RecvPrevView receives the next n bytes from the previous rank and
+	// hands them to use, in order, as one or more spans of any length
+	// (an element may straddle two), each valid only during its call. It
+	// follows RecvPrev's rules otherwise.
+	RecvPrevView(ctx context.Context, n int, use func(span []byte)) error
+}
+
 // Mesh is a Transport that also reaches every rank directly. Compressed
 // allreduce needs it: each rank sends its compressed share of segment j
 // straight to j's owner, so no partial sum is ever re-compressed on the way
