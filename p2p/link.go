@@ -65,6 +65,10 @@ type link struct {
 	// cost far more than the clock read and two stores. A shm link keeps
 	// its own (shmLink.waitingSince), set only when a transfer parks.
 	blockedSince atomic.Int64
+
+	// viewBuf receives RecvFromView's bytes from a socket link (a link
+	// has one receiver at a time).
+	viewBuf []byte
 }
 
 // waitSince is when the transfer in progress on l began waiting for the
@@ -826,9 +830,6 @@ type transport struct {
 	// now (ring.Concurrency): a shm wait then lets them run before it
 	// polls and before it parks.
 	concurrent atomic.Int32
-	// viewBuf receives RecvPrevView's bytes from a socket link (one
-	// receiver at a time, see ring.Transport).
-	viewBuf []byte
 }
 
 var (
@@ -838,12 +839,15 @@ var (
 	_ ring.ViewReceiver = (*transport)(nil)
 )
 
-// RecvPrevView implements ring.ViewReceiver: from a shared-memory link the
-// bytes are handed over in place; from a socket they are read into a
-// buffer of the transport's first.
-func (t *transport) RecvPrevView(ctx context.Context, n int, use func(span []byte)) error {
-	rank := (t.me - 1 + t.size) % t.size
-	if l := t.from[rank]; l != nil && l.shm != nil {
+// RecvFromView implements ring.ViewReceiver: from a shared-memory link the
+// bytes are handed over in place; from a socket they are read into the
+// link's buffer first.
+func (t *transport) RecvFromView(ctx context.Context, rank, n int, use func(span []byte)) error {
+	if rank < 0 || rank >= t.size || rank == t.me {
+		return fmt.Errorf("p2p: rank %d cannot receive from rank %d (size %d)", t.me, rank, t.size)
+	}
+	l := t.from[rank]
+	if l.shm != nil {
 		if err := t.pre(ctx); err != nil {
 			return err
 		}
@@ -852,10 +856,10 @@ func (t *transport) RecvPrevView(ctx context.Context, n int, use func(span []byt
 		}
 		return nil
 	}
-	if cap(t.viewBuf) < n {
-		t.viewBuf = make([]byte, n)
+	if cap(l.viewBuf) < n {
+		l.viewBuf = make([]byte, n)
 	}
-	buf := t.viewBuf[:n]
+	buf := l.viewBuf[:n]
 	if err := t.RecvFrom(ctx, rank, buf); err != nil {
 		return err
 	}

@@ -762,11 +762,11 @@ func TestShmPeerLinksGone(t *testing.T) {
 	}
 }
 
-// RecvPrevView hands over exactly the bytes sent, in order, from shared
+// RecvFromView hands over exactly the bytes sent, in order, from shared
 // memory (in place, in pieces where the ring wraps) and from a unix socket
 // (through the transport's buffer), messages larger than the ring
 // included.
-func TestRecvPrevView(t *testing.T) {
+func TestRecvFromView(t *testing.T) {
 	for _, kind := range []string{LinkShm, LinkUnix} {
 		t.Run(kind, func(t *testing.T) {
 			t.Setenv(envShmBytes, strconv.Itoa(minShmBytes))
@@ -786,7 +786,7 @@ func TestRecvPrevView(t *testing.T) {
 				go func() { sent <- send.SendNext(ctx, want) }()
 				var got []byte
 				spans := 0
-				if err := recv.RecvPrevView(ctx, n, func(span []byte) {
+				if err := recv.RecvFromView(ctx, 0, n, func(span []byte) {
 					got = append(got, span...)
 					spans++
 				}); err != nil {

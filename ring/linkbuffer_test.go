@@ -88,21 +88,17 @@ func TestLinkBufferChoosesSequentialSteps(t *testing.T) {
 	}
 }
 
-// viewMesh is a MemTransport that hands what it receives to RecvPrevView
+// viewMesh is a MemTransport that hands what it receives to RecvFromView
 // in awkward spans: starting one byte off alignment, of lengths 1, 2, 3,
 // ... bytes, so that elements straddle spans and spans start misaligned.
 type viewMesh struct {
 	*MemTransport
-	buf   []byte
 	spans atomic.Int64
 }
 
-func (v *viewMesh) RecvPrevView(ctx context.Context, n int, use func([]byte)) error {
-	if cap(v.buf) < n+1 {
-		v.buf = make([]byte, n+1)
-	}
-	b := v.buf[1 : n+1]
-	if err := v.RecvPrev(ctx, b); err != nil {
+func (v *viewMesh) RecvFromView(ctx context.Context, rank, n int, use func([]byte)) error {
+	b := make([]byte, n+1)[1:] // one receiver per peer may run at once: a buffer each
+	if err := v.RecvFrom(ctx, rank, b); err != nil {
 		return err
 	}
 	for l := 1; len(b) > 0; l++ {
@@ -115,56 +111,73 @@ func (v *viewMesh) RecvPrevView(ctx context.Context, n int, use func([]byte)) er
 }
 
 // Reducing straight from a ViewReceiver's spans, however they split the
-// elements, gives the bytes the copying path gives, for every type and
-// op, at odd lengths and rank counts.
+// elements, gives the bytes the copying path gives, for every type, at odd
+// lengths and rank counts, in the ring and in the pairwise exchanges, with
+// sequential rounds and (200,003 float64s: rounds beyond half a link's
+// buffer) pipelined ones, in small chunks and in chunks larger than a
+// link holds.
 func TestViewReceiverReducesInPlace(t *testing.T) {
-	for _, n := range []int{2, 3, 5} {
-		for _, dt := range []DType{Float32, Float64, Int32, Int64} {
-			for _, op := range []Op{Sum, Avg, Max} {
-				count := 1000 + n // more elements than ranks, not a multiple of them
-				ringOnly, err := ParseAllreducePolicy("ring")
-				if err != nil {
-					t.Fatal(err)
-				}
-				in := randomInputs(n, count, uint64(n), uint64(dt))
-				run := func(view bool) [][]byte {
-					ts := NewMemRing(n)
-					rs := make([]*Ring, n)
-					var views []*viewMesh
-					for i := range rs {
-						var tr Transport = ts[i]
-						if view {
-							v := &viewMesh{MemTransport: ts[i].(*MemTransport)}
-							views = append(views, v)
-							tr = v
-						}
-						r, err := New(Config{Rank: i, Size: n, ChunkBytes: 256, Allreduce: ringOnly}, tr)
-						if err != nil {
-							t.Fatal(err)
-						}
-						rs[i] = r
-					}
-					bufs := make([][]byte, n)
-					for i := range bufs {
-						bufs[i] = encode(dt, decode(Float32, in[i]))
-					}
-					mustAll(t, parallel(n, func(i int) error {
-						return rs[i].Allreduce(testCtx(t), Call{Op: op, DType: dt, Count: count}, bufs[i])
-					}))
-					for _, v := range views {
-						if v.spans.Load() == 0 {
-							t.Fatal("the ring never received through RecvPrevView")
-						}
-					}
-					return bufs
-				}
-				want, got := run(false), run(true)
-				for i := range got {
-					if !bytes.Equal(got[i], want[i]) {
-						t.Fatalf("N=%d %v %v: rank %d's result differs from the copying path's", n, dt, op, i)
-					}
-				}
+	for _, algo := range []string{"ring", "recursive-doubling", "rabenseifner"} {
+		for _, n := range []int{2, 3, 5} {
+			for _, dt := range []DType{Float32, Float64, Int32, Int64} {
+				testViewReduce(t, algo, n, dt, Avg, 1000+n, 256)
 			}
+			testViewReduce(t, algo, n, Float64, Sum, 200_003, 256)
+			// One chunk larger than a link holds: a sender stays blocked
+			// in it until the peer receives, so a receiver that waited
+			// for its own send before receiving would deadlock.
+			testViewReduce(t, algo, n, Float64, Sum, 200_003, 4<<20)
+		}
+	}
+}
+
+func testViewReduce(t *testing.T, algo string, n int, dt DType, op Op, count, chunk int) {
+	t.Helper()
+	policy, err := ParseAllreducePolicy(algo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := randomInputs(n, count, uint64(n), uint64(dt))
+	run := func(view bool) [][]byte {
+		ts := NewMemRing(n)
+		rs := make([]*Ring, n)
+		var views []*viewMesh
+		for i := range rs {
+			var tr Transport = ts[i]
+			if view {
+				v := &viewMesh{MemTransport: ts[i].(*MemTransport)}
+				views = append(views, v)
+				tr = v
+			}
+			r, err := New(Config{Rank: i, Size: n, ChunkBytes: chunk, Allreduce: policy}, tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rs[i] = r
+		}
+		bufs := make([][]byte, n)
+		for i := range bufs {
+			bufs[i] = encode(dt, decode(Float32, in[i]))
+		}
+		mustAll(t, parallel(n, func(i int) error {
+			return rs[i].Allreduce(testCtx(t), Call{Op: op, DType: dt, Count: count}, bufs[i])
+		}))
+		var spans int64 // a rank that only sends (recursive doubling's extra ranks) has none
+		for _, v := range views {
+			spans += v.spans.Load()
+		}
+		// Small calls run sequentially and always fold in place; a
+		// pipelined exchange whose received range is the one it sends
+		// copies instead (see recvXfer).
+		if view && spans == 0 && count < 10_000 {
+			t.Fatalf("%s N=%d: no rank received through RecvFromView", algo, n)
+		}
+		return bufs
+	}
+	want, got := run(false), run(true)
+	for i := range got {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Fatalf("%s N=%d %v %v count %d: rank %d's result differs from the copying path's", algo, n, dt, op, count, i)
 		}
 	}
 }

@@ -112,6 +112,11 @@ type Ring struct {
 	shdr     [HeaderSize]byte
 	rhdr     [HeaderSize]byte
 	scratch  []byte // receive buffer for chunks that are reduced
+	// fold is the chunk being reduced from a ViewReceiver's spans, and
+	// foldSpan its span method bound once (a method value or closure per
+	// chunk would allocate on every chunk).
+	fold     viewFold
+	foldSpan func(span []byte)
 	work     []byte // ReduceScatter partial results
 	tmp      []byte // realignment of misaligned user buffers; tiny allreduce accumulator
 	gather   []byte // every rank's buffer, for tiny allreduces
@@ -150,7 +155,7 @@ func New(cfg Config, t Transport) (*Ring, error) {
 	if cb == 0 {
 		cb = DefaultChunkBytes
 	}
-	return &Ring{
+	r := &Ring{
 		rank:       cfg.Rank,
 		size:       cfg.Size,
 		prev:       (cfg.Rank + cfg.Size - 1) % cfg.Size,
@@ -166,7 +171,10 @@ func New(cfg Config, t Transport) (*Ring, error) {
 		wake:       make(chan struct{}, 1),
 		sendErr:    make(chan error, 1),
 		first:      make(chan struct{}, 1),
-	}, nil
+	}
+	r.fold.r = r
+	r.foldSpan = r.fold.span
+	return r, nil
 }
 
 // Rank returns this ring member's rank.
@@ -685,48 +693,78 @@ func (r *Ring) checkHeader(t, c, off, nb int) error {
 }
 
 // recvReduce receives len(dst) bytes from the previous rank and reduces
-// them: dst = a op received. A ViewReceiver's spans are reduced where they
-// lie; an element split between two spans, or a span not aligned for the
-// element type, goes through scratch space. Other transports receive into
-// scratch first.
+// them: dst = a op received, straight from a ViewReceiver's spans, else
+// through scratch.
 func (r *Ring) recvReduce(ctx context.Context, dst, a []byte, final bool) error {
-	vr, ok := r.t.(ViewReceiver)
-	if !ok {
-		sc := r.scratch[:len(dst)]
-		if err := r.t.RecvPrev(ctx, sc); err != nil {
-			return err
-		}
-		r.reduce(dst, a, sc, final)
-		return nil
+	if vr, ok := r.t.(ViewReceiver); ok {
+		r.fold.start(dst, a, final, false, false)
+		return vr.RecvFromView(ctx, r.prev, len(dst), r.foldSpan)
 	}
-	esz := r.p.esz
-	var carry [8]byte // the start of an element split between spans
-	held, pos := 0, 0
-	return vr.RecvPrevView(ctx, len(dst), func(span []byte) {
-		if held > 0 { // complete the split element
-			k := copy(carry[held:esz], span)
-			held += k
-			span = span[k:]
-			if held < esz {
-				return
-			}
-			r.reduce(dst[pos:pos+esz], a[pos:pos+esz], carry[:esz], final)
-			pos += esz
-			held = 0
+	sc := r.scratch[:len(dst)]
+	if err := r.t.RecvPrev(ctx, sc); err != nil {
+		return err
+	}
+	r.reduce(dst, a, sc, final)
+	return nil
+}
+
+// viewFold reduces one received chunk from the spans a ViewReceiver hands
+// over, where they lie (no copy): runs of whole, aligned elements are
+// reduced in place; an element split between two spans, or a span not
+// aligned for the element type, goes through scratch space.
+type viewFold struct {
+	r           *Ring
+	dst, a      []byte // ring: dst = a op received
+	final       bool   // ring: the final reduce-scatter step (Avg divides)
+	pair        bool   // a pairwise exchange: dst = dst op received, or received op dst when theirsFirst
+	theirsFirst bool
+	pos, held   int     // bytes of dst done; bytes of a split element held
+	carry       [8]byte // the start of an element split between spans
+}
+
+func (f *viewFold) start(dst, a []byte, final, pair, theirsFirst bool) {
+	*f = viewFold{r: f.r, dst: dst, a: a, final: final, pair: pair, theirsFirst: theirsFirst}
+}
+
+// span folds the next received bytes.
+func (f *viewFold) span(span []byte) {
+	esz := f.r.p.esz
+	if f.held > 0 { // complete the split element
+		k := copy(f.carry[f.held:esz], span)
+		f.held += k
+		span = span[k:]
+		if f.held < esz {
+			return
 		}
-		whole := len(span) - len(span)%esz
-		if whole > 0 {
-			b := span[:whole]
-			if !aligned(b, esz) {
-				r.scratch = growAligned(r.scratch, whole)
-				b = r.scratch[:whole]
-				copy(b, span)
-			}
-			r.reduce(dst[pos:pos+whole], a[pos:pos+whole], b, final)
-			pos += whole
+		f.apply(f.carry[:esz])
+		f.held = 0
+	}
+	whole := len(span) - len(span)%esz
+	if whole > 0 {
+		b := span[:whole]
+		if !aligned(b, esz) {
+			f.r.scratch = growAligned(f.r.scratch, whole)
+			b = f.r.scratch[:whole]
+			copy(b, span)
 		}
-		held = copy(carry[:], span[whole:])
-	})
+		f.apply(b)
+	}
+	f.held = copy(f.carry[:], span[whole:])
+}
+
+// apply reduces b, the received bytes at f.pos, into dst.
+func (f *viewFold) apply(b []byte) {
+	p, n := f.pos, len(b)
+	f.pos += n
+	d := f.dst[p : p+n]
+	switch {
+	case !f.pair:
+		f.r.reduce(d, f.a[p:p+n], b, f.final)
+	case f.theirsFirst:
+		reduceBytes(f.r.p.call.DType, f.r.p.call.Op, d, b, d)
+	default:
+		reduceBytes(f.r.p.call.DType, f.r.p.call.Op, d, d, b)
+	}
 }
 
 // reduce computes dst = a op b (then divides by Size on the final Avg step),

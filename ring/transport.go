@@ -61,11 +61,12 @@ type LinkBuffers interface {
 // in place). The ring reduces a received chunk straight from them, which
 // saves a copy of every reduced byte.
 type ViewReceiver interface {
-	// RecvPrevView receives the next n bytes from the previous rank and
-	// hands them to use, in order, as one or more spans of any length
-	// (an element may straddle two), each valid only during its call. It
-	// follows RecvPrev's rules otherwise.
-	RecvPrevView(ctx context.Context, n int, use func(span []byte)) error
+	// RecvFromView receives the next n bytes from rank (the previous
+	// rank, or over a Mesh any rank) and hands them to use, in order, as
+	// one or more spans of any length (an element may straddle two), each
+	// valid only during its call. It follows RecvPrev's and RecvFrom's
+	// rules otherwise.
+	RecvFromView(ctx context.Context, rank, n int, use func(span []byte)) error
 }
 
 // Mesh is a Transport that also reaches every rank directly. Compressed
