@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -128,9 +129,13 @@ func TestShm(t *testing.T) {
 				if c := len(shmLinkOf(t, j.nodes[0], 1, true).ring.data); c != want {
 					t.Fatalf("ring of %d bytes, want %d", c, want)
 				}
-				// The ring runs steps up to half of it on one goroutine.
+				// The ring runs steps up to half of it on one goroutine,
+				// unless the host runs more ranks than CPUs.
+				if size > runtime.NumCPU() {
+					want = 0
+				}
 				if lb := j.nodes[0].Mesh().(ring.LinkBuffers).LinkBuffer(1); lb != want {
-					t.Fatalf("LinkBuffer(1) = %d, want the ring's %d bytes", lb, want)
+					t.Fatalf("LinkBuffer(1) = %d, want %d (%d ranks on %d CPUs)", lb, want, size, runtime.NumCPU())
 				}
 				sizes := []int{1, 7, 4095, 4097, 100_003, 3<<20 + 5, 0, 56}
 				exchange(t, j.nodes, sizes)
