@@ -398,7 +398,9 @@ func (r *Ring) errPrefix(t int) string {
 }
 
 // SmallBytes is the largest step (payload and headers) that run moves
-// without a sender goroutine: each step sends, then receives, on the caller's goroutine.
+// without a sender goroutine on any transport (a transport whose links say
+// they hold more, LinkBuffers, gets up to half of that; see
+// sendFirstBound): each step sends, then receives, on the caller's goroutine.
 // Small collectives are bound by latency, and on a virtual machine every
 // hand-off between goroutines on different threads can cost a wake-up of an
 // idle CPU; doing without one halves the latency of tiny allreduces. It is
