@@ -582,7 +582,6 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 		}
 		re.LeftEarly = e.departures.leftEarly(e.procs)
 		re.JobCause = e.departures.abortCause()
-		re.Lost = lostRank(re.JobCause, e.procs)
 	}
 	if failure != nil {
 		return failure

@@ -96,7 +96,9 @@ type RankError struct {
 	JobCause string
 	// Lost is JobCause when it was a rank that stopped responding (a host
 	// that died, a rank frozen): that rank, not the first to exit, is the
-	// culprit, so the message starts with it, naming its host.
+	// culprit, so the message starts with it, naming its host. Fixed-size
+	// jobs only: an elastic job's rendezvous re-forms the job instead, and
+	// numbers its members per epoch, not as gorun numbers its processes.
 	Lost string
 	// Others are the other ranks seen failing at about the same time, e.g.
 	// "rank 1 (exit status 1)": when a rank fails cleanly its peers may exit
