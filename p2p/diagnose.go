@@ -226,15 +226,18 @@ func (n *Node) DiagnoseHang(ctx context.Context, seq uint64) (*HangReport, error
 	if n.ctl == nil {
 		return nil, errors.New("p2p: hang diagnosis: no control path to a rendezvous")
 	}
-	if err := n.sendCtl(&msg{T: tHangAsk, Rank: max(n.rank(), 0), Seq: seq}); err != nil {
+	// Call numbers restart at every epoch of an elastic job: the epoch
+	// says which call #seq is.
+	epoch := max(n.Epoch(), 0)
+	if err := n.sendCtl(&msg{T: tHangAsk, Rank: max(n.rank(), 0), Seq: seq, Epoch: epoch}); err != nil {
 		return nil, fmt.Errorf("p2p: hang diagnosis: %w", err)
 	}
 	for {
 		select {
 		case a := <-n.diagAnswer:
-			if a.rep.Seq != seq {
+			if a.rep.Seq != seq || a.rep.Epoch != epoch {
 				// A late answer to an earlier request, abandoned at its
-				// deadline: not this call's.
+				// deadline, or one of another epoch: not this call's.
 				continue
 			}
 			a.rep.First = a.rep.Requester == a.to
@@ -701,12 +704,19 @@ func (r *Rendezvous) hangKeyLocked(seq uint64) hangKey {
 	return hangKey{seq: seq}
 }
 
+// staleHangAskLocked says whether a rank asked about a call of an epoch
+// that has ended: its call fails with the epoch, and the ranks' states now
+// describe another call with the same number.
+func (r *Rendezvous) staleHangAskLocked(epoch int) bool {
+	return r.cfg.Elastic != nil && epoch != r.el.epoch
+}
+
 // hangAsked handles c's request for a hang diagnosis of call seq: it joins
 // the gathering for that call, is answered with its kept report, or
 // starts a gathering.
-func (r *Rendezvous) hangAsked(c *rzConn, seq uint64) {
+func (r *Rendezvous) hangAsked(c *rzConn, seq uint64, epoch int) {
 	r.mu.Lock()
-	if r.closed || !r.tableSent {
+	if r.closed || !r.tableSent || r.staleHangAskLocked(epoch) {
 		r.mu.Unlock()
 		return
 	}

@@ -497,7 +497,7 @@ func (r *Rendezvous) handle(s network.Stream) {
 				r.hangAnswered(c, m.Text)
 			}
 		case tHangAsk:
-			r.hangAsked(c, m.Seq)
+			r.hangAsked(c, m.Seq, m.Epoch)
 		case tProgQuery:
 			r.mu.Lock()
 			size := r.cfg.Size
