@@ -27,6 +27,24 @@ func (s SSH) Via() string { return s.via() }
 // ShellQuote quotes s for a POSIX shell, leaving plain words as they are.
 func ShellQuote(s string) string { return shquote(s) }
 
+// SeenAddrs is what a session to a remote host saw of its connection:
+// the client's and the server's address in $SSH_CONNECTION (or srun's
+// equivalent).
+type SeenAddrs struct{ Host, ClientIP, ServerIP string }
+
+// LauncherIP is the address a job's rendezvous would listen on, chosen as
+// a job chooses it (chooseLauncherIP) from what the sessions to the remote
+// hosts saw, in host order, and why.
+func LauncherIP(seen []SeenAddrs, via string) (ip, why string, err error) {
+	infos := make(map[string]sshInfo, len(seen))
+	order := make([]string, len(seen))
+	for i, s := range seen {
+		infos[s.Host] = sshInfo{clientIP: s.ClientIP, serverIP: s.ServerIP, via: via}
+		order[i] = s.Host
+	}
+	return chooseLauncherIP(infos, order)
+}
+
 // RouteSource is the address of this host that the kernel's route to ip
 // starts from: the address a host at ip reaches this one at. No packet is
 // sent (a UDP socket is only connected).

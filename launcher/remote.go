@@ -238,9 +238,7 @@ func chooseLauncherIP(infos map[string]sshInfo, order []string) (string, string,
 		if ip := net.ParseIP(in.clientIP); ip != nil && local[ip.String()] && !ip.IsLoopback() {
 			return ip.String(), fmt.Sprintf("the address host %s sees our %s connection come from", h, cmp.Or(in.via, "ssh")), nil
 		}
-		if c, err := net.Dial("udp", net.JoinHostPort(in.serverIP, "9")); err == nil {
-			ip := c.LocalAddr().(*net.UDPAddr).IP.String()
-			c.Close()
+		if ip, err := RouteSource(in.serverIP); err == nil {
 			return ip, fmt.Sprintf("the source address this host routes to %s (%s) with", h, in.serverIP), nil
 		}
 	}

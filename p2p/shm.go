@@ -765,61 +765,16 @@ func (s *shmLink) publish() {
 // read fills buf from the ring. At the end of the stream (the writer
 // closed the ring) it returns io.EOF, or io.ErrUnexpectedEOF within buf.
 func (s *shmLink) read(ctx context.Context, buf []byte, w shmWait) error {
-	if !s.acquire() {
-		return net.ErrClosed
-	}
-	defer s.release()
-	var p parked
-	defer p.end(s)
-	r := s.ring
 	got := 0
-	for got < len(buf) {
-		avail := s.peerPos - s.pos
-		if avail == 0 {
-			s.peerPos = r.head.Load()
-			avail = s.peerPos - s.pos
-		}
-		if avail > uint64(len(r.data)) {
-			return errShmCorrupt
-		}
-		if avail == 0 {
-			// What the writer wrote before it closed the ring (or died)
-			// is still read, as from a socket.
-			if r.closed.Load() != 0 {
-				if s.peerPos = r.head.Load(); s.peerPos != s.pos {
-					continue
-				}
-				return eofAfter(got)
-			}
-			if s.broken.Load() {
-				if err := s.err(); err != io.EOF {
-					return err
-				}
-				return eofAfter(got)
-			}
-			if err := s.await(ctx, &p, w); err != nil {
-				return err
-			}
-			continue
-		}
-		raceAcquireIO()
-		n := min(avail, uint64(len(buf)-got), shmChunk)
-		off := s.pos & r.mask
-		k := copy(buf[got:got+int(n)], r.data[off:])
-		copy(buf[got+k:got+int(n)], r.data)
-		got += int(n)
-		s.pos += n
-		r.tail.Store(s.pos)
-		notify(r.spaceWait)
-	}
-	return nil
+	return s.readView(ctx, len(buf), func(span []byte) { got += copy(buf[got:], span) }, w)
 }
 
-// readView is read without the copy: it hands the next n bytes to use,
-// in order, as spans of the ring itself (two where the ring wraps, and
-// pieces of at most shmChunk), each valid only during its call: the
-// writer may reuse the space once use returns. A receiver that reduces
-// what it receives does so straight from the ring.
+// readView hands the next n bytes to use, in order, as spans of the ring
+// itself (two where the ring wraps, and pieces of at most shmChunk), each
+// valid only during its call: the writer may reuse the space once use
+// returns. A receiver that reduces what it receives does so straight from
+// the ring; read copies. At the end of the stream it returns io.EOF, or
+// io.ErrUnexpectedEOF within the n bytes.
 func (s *shmLink) readView(ctx context.Context, n int, use func(span []byte), w shmWait) error {
 	if !s.acquire() {
 		return net.ErrClosed
@@ -839,6 +794,8 @@ func (s *shmLink) readView(ctx context.Context, n int, use func(span []byte), w 
 			return errShmCorrupt
 		}
 		if avail == 0 {
+			// What the writer wrote before it closed the ring (or died)
+			// is still read, as from a socket.
 			if r.closed.Load() != 0 {
 				if s.peerPos = r.head.Load(); s.peerPos != s.pos {
 					continue

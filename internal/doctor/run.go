@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -122,7 +121,7 @@ func Run(ctx context.Context, cfg Config) ([]HostResult, []PairResult, error) {
 		}
 	}()
 
-	launcherIP := chooseLauncherIP(res)
+	launcherIP := chooseLauncherIP(res, cfg.SSH.Via())
 	logf("agents on this host listen on %s", launcherIP)
 	parallel(n, func(i int) {
 		a := agents[i]
@@ -240,28 +239,18 @@ func Run(ctx context.Context, cfg Config) ([]HostResult, []PairResult, error) {
 	return res, pairs, nil
 }
 
-// chooseLauncherIP is the address this host's agents listen on, as gorun's
-// rendezvous would: the address the first remote host saw our ssh
-// connection come from, if it is ours, else the source address of the
-// route to it; 127.0.0.1 without remote hosts.
-func chooseLauncherIP(res []HostResult) string {
-	local := map[string]bool{}
-	addrs, _ := net.InterfaceAddrs()
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok {
-			local[n.IP.String()] = true
+// chooseLauncherIP is the address this host's agents listen on: the one a
+// job's rendezvous would (launcher.LauncherIP), 127.0.0.1 without remote
+// hosts or when the job could not choose either.
+func chooseLauncherIP(res []HostResult, via string) string {
+	var seen []launcher.SeenAddrs
+	for _, r := range res {
+		if !r.Local && r.Facts != nil && r.Facts.SSHServerIP != "" {
+			seen = append(seen, launcher.SeenAddrs{Host: r.Name, ClientIP: r.Facts.SSHClientIP, ServerIP: r.Facts.SSHServerIP})
 		}
 	}
-	for _, r := range res {
-		if r.Local || r.Facts == nil || r.Facts.SSHServerIP == "" {
-			continue
-		}
-		if ip := net.ParseIP(r.Facts.SSHClientIP); ip != nil && local[ip.String()] && !ip.IsLoopback() {
-			return ip.String()
-		}
-		if ip, err := launcher.RouteSource(r.Facts.SSHServerIP); err == nil {
-			return ip
-		}
+	if ip, _, err := launcher.LauncherIP(seen, via); err == nil {
+		return ip
 	}
 	return "127.0.0.1"
 }
