@@ -832,19 +832,7 @@ func (r *Rendezvous) gatherHang(g *hangGather, conns []*rzConn) {
 	}
 	r.cfg.Logf("rendezvous: hang diagnosis: %s", rep.Diagnosis)
 	if !rep.Ended {
-		if r.cfg.OnHang != nil {
-			rep.Dump = r.cfg.OnHang(rep)
-			rep.Printed = true
-		} else if path, err := WriteHangReport("", rep, ""); err != nil {
-			// This process has every rank's state: the ranks that asked
-			// may only get the diagnosis (Stripped below).
-			rep.DumpErr = err.Error()
-		} else {
-			rep.Dump = path
-		}
-		if rep.Dump != "" {
-			rep.DumpHost, _ = os.Hostname()
-		}
+		r.dumpHang(rep)
 	}
 	b, err := json.Marshal(rep)
 	if err == nil && len(b) > maxFrame/2 {
@@ -875,6 +863,50 @@ func (r *Rendezvous) gatherHang(g *hangGather, conns []*rzConn) {
 	}
 	for _, c := range askers {
 		r.sendHang(c, string(b))
+	}
+}
+
+// hangDumpTimeout bounds how long the rendezvous waits for a hang report
+// to be printed and written before it answers the ranks that asked: a
+// dump directory on a stuck network file system must not keep them (or
+// Close) waiting.
+var hangDumpTimeout = 5 * time.Second
+
+// dumpHang has rep printed and written (by OnHang, or WriteHangReport) on
+// a goroutine of its own, waits for that at most hangDumpTimeout, and
+// records the dump's path, or why there is none, in rep.
+func (r *Rendezvous) dumpHang(rep *HangReport) {
+	type written struct {
+		path    string
+		err     error
+		printed bool
+	}
+	done := make(chan written, 1)
+	view := *rep // the writer's own copy: rep is marshalled below while it may still run
+	go func() {
+		if r.cfg.OnHang != nil {
+			done <- written{path: r.cfg.OnHang(&view), printed: true}
+			return
+		}
+		path, err := WriteHangReport("", &view, "")
+		done <- written{path: path, err: err}
+	}()
+	t := time.NewTimer(hangDumpTimeout)
+	defer t.Stop()
+	select {
+	case w := <-done:
+		rep.Dump, rep.Printed = w.path, w.printed
+		if w.err != nil {
+			// This process has every rank's state: the ranks that asked
+			// may only get the diagnosis (Stripped in gatherHang).
+			rep.DumpErr = w.err.Error()
+		}
+		if rep.Dump != "" {
+			rep.DumpHost, _ = os.Hostname()
+		}
+	case <-t.C:
+		rep.DumpErr = fmt.Sprintf("writing the hang report had not finished after %v (is $%s, or the temp directory, on a slow or stuck file system?); it may still appear there", hangDumpTimeout, EnvHangDir)
+		r.cfg.Logf("rendezvous: %s", rep.DumpErr)
 	}
 }
 

@@ -277,6 +277,34 @@ func TestHangDiagnosisDumpError(t *testing.T) {
 	}
 }
 
+// A hang report whose printing or writing does not finish (a dump
+// directory on a stuck file system) does not keep the ranks from the
+// diagnosis: they get it after hangDumpTimeout, with every rank's state and
+// an error that says the dump is not written yet, while the writer still
+// runs.
+func TestHangDiagnosisDumpStuck(t *testing.T) {
+	defer func(d time.Duration) { hangDumpTimeout = d }(hangDumpTimeout)
+	hangDumpTimeout = 100 * time.Millisecond
+	stuck, entered := make(chan struct{}), make(chan struct{})
+	j, _ := hangJob(t, func(*HangReport) string {
+		close(entered)
+		<-stuck
+		return "/never/written.json"
+	}, "")
+	defer close(stuck) // before the job closes (cleanup): the writer is left running until then
+	rep := diagnoseHang(t, j.nodes[0], 5)
+	select {
+	case <-entered:
+	default:
+		t.Fatal("the diagnosis came back before OnHang was called")
+	}
+	if rep.Dump != "" || rep.Printed || !strings.Contains(rep.DumpErr, "had not finished after 100ms") || !strings.Contains(rep.DumpErr, EnvHangDir) ||
+		len(rep.Ranks) != 3 || rep.Culprit != 1 {
+		t.Errorf("report: dump %q, printed %v, error %q, %d ranks, culprit %d; want no dump, not printed, an error saying the write had not finished, 3 ranks, rank 1 named",
+			rep.Dump, rep.Printed, rep.DumpErr, len(rep.Ranks), rep.Culprit)
+	}
+}
+
 // A receive that waits for its peer shows in the rank's state, naming the
 // peer, on a shm link (recorded only once the transfer parks) and on a
 // socket; it is gone once the transfer completed.
