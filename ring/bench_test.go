@@ -28,6 +28,21 @@ func benchKernel(b *testing.B, dt DType, op Op) {
 	}
 }
 
+// benchGoKernel is benchKernel with the Go kernels only, the baseline for
+// the AVX2 assembly that reduceBytes runs where available.
+func benchGoKernel(b *testing.B, dt DType, op Op) {
+	dst := growAligned(nil, kernelBytes)
+	src := growAligned(nil, kernelBytes)
+	for i := range src {
+		src[i] = byte(i % 7)
+	}
+	b.SetBytes(kernelBytes)
+	b.ResetTimer()
+	for range b.N {
+		reduceGo(dt, op, dst, dst, src)
+	}
+}
+
 func BenchmarkReduce(b *testing.B) {
 	for _, dt := range reduceTypes {
 		for _, op := range []Op{Sum, Prod, Min, Max} {
@@ -43,12 +58,15 @@ func naiveSumFloat32(dst, a, b []float32) {
 	}
 }
 
-// BenchmarkReduceNaive compares float32 Sum against a plain typed loop and a
-// portable encoding/binary loop (no unsafe).
+// BenchmarkReduceNaive compares float32 Sum (reduceBytes, "unrolled") with
+// the Go kernels alone (float64 too), a plain typed loop and a portable
+// encoding/binary loop (no unsafe).
 func BenchmarkReduceNaive(b *testing.B) {
 	dst := growAligned(nil, kernelBytes)
 	src := growAligned(nil, kernelBytes)
 	b.Run("float32/Sum/unrolled", func(b *testing.B) { benchKernel(b, Float32, Sum) })
+	b.Run("float32/Sum/goKernel", func(b *testing.B) { benchGoKernel(b, Float32, Sum) })
+	b.Run("float64/Sum/goKernel", func(b *testing.B) { benchGoKernel(b, Float64, Sum) })
 	b.Run("float32/Sum/loop", func(b *testing.B) {
 		b.SetBytes(kernelBytes)
 		d, s := view[float32](dst), view[float32](src)
