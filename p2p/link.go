@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -827,8 +828,8 @@ type transport struct {
 	pollBudget time.Duration
 	pollYield  bool
 	// linkBufferDespiteYield, set only by tests, makes LinkBuffer promise
-	// a shm link's capacity even with pollYield, so that the send-first
-	// path runs over shm on a CI host with fewer CPUs than ranks.
+	// a shm link's capacity even with pollYield and GOMAXPROCS 1, so that
+	// the send-first path runs over shm on any host.
 	linkBufferDespiteYield bool
 	// concurrent counts the collectives that run goroutines of their own
 	// now (ring.Concurrency): a shm wait then lets them run before it
@@ -872,13 +873,22 @@ func (t *transport) RecvFromView(ctx context.Context, rank, n int, use func(span
 }
 
 // LinkBuffer implements ring.LinkBuffers: a shared-memory link holds its
-// ring's capacity; a socket's kernel buffer is not promised (0). On a host
-// with more ranks than CPUs (pollYield) it promises nothing either: there
-// a rank that sends a whole step before it receives keeps its peers, who
-// wait for a CPU, waiting longer, and the MNIST example at np=4 on 2 CPUs
-// took 0.76-0.83 s per epoch against 0.56-0.63 with the sender goroutine.
+// ring's capacity; a socket's kernel buffer is not promised (0).
+//
+// On a host with more ranks than CPUs (pollYield) it promises nothing
+// either while this process runs Go code on one thread (GOMAXPROCS 1, as
+// the MNIST example sets when 4 ranks share 2 CPUs): there the sender
+// goroutine did better. With more threads, sending a whole step before
+// receiving did better. Measured on 2 CPUs, 4 ranks, medians of 4-5
+// interleaved runs: MNIST with GOMAXPROCS 1, 0.565 s per epoch with the
+// sender goroutine against 0.705 sequential; with GOMAXPROCS 2, 0.69
+// against 0.625; gorun bench (GOMAXPROCS 2) 256 KiB 533 -> 259 us and
+// 1 MiB 1302 -> 724 us, 64 KiB 96 -> 100 us.
 func (t *transport) LinkBuffer(rank int) int {
-	if t.pollYield && !t.linkBufferDespiteYield || rank < 0 || rank >= len(t.to) || t.to[rank] == nil || t.to[rank].shm == nil {
+	if rank < 0 || rank >= len(t.to) || t.to[rank] == nil || t.to[rank].shm == nil {
+		return 0
+	}
+	if t.pollYield && !t.linkBufferDespiteYield && runtime.GOMAXPROCS(0) == 1 {
 		return 0
 	}
 	return len(t.to[rank].shm.ring.data)

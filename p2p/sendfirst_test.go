@@ -104,9 +104,9 @@ func sendFirstValue(r, i int) int32 { return int32((i*31+r*1000003)%65521) - 327
 // element more (a sender goroutine), small odd lengths and one of three
 // ring capacities (messages larger than the ring stream through). Every
 // element of every rank is checked against the exact sum, and so is the
-// path: no goroutine at or under the bound, goroutines over it. CI hosts
-// have fewer CPUs than ranks, where LinkBuffer promises nothing unless the
-// test says so (linkBufferDespiteYield).
+// path: no goroutine at or under the bound, goroutines over it. On a host
+// with fewer CPUs than ranks (CI's) and GOMAXPROCS 1, LinkBuffer promises
+// nothing unless the test says so (linkBufferDespiteYield).
 func TestSendFirstOverShm(t *testing.T) {
 	t.Setenv(envShmBytes, strconv.Itoa(sendFirstShmBytes))
 	const esz = 4 // Int32
