@@ -328,7 +328,7 @@ func TestAllreduceAlgorithmSelection(t *testing.T) {
 		for _, plain := range []bool{false, true} {
 			rs, _ := policyRings(t, n, 0, plain, func(int) AllreducePolicy { return AllreducePolicy{} })
 			for _, b := range []int{0, 4, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 1 << 30} {
-				want, _ := AllreducePolicy{Rules: defaultRules(n, !plain)}.pick(b)
+				want, _ := AllreducePolicy{Rules: defaultRules(n, !plain, false)}.pick(b)
 				if plain && want.needsMesh() {
 					t.Errorf("N=%d: default for %d bytes on a plain transport is %s", n, b, want)
 				}
@@ -469,5 +469,54 @@ func TestScatterGatherModeBoundary(t *testing.T) {
 	rng := rand.New(rand.NewPCG(31, 32))
 	for count := edge - 4; count <= edge+3; count++ {
 		runAllreduce(t, fmt.Sprintf("count=%d (edge %d)", count, edge), rs, Float32, Sum, smallInts(rng, n, count, Sum))
+	}
+}
+
+// Two ranks of one host run recursive doubling to 64 KiB (their exchange
+// fits a shared-memory link), two of two hosts to 16 KiB, and a larger
+// ring on one host keeps its rules; both ranks choose alike, and the
+// allreduce at the boundary is exact.
+func TestDefaultRulesOneHost(t *testing.T) {
+	for _, tc := range []struct {
+		hosts []int
+		limit int
+	}{{[]int{0, 0}, 64 << 10}, {[]int{0, 1}, 16 << 10}, {nil, 16 << 10}} {
+		ts := NewMemRing(2)
+		rs := make([]*Ring, 2)
+		for i := range rs {
+			r, err := New(Config{Rank: i, Size: 2, Hosts: tc.hosts}, ts[i])
+			if err != nil {
+				t.Fatal(err)
+			}
+			rs[i] = r
+		}
+		for _, b := range []int{tc.limit, tc.limit + 4} {
+			want := AlgoRecursiveDoubling
+			if b > tc.limit {
+				want = AlgoRing
+			}
+			for i, r := range rs {
+				if got := r.AllreduceAlgorithm(b); got != want {
+					t.Errorf("hosts %v, rank %d, %d bytes: %s, want %s", tc.hosts, i, b, got, want)
+				}
+			}
+			count := b / 4
+			in := make([][]float64, 2)
+			for i := range in {
+				in[i] = make([]float64, count)
+				for k := range in[i] {
+					in[i][k] = float64((k*7+i*3)%101 - 50)
+				}
+			}
+			runAllreduce(t, fmt.Sprintf("hosts %v, %d bytes", tc.hosts, b), rs, Float32, Sum, in)
+		}
+	}
+	ts := NewMemRing(4)
+	r, err := New(Config{Rank: 0, Size: 4, Hosts: []int{0, 0, 0, 0}}, ts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.AllreduceAlgorithm(64 << 10); got != AlgoRabenseifner {
+		t.Errorf("4 ranks of one host, 64 KiB: %s, want rabenseifner", got)
 	}
 }

@@ -255,10 +255,22 @@ func (a Algorithm) needsMesh() bool {
 // N = 4 rules, whose latency terms scale as log2 N. A plain Transport
 // keeps the thresholds measured before (direct, i.e. a ring allgather of
 // whole buffers, to 4 KiB).
-func defaultRules(size int, mesh bool) []AllreduceRule {
+//
+// Two ranks on one host (Config.Hosts says so) run recursive doubling to
+// 64 KiB: their shared-memory link takes a whole 64 KiB exchange before it
+// is read (LinkBuffers), so the one exchange goes without a sender
+// goroutine, and with the AVX2 kernels it beat the ring's two steps
+// (gorun bench -np 2, 3 interleaved rounds on 2 CPUs, recursive doubling /
+// ring / Rabenseifner: 16 KiB 9.1/11.0/11.0 us, 32 KiB 12.1/13.2/13.3,
+// 64 KiB 20.0/22.8/23.5, 128 KiB 33.7/30.8/33.3). Between hosts a 64 KiB
+// exchange is not promised to fit the socket, and the limit stays 16 KiB.
+// The host layout is the same on every rank, so they choose alike.
+func defaultRules(size int, mesh, oneHost bool) []AllreduceRule {
 	switch {
 	case !mesh:
 		return []AllreduceRule{{TinyAllreduceBytes, AlgoDirect}, {NoLimit, AlgoRing}}
+	case size <= 2 && oneHost:
+		return []AllreduceRule{{64 << 10, AlgoRecursiveDoubling}, {NoLimit, AlgoRing}}
 	case size <= 2:
 		return []AllreduceRule{{16 << 10, AlgoRecursiveDoubling}, {NoLimit, AlgoRing}}
 	case size == 3:
@@ -277,7 +289,7 @@ func (r *Ring) AllreduceAlgorithm(bytes int) Algorithm {
 	}
 	a, ok := r.policy.pick(bytes)
 	if !ok {
-		a, _ = AllreducePolicy{Rules: defaultRules(r.size, r.mesh != nil)}.pick(bytes)
+		a, _ = AllreducePolicy{Rules: defaultRules(r.size, r.mesh != nil, r.oneHost())}.pick(bytes)
 	}
 	if a.needsMesh() && r.mesh == nil {
 		a = AlgoRing
@@ -285,12 +297,25 @@ func (r *Ring) AllreduceAlgorithm(bytes int) Algorithm {
 	return a
 }
 
+// oneHost reports whether Config.Hosts puts every rank on one host.
+func (r *Ring) oneHost() bool {
+	if r.hosts == nil {
+		return false
+	}
+	for _, h := range r.hosts {
+		if h != r.hosts[0] {
+			return false
+		}
+	}
+	return true
+}
+
 // AllreducePolicy returns the ring's policy (Config.Allreduce).
 func (r *Ring) AllreducePolicy() AllreducePolicy { return r.policy }
 
 // defaultAlgorithm is what the zero policy picks for bytes on this ring.
 func (r *Ring) defaultAlgorithm(bytes int) Algorithm {
-	a, _ := AllreducePolicy{Rules: defaultRules(r.size, r.mesh != nil)}.pick(bytes)
+	a, _ := AllreducePolicy{Rules: defaultRules(r.size, r.mesh != nil, r.oneHost())}.pick(bytes)
 	if a.needsMesh() && r.mesh == nil {
 		a = AlgoRing
 	}
