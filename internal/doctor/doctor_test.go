@@ -465,4 +465,24 @@ func TestDoctorAgentCacheTrust(t *testing.T) {
 			t.Error("runScript ran a file whose sha256 is not this gorun's")
 		}
 	})
+	// It checks the directory again too: one made writable by others
+	// after the install session is refused before anything in it runs.
+	t.Run("made unsafe before run", func(t *testing.T) {
+		dir := t.TempDir()
+		mark := plant(t, dir)
+		if err := os.Chmod(dir, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var stderr bytes.Buffer
+		cmd := exec.CommandContext(ctx, "sh", "-c", runScript, "gorun-doctor", dir, agentName, selfSHA, "--host", "x")
+		cmd.Stderr = &stderr
+		if err := cmd.Run(); err == nil || !strings.Contains(stderr.String(), dir+" is writable by other users") || !strings.Contains(stderr.String(), "was not run") {
+			t.Errorf("runScript in a world-writable directory: %v, stderr %q; want a refusal naming %s", err, stderr.String(), dir)
+		}
+		if ran(mark) {
+			t.Error("runScript ran a program from a world-writable directory")
+		}
+	})
 }

@@ -271,9 +271,7 @@ func chooseLauncherIP(res []HostResult, via string) string {
 const installScript = `d=${1:-$HOME/.cache/gorun/doctor}; f=$d/$2; want=$3
 command -v sha256sum >/dev/null || { echo "sha256sum (coreutils) is not installed: the agent cannot be checked" >&2; exit 1; }
 mkdir -p -m 700 "$d" || exit 1
-m=$(ls -ldL "$d") || exit 1
-if [ ! -O "$d" ]; then echo "gorun-doctor-unsafe $d is not owned by $(id -un): $m"; exit 0; fi
-case $m in ?????w*|????????w*) echo "gorun-doctor-unsafe $d is writable by other users: $m"; exit 0;; esac
+` + safeDirCheck + `
 sum() { s=$(sha256sum <"$1") && echo "${s%% *}"; }
 if [ -f "$f" ] && [ -x "$f" ] && [ "$(sum "$f")" = "$want" ]; then echo gorun-doctor-have; exit 0; fi
 echo gorun-doctor-send
@@ -285,10 +283,23 @@ else
   rm -f "$t"; echo "could not store the agent in $d (or what arrived there is not this gorun: its sha256 differs)" >&2; exit 1
 fi`
 
+// safeDirCheck, a piece of both scripts, refuses the directory $d unless
+// it is the user's and no one else may write to it (printing
+// gorun-doctor-unsafe and why, exit 0, which install turns into an
+// unsafeDirError).
+const safeDirCheck = `m=$(ls -ldL "$d") || exit 1
+if [ ! -O "$d" ]; then echo "gorun-doctor-unsafe $d is not owned by $(id -un): $m"; exit 0; fi
+case $m in ?????w*|????????w*) echo "gorun-doctor-unsafe $d is writable by other users: $m"; exit 0;; esac`
+
 // runScript starts the stored agent after checking, in the same session,
-// that it still is this gorun: arguments the directory, the name, the
-// sha256, then the agent's own.
+// that its directory is still safe (as installScript checked it) and the
+// agent still is this gorun: arguments the directory, the name, the
+// sha256, then the agent's own. A refusal is printed to stderr here: the
+// agent's stdout is its protocol.
 const runScript = `d=${1:-$HOME/.cache/gorun/doctor}; f=$d/$2; want=$3; shift 3
+r=$( ` + safeDirCheck + `
+) || exit 1
+if [ -n "$r" ]; then echo "$r; the agent there was not run" >&2; exit 1; fi
 s=$(sha256sum <"$f") || exit 1
 if [ "${s%% *}" != "$want" ]; then echo "$f is not this gorun (sha256 ${s%% *}, want $want): it changed since it was stored; not run" >&2; exit 1; fi
 exec "$f" doctor-agent "$@"`
