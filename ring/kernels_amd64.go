@@ -1,4 +1,4 @@
-//go:build amd64
+//go:build amd64 && !purego
 
 package ring
 
@@ -49,6 +49,7 @@ func maxInt32AVX2(dst, a, b []byte)
 func reduceAVX2(dt DType, op Op, dst, a, b []byte) bool {
 	n := len(dst)
 	a, b = a[:n], b[:n] // the bounds check the assembly relies on
+	raceKernelAccess(dst, a, b)
 	switch op {
 	case Sum, Avg:
 		switch dt {

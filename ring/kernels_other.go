@@ -1,9 +1,9 @@
-//go:build !amd64
+//go:build !amd64 || purego
 
 package ring
 
-// Only amd64 has assembly kernels; elsewhere reduceBytes always runs the Go
-// kernels in kernels.go.
+// Only amd64 has assembly kernels; elsewhere, and with the purego build
+// tag, reduceBytes always runs the Go kernels in kernels.go.
 
 const useAVX2 = false
 
