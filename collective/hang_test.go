@@ -179,3 +179,28 @@ func readHangReport(t *testing.T, path string) *p2p.HangReport {
 	}
 	return &rep
 }
+
+// A report whose dump the rendezvous was still writing when it answered
+// (a stuck file system) is printed by the rank that asked first, which
+// says the states are not written yet and writes no dump of its own.
+func TestHangReportLinesDumpPending(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(p2p.EnvHangDir, dir)
+	rep := &p2p.HangReport{Requester: 2, Seq: 7, Culprit: 1, First: true, DumpPending: true,
+		Diagnosis: "rank 2 waits in allreduce #7 for rank 1",
+		DumpErr:   "writing the hang report had not finished after 5s",
+		Ranks:     []p2p.RankState{{Rank: 0}, {Rank: 1}, {Rank: 2}}}
+	lines := strings.Join(hangReportLines(2, 7, rep), "\n")
+	if !strings.Contains(lines, "hang diagnosis: rank 2 waits in allreduce #7 for rank 1") || !strings.Contains(lines, "not written yet: writing the hang report had not finished after 5s") {
+		t.Errorf("lines:\n%s\nwant the diagnosis and that the states are not written yet", lines)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("the rank wrote %d file(s) to %s while the rendezvous was still writing", len(entries), dir)
+	}
+	// Without DumpPending the same rank writes the states itself.
+	rep.DumpPending = false
+	lines = strings.Join(hangReportLines(2, 7, rep), "\n")
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 || !strings.Contains(lines, "written by rank 2") {
+		t.Errorf("%d file(s) in %s, lines:\n%s\nwant the rank to write the states once the rendezvous could not", len(entries), dir, lines)
+	}
+}

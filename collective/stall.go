@@ -117,6 +117,12 @@ func (c *Comm) hangDiagnosis(h *Handle) []string {
 	if err != nil {
 		return []string{fmt.Sprintf("gorun: rank %d: no hang diagnosis of call #%d: %v", rank, seq, err)}
 	}
+	return hangReportLines(rank, seq, rep)
+}
+
+// hangReportLines are hangDiagnosis' lines for report rep on call seq,
+// asked by rank.
+func hangReportLines(rank int, seq uint64, rep *p2p.HangReport) []string {
 	if rep.Ended {
 		return []string{fmt.Sprintf("gorun: rank %d: no hang diagnosis of call #%d: %s", rank, seq, rep.Diagnosis)}
 	}
@@ -145,6 +151,10 @@ func (c *Comm) hangDiagnosis(h *Handle) []string {
 	switch {
 	case where != "":
 		lines = append(lines, "gorun: every rank's flight recorder (its current call, its last calls and its stack) is in "+where)
+	case rep.DumpPending:
+		// The rendezvous is still writing them, maybe to a stuck file
+		// system: one more writer there would only stall this rank too.
+		lines = append(lines, "gorun: every rank's flight recorder is not written yet: "+rep.DumpErr)
 	case rep.Stripped:
 		// The states did not fit in the answer: this rank has only the
 		// diagnosis, nothing to write.

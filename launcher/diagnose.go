@@ -32,25 +32,31 @@ const culpritFrames = 8
 // diagnosis naming the same rank for the same call is not printed nor
 // written twice. The text is no key: it holds durations, which differ.
 func (h *hangLog) report(rep *p2p.HangReport) string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	key := hangCall{rep.Epoch, rep.Seq, rep.Culprit}
+	h.mu.Lock()
 	if path, ok := h.printed[key]; ok {
+		h.mu.Unlock()
 		return path
 	}
+	if h.printed == nil {
+		h.printed = map[hangCall]string{}
+	}
+	h.printed[key] = "" // printed; its dump is being written
 	h.logf("hang diagnosis: %s", rep.Diagnosis)
 	for _, l := range rep.CulpritStack(culpritFrames) {
 		h.logf("  %s", l)
 	}
+	h.mu.Unlock()
+	// Written without the lock: a dump directory on a stuck file system
+	// must not hold up the diagnosis of another call.
 	path, err := p2p.WriteHangReport("", rep, "")
 	if err != nil {
 		h.logf("%v", err)
 	} else {
 		h.logf("every rank's flight recorder (its current call, its last calls and its stack) is in %s", path)
 	}
-	if h.printed == nil {
-		h.printed = map[hangCall]string{}
-	}
+	h.mu.Lock()
 	h.printed[key] = path
+	h.mu.Unlock()
 	return path
 }

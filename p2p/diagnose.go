@@ -179,6 +179,10 @@ type HangReport struct {
 	Dump     string `json:"dump,omitempty"`
 	DumpHost string `json:"dump_host,omitempty"`
 	DumpErr  string `json:"dump_error,omitempty"`
+	// DumpPending: printing and writing the report had not finished when
+	// the rendezvous answered (hangDumpTimeout); the dump may still
+	// appear, and a rank must not write one more into the same place.
+	DumpPending bool `json:"dump_pending,omitempty"`
 	// Printed: the launcher printed the diagnosis.
 	Printed bool `json:"printed,omitempty"`
 	// Ended: the rank that asked was no longer in call Seq when the
@@ -905,6 +909,7 @@ func (r *Rendezvous) dumpHang(rep *HangReport) {
 			rep.DumpHost, _ = os.Hostname()
 		}
 	case <-t.C:
+		rep.DumpPending = true
 		rep.DumpErr = fmt.Sprintf("writing the hang report had not finished after %v (is $%s, or the temp directory, on a slow or stuck file system?); it may still appear there", hangDumpTimeout, EnvHangDir)
 		r.cfg.Logf("rendezvous: %s", rep.DumpErr)
 	}

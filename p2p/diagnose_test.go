@@ -298,10 +298,10 @@ func TestHangDiagnosisDumpStuck(t *testing.T) {
 	default:
 		t.Fatal("the diagnosis came back before OnHang was called")
 	}
-	if rep.Dump != "" || rep.Printed || !strings.Contains(rep.DumpErr, "had not finished after 100ms") || !strings.Contains(rep.DumpErr, EnvHangDir) ||
+	if rep.Dump != "" || rep.Printed || !rep.DumpPending || !strings.Contains(rep.DumpErr, "had not finished after 100ms") || !strings.Contains(rep.DumpErr, EnvHangDir) ||
 		len(rep.Ranks) != 3 || rep.Culprit != 1 {
-		t.Errorf("report: dump %q, printed %v, error %q, %d ranks, culprit %d; want no dump, not printed, an error saying the write had not finished, 3 ranks, rank 1 named",
-			rep.Dump, rep.Printed, rep.DumpErr, len(rep.Ranks), rep.Culprit)
+		t.Errorf("report: dump %q, printed %v, pending %v, error %q, %d ranks, culprit %d; want no dump, not printed, pending, an error saying the write had not finished, 3 ranks, rank 1 named",
+			rep.Dump, rep.Printed, rep.DumpPending, rep.DumpErr, len(rep.Ranks), rep.Culprit)
 	}
 }
 
