@@ -484,5 +484,22 @@ func TestDoctorAgentCacheTrust(t *testing.T) {
 		if ran(mark) {
 			t.Error("runScript ran a program from a world-writable directory")
 		}
+		// The doctor reports that refusal as an unsafe directory, in the
+		// words of the install session's check.
+		a := &agentConn{stderr: &lockedBuf{}}
+		a.stderr.Write(stderr.Bytes())
+		if msg, ok := a.unsafeDirRefusal(); !ok || msg != dir+" is writable by other users: "+strings.TrimSpace(lsOf(t, dir)) {
+			t.Errorf("unsafeDirRefusal() = %q, %v; want %s named as writable by other users", msg, ok, dir)
+		}
 	})
+}
+
+// lsOf is ls -ldL's line for path, as the scripts quote it.
+func lsOf(t *testing.T, path string) string {
+	t.Helper()
+	out, err := exec.Command("ls", "-ldL", path).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
 }

@@ -99,6 +99,11 @@ func Run(ctx context.Context, cfg Config) ([]HostResult, []PairResult, error) {
 		}
 		m, err := a.recv(helloCtx)
 		if err != nil || m.Facts == nil {
+			if msg, ok := a.unsafeDirRefusal(); ok {
+				res[i].AgentDirErr = msg // runScript found the directory made unsafe since the install
+				a.kill()
+				return
+			}
 			res[i].AgentErr = a.failure(cmpErr(err, m))
 			a.kill()
 			return
@@ -291,6 +296,9 @@ const safeDirCheck = `m=$(ls -ldL "$d") || exit 1
 if [ ! -O "$d" ]; then echo "gorun-doctor-unsafe $d is not owned by $(id -un): $m"; exit 0; fi
 case $m in ?????w*|????????w*) echo "gorun-doctor-unsafe $d is writable by other users: $m"; exit 0;; esac`
 
+// runRefusalSuffix ends runScript's refusal of an unsafe directory.
+const runRefusalSuffix = "; the agent there was not run"
+
 // runScript starts the stored agent after checking, in the same session,
 // that its directory is still safe (as installScript checked it) and the
 // agent still is this gorun: arguments the directory, the name, the
@@ -299,7 +307,7 @@ case $m in ?????w*|????????w*) echo "gorun-doctor-unsafe $d is writable by other
 const runScript = `d=${1:-$HOME/.cache/gorun/doctor}; f=$d/$2; want=$3; shift 3
 r=$( ` + safeDirCheck + `
 ) || exit 1
-if [ -n "$r" ]; then echo "$r; the agent there was not run" >&2; exit 1; fi
+if [ -n "$r" ]; then echo "$r` + runRefusalSuffix + `" >&2; exit 1; fi
 s=$(sha256sum <"$f") || exit 1
 if [ "${s%% *}" != "$want" ]; then echo "$f is not this gorun (sha256 ${s%% *}, want $want): it changed since it was stored; not run" >&2; exit 1; fi
 exec "$f" doctor-agent "$@"`
@@ -499,6 +507,17 @@ func (a *agentConn) failure(err error) string {
 		msg += ": " + l
 	}
 	return msg
+}
+
+// unsafeDirRefusal returns why runScript refused to run the agent from
+// its directory, if it did.
+func (a *agentConn) unsafeDirRefusal() (string, bool) {
+	for _, l := range strings.Split(a.stderr.String(), "\n") {
+		if msg, ok := strings.CutPrefix(l, "gorun-doctor-unsafe "); ok {
+			return strings.TrimSuffix(msg, runRefusalSuffix), true
+		}
+	}
+	return "", false
 }
 
 // kill ends an agent that stopped answering.
