@@ -827,10 +827,11 @@ type transport struct {
 	to, from   []*link // indexed by peer rank; nil at me
 	pollBudget time.Duration
 	pollYield  bool
-	// linkBufferDespiteYield, set only by tests, makes LinkBuffer promise
-	// a shm link's capacity even with pollYield and GOMAXPROCS 1, so that
-	// the send-first path runs over shm on any host.
-	linkBufferDespiteYield bool
+	// linkBufferTest, set only by tests, overrides LinkBuffer's choice for
+	// shm links: +1 promises the ring's capacity even with pollYield and
+	// GOMAXPROCS 1 (the send-first path on any host), -1 promises nothing
+	// (a sender goroutine, as a rank that chose otherwise would run).
+	linkBufferTest int8
 	// concurrent counts the collectives that run goroutines of their own
 	// now (ring.Concurrency): a shm wait then lets them run before it
 	// polls and before it parks.
@@ -888,7 +889,10 @@ func (t *transport) LinkBuffer(rank int) int {
 	if rank < 0 || rank >= len(t.to) || t.to[rank] == nil || t.to[rank].shm == nil {
 		return 0
 	}
-	if t.pollYield && !t.linkBufferDespiteYield && runtime.GOMAXPROCS(0) == 1 {
+	switch {
+	case t.linkBufferTest < 0:
+		return 0
+	case t.linkBufferTest == 0 && t.pollYield && runtime.GOMAXPROCS(0) == 1:
 		return 0
 	}
 	return len(t.to[rank].shm.ring.data)

@@ -106,7 +106,7 @@ func sendFirstValue(r, i int) int32 { return int32((i*31+r*1000003)%65521) - 327
 // element of every rank is checked against the exact sum, and so is the
 // path: no goroutine at or under the bound, goroutines over it. On a host
 // with fewer CPUs than ranks (CI's) and GOMAXPROCS 1, LinkBuffer promises
-// nothing unless the test says so (linkBufferDespiteYield).
+// nothing unless the test says so (linkBufferTest).
 func TestSendFirstOverShm(t *testing.T) {
 	t.Setenv(envShmBytes, strconv.Itoa(sendFirstShmBytes))
 	const esz = 4 // Int32
@@ -122,7 +122,7 @@ func TestSendFirstOverShm(t *testing.T) {
 				if r == 0 {
 					t.Logf("pollYield %v (%d ranks on this host)", tr.pollYield, n)
 				}
-				tr.linkBufferDespiteYield = true
+				tr.linkBufferTest = 1
 				for p := range n {
 					if lb := tr.LinkBuffer(p); p != r && lb != sendFirstShmBytes {
 						t.Fatalf("rank %d: LinkBuffer(%d) = %d, want the ring's %d", r, p, lb, sendFirstShmBytes)
@@ -144,7 +144,7 @@ func TestSendFirstOverShm(t *testing.T) {
 				fit := largestSendFirst(a, n, esz)
 				for _, count := range []int{1, 7, 1001, fit, fit + 1, 3*sendFirstShmBytes/esz + 3} {
 					pipelined := msgBytes(a.msgElems(count, n), esz) > a.bound
-					runSendFirstCase(t, a.name, rings, trs, count, pipelined)
+					runSendFirstCase(t, a.name, rings, trs, count, pipelined, false)
 				}
 			}
 		})
@@ -152,9 +152,10 @@ func TestSendFirstOverShm(t *testing.T) {
 }
 
 // runSendFirstCase runs one Int32 Sum allreduce of count elements on every
-// rank at once and checks the results and whether any rank ran a sender
-// goroutine (pipelined).
-func runSendFirstCase(t *testing.T, algo string, rings []*ring.Ring, trs []*pipelineCounter, count int, pipelined bool) {
+// rank at once and checks the results and, unless the ranks were told to
+// choose differently (mixed), whether any rank ran a sender goroutine
+// (pipelined).
+func runSendFirstCase(t *testing.T, algo string, rings []*ring.Ring, trs []*pipelineCounter, count int, pipelined, mixed bool) {
 	t.Helper()
 	n := len(rings)
 	for _, tr := range trs {
@@ -199,7 +200,61 @@ func runSendFirstCase(t *testing.T, algo string, rings []*ring.Ring, trs []*pipe
 	for _, tr := range trs {
 		calls += tr.pipelined.Load()
 	}
+	if mixed {
+		return // some ranks pipeline whatever the size
+	}
 	if ran := calls > 0; ran != pipelined {
 		t.Errorf("%s N=%d count %d: sender goroutines in %d rounds, want pipelined %v", algo, n, count, calls, pipelined)
+	}
+}
+
+// TestSendFirstMixed: whether a rank sends a step before it receives is
+// its own choice (LinkBuffer depends on its GOMAXPROCS), so ranks of one
+// job may choose differently; the half-buffer bound alone keeps that from
+// deadlocking. Here even ranks send first wherever a step fits and odd
+// ranks always run a sender goroutine, at N = 2 to 5, every Mesh
+// algorithm, sizes under, at and over the bound and over the ring's
+// capacity, every element checked.
+func TestSendFirstMixed(t *testing.T) {
+	t.Setenv(envShmBytes, strconv.Itoa(sendFirstShmBytes))
+	const esz = 4
+	for _, n := range []int{2, 3, 4, 5} {
+		t.Run(fmt.Sprintf("N=%d", n), func(t *testing.T) {
+			j := startJob(t, jobOpts{size: n})
+			wantKinds(t, j.nodes, allShm)
+			trs := make([]*pipelineCounter, n)
+			for r, node := range j.nodes {
+				node.mu.Lock()
+				tr := node.tr
+				node.mu.Unlock()
+				tr.linkBufferTest = 1
+				if r%2 == 1 {
+					tr.linkBufferTest = -1
+				}
+				trs[r] = &pipelineCounter{transport: tr}
+			}
+			for _, a := range sendFirstAlgos {
+				policy, err := ring.ParseAllreducePolicy(a.name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rings := make([]*ring.Ring, n)
+				for r := range rings {
+					if rings[r], err = ring.New(ring.Config{Rank: r, Size: n, Allreduce: policy}, trs[r]); err != nil {
+						t.Fatal(err)
+					}
+				}
+				fit := largestSendFirst(a, n, esz)
+				for _, count := range []int{1, 1001, fit, fit + 1, 3*sendFirstShmBytes/esz + 3} {
+					runSendFirstCase(t, a.name, rings, trs, count, false, true)
+					// Between SmallBytes and half the ring the ranks
+					// really differ: rank 0 sends first, rank 1 not.
+					if count == fit && a.bound > ring.SmallBytes && (trs[0].pipelined.Load() != 0 || trs[1].pipelined.Load() == 0) {
+						t.Errorf("%s count %d: sender goroutines on rank 0 in %d rounds, on rank 1 in %d; want none on rank 0, some on rank 1",
+							a.name, count, trs[0].pipelined.Load(), trs[1].pipelined.Load())
+					}
+				}
+			}
+		})
 	}
 }
