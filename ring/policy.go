@@ -192,10 +192,11 @@ func (a Algorithm) needsMesh() bool {
 }
 
 // defaultRules is the policy of a zero AllreducePolicy for a ring of size
-// ranks; mesh says whether the transport is a Mesh. In the string syntax:
+// ranks; mesh says whether the transport is a Mesh, oneHost whether
+// Config.Hosts puts every rank on one host. In the string syntax:
 //
 //	plain Transport:  direct:4K,ring
-//	Mesh, N = 2:      recursive-doubling:16K,ring
+//	Mesh, N = 2:      recursive-doubling:16K,ring (one host: recursive-doubling:64K,ring)
 //	Mesh, N = 3:      direct:4K,rabenseifner:4M,ring
 //	Mesh, N >= 4:     recursive-doubling:16K,rabenseifner:4M,ring
 //
@@ -264,7 +265,10 @@ func (a Algorithm) needsMesh() bool {
 // ring / Rabenseifner: 16 KiB 9.1/11.0/11.0 us, 32 KiB 12.1/13.2/13.3,
 // 64 KiB 20.0/22.8/23.5, 128 KiB 33.7/30.8/33.3). Between hosts a 64 KiB
 // exchange is not promised to fit the socket, and the limit stays 16 KiB.
-// The host layout is the same on every rank, so they choose alike.
+// The host layout is the same on every rank, so they choose alike. (Where
+// the two ranks of one host talk over a socket anyway, GORUN_SHM=0 or
+// GORUN_DATA_PLANE=tls, or over a ring smaller than 128 KiB, the exchanges
+// from 16 to 64 KiB need a sender goroutine and run slower, not wrong.)
 func defaultRules(size int, mesh, oneHost bool) []AllreduceRule {
 	switch {
 	case !mesh:
