@@ -114,33 +114,17 @@ func TestSendFirstOverShm(t *testing.T) {
 		t.Run(fmt.Sprintf("N=%d", n), func(t *testing.T) {
 			j := startJob(t, jobOpts{size: n})
 			wantKinds(t, j.nodes, allShm)
-			trs := make([]*pipelineCounter, n)
-			for r, node := range j.nodes {
-				node.mu.Lock()
-				tr := node.tr
-				node.mu.Unlock()
-				if r == 0 {
-					t.Logf("pollYield %v (%d ranks on this host)", tr.pollYield, n)
-				}
-				tr.linkBufferTest = 1
+			trs := sendFirstTransports(j, func(int) int8 { return 1 })
+			t.Logf("pollYield %v (%d ranks on this host)", trs[0].transport.pollYield, n)
+			for r, tr := range trs {
 				for p := range n {
 					if lb := tr.LinkBuffer(p); p != r && lb != sendFirstShmBytes {
 						t.Fatalf("rank %d: LinkBuffer(%d) = %d, want the ring's %d", r, p, lb, sendFirstShmBytes)
 					}
 				}
-				trs[r] = &pipelineCounter{transport: tr}
 			}
 			for _, a := range sendFirstAlgos {
-				policy, err := ring.ParseAllreducePolicy(a.name)
-				if err != nil {
-					t.Fatal(err)
-				}
-				rings := make([]*ring.Ring, n)
-				for r := range rings {
-					if rings[r], err = ring.New(ring.Config{Rank: r, Size: n, Allreduce: policy}, trs[r]); err != nil {
-						t.Fatal(err)
-					}
-				}
+				rings := sendFirstRings(t, a.name, trs)
 				fit := largestSendFirst(a, n, esz)
 				for _, count := range []int{1, 7, 1001, fit, fit + 1, 3*sendFirstShmBytes/esz + 3} {
 					pipelined := msgBytes(a.msgElems(count, n), esz) > a.bound
@@ -149,6 +133,36 @@ func TestSendFirstOverShm(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sendFirstTransports wraps every rank's transport in a pipelineCounter,
+// with linkBufferTest set to override(rank).
+func sendFirstTransports(j *job, override func(rank int) int8) []*pipelineCounter {
+	trs := make([]*pipelineCounter, len(j.nodes))
+	for r, node := range j.nodes {
+		node.mu.Lock()
+		tr := node.tr
+		node.mu.Unlock()
+		tr.linkBufferTest = override(r)
+		trs[r] = &pipelineCounter{transport: tr}
+	}
+	return trs
+}
+
+// sendFirstRings builds a Ring per rank over trs that runs algorithm algo.
+func sendFirstRings(t *testing.T, algo string, trs []*pipelineCounter) []*ring.Ring {
+	t.Helper()
+	policy, err := ring.ParseAllreducePolicy(algo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rings := make([]*ring.Ring, len(trs))
+	for r := range rings {
+		if rings[r], err = ring.New(ring.Config{Rank: r, Size: len(trs), Allreduce: policy}, trs[r]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return rings
 }
 
 // runSendFirstCase runs one Int32 Sum allreduce of count elements on every
@@ -222,28 +236,9 @@ func TestSendFirstMixed(t *testing.T) {
 		t.Run(fmt.Sprintf("N=%d", n), func(t *testing.T) {
 			j := startJob(t, jobOpts{size: n})
 			wantKinds(t, j.nodes, allShm)
-			trs := make([]*pipelineCounter, n)
-			for r, node := range j.nodes {
-				node.mu.Lock()
-				tr := node.tr
-				node.mu.Unlock()
-				tr.linkBufferTest = 1
-				if r%2 == 1 {
-					tr.linkBufferTest = -1
-				}
-				trs[r] = &pipelineCounter{transport: tr}
-			}
+			trs := sendFirstTransports(j, func(r int) int8 { return int8(1 - 2*(r%2)) }) // +1 even, -1 odd
 			for _, a := range sendFirstAlgos {
-				policy, err := ring.ParseAllreducePolicy(a.name)
-				if err != nil {
-					t.Fatal(err)
-				}
-				rings := make([]*ring.Ring, n)
-				for r := range rings {
-					if rings[r], err = ring.New(ring.Config{Rank: r, Size: n, Allreduce: policy}, trs[r]); err != nil {
-						t.Fatal(err)
-					}
-				}
+				rings := sendFirstRings(t, a.name, trs)
 				fit := largestSendFirst(a, n, esz)
 				for _, count := range []int{1, 1001, fit, fit + 1, 3*sendFirstShmBytes/esz + 3} {
 					runSendFirstCase(t, a.name, rings, trs, count, false, true)

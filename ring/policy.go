@@ -293,7 +293,7 @@ func (r *Ring) AllreduceAlgorithm(bytes int) Algorithm {
 	}
 	a, ok := r.policy.pick(bytes)
 	if !ok {
-		a, _ = AllreducePolicy{Rules: defaultRules(r.size, r.mesh != nil, r.oneHost())}.pick(bytes)
+		return r.defaultAlgorithm(bytes)
 	}
 	if a.needsMesh() && r.mesh == nil {
 		a = AlgoRing
@@ -301,13 +301,13 @@ func (r *Ring) AllreduceAlgorithm(bytes int) Algorithm {
 	return a
 }
 
-// oneHost reports whether Config.Hosts puts every rank on one host.
-func (r *Ring) oneHost() bool {
-	if r.hosts == nil {
+// oneHost reports whether hosts (Config.Hosts) puts every rank on one host.
+func oneHost(hosts []int) bool {
+	if hosts == nil {
 		return false
 	}
-	for _, h := range r.hosts {
-		if h != r.hosts[0] {
+	for _, h := range hosts {
+		if h != hosts[0] {
 			return false
 		}
 	}
@@ -319,7 +319,7 @@ func (r *Ring) AllreducePolicy() AllreducePolicy { return r.policy }
 
 // defaultAlgorithm is what the zero policy picks for bytes on this ring.
 func (r *Ring) defaultAlgorithm(bytes int) Algorithm {
-	a, _ := AllreducePolicy{Rules: defaultRules(r.size, r.mesh != nil, r.oneHost())}.pick(bytes)
+	a, _ := AllreducePolicy{Rules: r.defaults}.pick(bytes)
 	if a.needsMesh() && r.mesh == nil {
 		a = AlgoRing
 	}

@@ -94,7 +94,8 @@ type Ring struct {
 	mesh       Mesh // t, when it is a Mesh
 	policy     AllreducePolicy
 	phase      func(Call, string, time.Time, time.Time)
-	hosts      []int // Config.Hosts
+	hosts      []int           // Config.Hosts
+	defaults   []AllreduceRule // defaultRules for this ring: what the zero policy picks from
 
 	// Phase timing of the running call (only when phase is set).
 	callStart, firstRecv time.Time
@@ -172,6 +173,7 @@ func New(cfg Config, t Transport) (*Ring, error) {
 		sendErr:    make(chan error, 1),
 		first:      make(chan struct{}, 1),
 	}
+	r.defaults = defaultRules(r.size, mesh != nil, oneHost(r.hosts))
 	r.fold.r = r
 	r.foldSpan = r.fold.span
 	return r, nil
