@@ -431,8 +431,8 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 		Timeout: cmp.Or(job.Timeout, collective.DefaultTimeout), Logf: rdvLog,
 		OnLeave: e.departures.record,
 		OnHang:  (&hangLog{logf: job.Logf}).report,
-		OnAbort: func(cause string) {
-			e.departures.aborted(cause)
+		OnAbort: func(a p2p.Abort) {
+			e.departures.aborted(a)
 			select {
 			case aborted <- struct{}{}:
 			default:

@@ -671,31 +671,25 @@ func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, atte
 		}
 		re.LeftEarly = departures.leftEarly(procs)
 		re.JobCause = departures.abortCause()
-		re.Lost = lostRank(re.JobCause, procs)
+		re.Lost = lostRank(departures.firstAbort(), procs)
 	}
 	return failure
 }
 
-// lostRankCause is how the rendezvous says a rank stopped responding
-// (p2p's Rendezvous.lost).
-var lostRankCause = regexp.MustCompile(`^rank (\d+) \(([^)]*)\) stopped responding: (.*)$`)
-
-// lostRank rewrites an abort cause that is a rank that stopped responding
-// with that rank's host, as gorun names ranks ("rank 2 on host node2
+// lostRank names the rank that stopped responding, if that was the job's
+// abort a, with its host, as gorun names ranks ("rank 2 on host node2
 // (/ip4/...) stopped responding: no heartbeat within 5s"); "" for any
 // other cause.
-func lostRank(cause string, procs []*rankProc) string {
-	m := lostRankCause.FindStringSubmatch(cause)
-	if m == nil {
+func lostRank(a p2p.Abort, procs []*rankProc) string {
+	if a.Unresponsive < 0 {
 		return ""
 	}
-	rank, _ := strconv.Atoi(m[1])
 	for _, p := range procs {
-		if p.rank == rank && p.host != "" {
-			return fmt.Sprintf("rank %d on host %s (%s) stopped responding: %s", rank, p.host, m[2], m[3])
+		if p.rank == a.Unresponsive && p.host != "" {
+			return fmt.Sprintf("rank %d on host %s (%s) stopped responding: %s", a.Unresponsive, p.host, a.Addr, a.Why)
 		}
 	}
-	return cause
+	return a.Cause
 }
 
 // departureLog records, from the rendezvous, the ranks that closed their
@@ -703,22 +697,24 @@ func lostRank(cause string, procs []*rankProc) string {
 type departureLog struct {
 	mu       sync.Mutex
 	lastCall map[int]uint64
-	abort    string // the first abort's cause
+	abort    p2p.Abort // the first abort (Cause "": none yet)
 }
 
-func (d *departureLog) aborted(cause string) {
+func (d *departureLog) aborted(a p2p.Abort) {
 	d.mu.Lock()
-	if d.abort == "" {
-		d.abort = cause
+	if d.abort.Cause == "" {
+		d.abort = a
 	}
 	d.mu.Unlock()
 }
 
-func (d *departureLog) abortCause() string {
+func (d *departureLog) firstAbort() p2p.Abort {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.abort
 }
+
+func (d *departureLog) abortCause() string { return d.firstAbort().Cause }
 
 func (d *departureLog) record(rank int, lastCall uint64) {
 	d.mu.Lock()
@@ -883,9 +879,14 @@ func status(p *rankProc) string {
 	}
 	var ee *exec.ExitError
 	if errors.As(p.err, &ee) {
+		via := cmp.Or(p.via, "ssh")
 		switch c := ee.ExitCode(); {
-		case c == 255:
-			return s + fmt.Sprintf(" (from %s: the connection failed or was lost)", cmp.Or(p.via, "ssh"))
+		case c == 255 && via == "ssh":
+			return s + " (from ssh: the connection failed or was lost)"
+		case c == 1 && via != "ssh":
+			// srun passes on its tasks' highest status and exits 1 when it
+			// fails itself.
+			return s + fmt.Sprintf(" (the rank's, or %s's own failure to start or keep the step: GORUN_SRUN_OPTS=-v shows its errors)", via)
 		case c > 128 && c < 160:
 			return fmt.Sprintf("%s (killed by signal %d: %v)", s, c-128, syscall.Signal(c-128))
 		}

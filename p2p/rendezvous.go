@@ -42,7 +42,7 @@ type RendezvousConfig struct {
 	// within 4s"), before the ranks are told: the launcher names that
 	// cause, since the ranks that exit first are often only its victims.
 	// It must not block.
-	OnAbort func(cause string)
+	OnAbort func(Abort)
 	// Elastic, if set, makes the job elastic (see elastic.go): a lost
 	// member starts a new membership epoch instead of aborting the job,
 	// and joiners (Config.Rank -1) can be admitted. Size is the number of
@@ -669,11 +669,23 @@ func (r *Rendezvous) ack(c *rzConn) {
 	}
 }
 
-// abort relays the first abort of the job to every connected rank.
-func (r *Rendezvous) abort(text string) { r.abortWith(&msg{T: tAbort, Text: text}) }
+// Abort is the cause of a job's first abort, as OnAbort is given it.
+type Abort struct {
+	Cause string // as the ranks are told it
+	// Unresponsive is the rank that stopped responding (Why, e.g. "no
+	// heartbeat within 4s"; its address Addr), or -1: another cause.
+	Unresponsive int
+	Addr, Why    string
+}
 
-// abortWith relays the first abort of the job, m, to every connected rank.
-func (r *Rendezvous) abortWith(m *msg) {
+// abort relays the first abort of the job to every connected rank.
+func (r *Rendezvous) abort(text string) {
+	r.abortWith(&msg{T: tAbort, Text: text}, Abort{Unresponsive: -1})
+}
+
+// abortWith relays the first abort of the job, m, to every connected rank;
+// a describes it to OnAbort (its Cause is m.Text).
+func (r *Rendezvous) abortWith(m *msg, a Abort) {
 	text := m.Text
 	r.mu.Lock()
 	if r.aborted || r.closed {
@@ -684,7 +696,8 @@ func (r *Rendezvous) abortWith(m *msg) {
 	r.mu.Unlock()
 	r.cfg.Logf("rendezvous: job aborted: %s", text)
 	if r.cfg.OnAbort != nil {
-		r.cfg.OnAbort(text)
+		a.Cause = text
+		r.cfg.OnAbort(a)
 	}
 	r.relayMu.Lock()
 	r.mu.Lock()
@@ -847,7 +860,9 @@ func (r *Rendezvous) lost(c *rzConn, err error) {
 		var timeout interface{ Timeout() bool }
 		if errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &timeout) && timeout.Timeout()) {
 			// No heartbeat: the process is frozen, stopped or cut off.
-			r.abort(fmt.Sprintf("rank %d (%s) stopped responding: no heartbeat within %v", c.rank, c.addr, r.cfg.Timeout))
+			why := fmt.Sprintf("no heartbeat within %v", r.cfg.Timeout)
+			r.abortWith(&msg{T: tAbort, Text: fmt.Sprintf("rank %d (%s) stopped responding: %s", c.rank, c.addr, why)},
+				Abort{Unresponsive: c.rank, Addr: c.addr, Why: why})
 			return
 		}
 		if d := r.departureBefore(c); d != nil {
@@ -855,7 +870,8 @@ func (r *Rendezvous) lost(c *rzConn, err error) {
 			// that had not reached the later call yet blames the
 			// departure, not this rank's exit.
 			r.abortWith(&msg{T: tAbort, Left: true, Rank: d.rank, Seq: d.lastCall,
-				Text: fmt.Sprintf("rank %d closed its communicator after call #%d; rank %d (%s) was in a later call and exited", d.rank, d.lastCall, c.rank, c.addr)})
+				Text: fmt.Sprintf("rank %d closed its communicator after call #%d; rank %d (%s) was in a later call and exited", d.rank, d.lastCall, c.rank, c.addr)},
+				Abort{Unresponsive: -1})
 			return
 		}
 		r.abort(fmt.Sprintf("rank %d (%s) disconnected", c.rank, c.addr))
