@@ -275,7 +275,7 @@ func portRange() (lo, hi int) {
 			}
 		}
 	}
-	return 32768, 60999
+	return linuxPortLo, linuxPortHi
 }
 
 // listenIn listens on a random free port in [lo, hi].
@@ -375,7 +375,7 @@ func probePeers(ctx context.Context, peers []Peer, token []byte, dial time.Durat
 	wg.Wait()
 	var reachable []int
 	for i, p := range peers {
-		if len(p.Addrs) > 0 && !slices.ContainsFunc(dials[i], func(d PortDial) bool { return d.Err != "" }) {
+		if (PairResult{Ports: dials[i]}).Dialed() {
 			reachable = append(reachable, i)
 			continue
 		}
@@ -534,9 +534,8 @@ func gatherFacts(ctx context.Context, o AgentOptions) *Facts {
 			f.NoFileSoft = lim.Max
 		}
 	}
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		f.PortRange = strings.Join(strings.Fields(string(b)), " ")
-	}
+	lo, hi := portRange()
+	f.PortRange = fmt.Sprintf("%d %d", lo, hi)
 	return f
 }
 

@@ -126,6 +126,9 @@ type PortDial struct {
 	Err  string `json:"err,omitempty"` // "" = the connection was made
 }
 
+// Linux's default net.ipv4.ip_local_port_range, where a host's is unknown.
+const linuxPortLo, linuxPortHi = 32768, 60999
+
 // Dialed says whether every port of the peer took a connection.
 func (p PairResult) Dialed() bool {
 	return len(p.Ports) > 0 && !slices.ContainsFunc(p.Ports, func(d PortDial) bool { return d.Err != "" })
@@ -264,7 +267,7 @@ func Evaluate(hosts []HostResult, pairs []PairResult, want Expect) []Row {
 	median := medianBandwidth(sorted)
 	for _, p := range sorted {
 		w := p.From + " -> " + p.To
-		ports := cmp.Or(portsOf[p.To], "32768 60999")
+		ports := cmp.Or(portsOf[p.To], fmt.Sprintf("%d %d", linuxPortLo, linuxPortHi))
 		lo, hi, _ := strings.Cut(strings.Join(strings.Fields(ports), " "), " ")
 		var closed, open []string
 		why := ""
