@@ -276,13 +276,13 @@ func (r *Ring) recvXfer(ctx context.Context, buf []byte, x pairXfer, waitSent fu
 			}
 			continue
 		}
-		if vr, view := r.t.(ViewReceiver); view && waitSent == nil {
+		if r.view != nil && waitSent == nil {
 			// Folded as it arrives. Not when the received range is the
 			// one being sent (waitSent): chunk c may be folded only once
 			// it is sent, and waiting for that before receiving would
 			// leave the link full and the peer's sender stuck.
 			r.fold.start(dst, nil, false, true, x.theirsFirst)
-			if err := vr.RecvFromView(ctx, x.peer, nb, r.foldSpan); err != nil {
+			if err := r.view.RecvFromView(ctx, x.peer, nb, r.foldSpan); err != nil {
 				return fmt.Errorf("%s: recv from rank %d: %w", r.stepPrefix(x.step), x.peer, err)
 			}
 			r.payloadRecv.Add(uint64(nb))

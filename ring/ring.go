@@ -96,6 +96,10 @@ type Ring struct {
 	phase      func(Call, string, time.Time, time.Time)
 	hosts      []int           // Config.Hosts
 	defaults   []AllreduceRule // defaultRules for this ring: what the zero policy picks from
+	// What the transport offers besides Transport (nil if not), asked
+	// once in New rather than on every step or chunk.
+	view     ViewReceiver
+	linkBufs LinkBuffers
 
 	// Phase timing of the running call (only when phase is set).
 	callStart, firstRecv time.Time
@@ -174,6 +178,8 @@ func New(cfg Config, t Transport) (*Ring, error) {
 		first:      make(chan struct{}, 1),
 	}
 	r.defaults = defaultRules(r.size, mesh != nil, oneHost(r.hosts))
+	r.view, _ = t.(ViewReceiver)
+	r.linkBufs, _ = t.(LinkBuffers)
 	r.fold.r = r
 	r.foldSpan = r.fold.span
 	return r, nil
@@ -417,8 +423,8 @@ const SmallBytes = 64 << 10
 // before it receives, on the caller's goroutine: SmallBytes, or half the
 // link's buffer where the transport says it is larger (LinkBuffers).
 func (r *Ring) sendFirstBound(peer int) int {
-	if lb, ok := r.t.(LinkBuffers); ok {
-		return max(SmallBytes, lb.LinkBuffer(peer)/2)
+	if r.linkBufs != nil {
+		return max(SmallBytes, r.linkBufs.LinkBuffer(peer)/2)
 	}
 	return SmallBytes
 }
@@ -700,9 +706,9 @@ func (r *Ring) checkHeader(t, c, off, nb int) error {
 // them: dst = a op received, straight from a ViewReceiver's spans, else
 // through scratch.
 func (r *Ring) recvReduce(ctx context.Context, dst, a []byte, final bool) error {
-	if vr, ok := r.t.(ViewReceiver); ok {
+	if r.view != nil {
 		r.fold.start(dst, a, final, false, false)
-		return vr.RecvFromView(ctx, r.prev, len(dst), r.foldSpan)
+		return r.view.RecvFromView(ctx, r.prev, len(dst), r.foldSpan)
 	}
 	sc := r.scratch[:len(dst)]
 	if err := r.t.RecvPrev(ctx, sc); err != nil {
