@@ -656,8 +656,7 @@ func defaultListenIP(ctx context.Context, rendezvous string, multiHost bool) (st
 	if err != nil {
 		return "", fmt.Errorf("rendezvous address %q: %w (write HOST:PORT)", rendezvous, err)
 	}
-	portNum, err := strconv.Atoi(port)
-	if err != nil {
+	if _, err := strconv.Atoi(port); err != nil {
 		return "", fmt.Errorf("rendezvous address %q: port %q is not a number", rendezvous, port)
 	}
 	ips, err := p2p.LookupIP(ctx, host) // retried until ctx ends: pod 0's name may come later
@@ -666,13 +665,12 @@ func defaultListenIP(ctx context.Context, rendezvous string, multiHost bool) (st
 	}
 	var errs []error
 	for _, ip := range ips {
-		conn, err := net.DialUDP("udp", nil, &net.UDPAddr{IP: ip, Port: portNum})
+		src, err := p2p.RouteSource(ip.String())
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		local := conn.LocalAddr().(*net.UDPAddr).IP
-		conn.Close()
+		local := net.ParseIP(src)
 		// A name that resolves to loopback (Debian's "127.0.1.1 node1" in
 		// /etc/hosts) on a job that spans hosts; a loopback IP written as
 		// such says the job runs on this host alone.
@@ -695,12 +693,8 @@ func defaultListenIP(ctx context.Context, rendezvous string, multiHost bool) (st
 // that no more specific route covers (a connected UDP socket sends
 // nothing), or nil without a default route.
 func defaultRouteSource() net.IP {
-	conn, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(198, 51, 100, 1), Port: 9}) // TEST-NET-2
-	if err != nil {
-		return nil
-	}
-	defer conn.Close()
-	if ip := conn.LocalAddr().(*net.UDPAddr).IP; !ip.IsLoopback() {
+	src, err := p2p.RouteSource("198.51.100.1") // TEST-NET-2
+	if ip := net.ParseIP(src); err == nil && !ip.IsLoopback() {
 		return ip
 	}
 	return nil

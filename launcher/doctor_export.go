@@ -1,10 +1,5 @@
 package launcher
 
-import (
-	"fmt"
-	"net"
-)
-
 // What gorun doctor (internal/doctor) shares with the launcher: it reaches
 // the hosts exactly as a job's remote ranks are reached, ssh or srun, with
 // the same flags and quoting.
@@ -43,16 +38,4 @@ func LauncherIP(seen []SeenAddrs, via string) (ip, why string, err error) {
 		order[i] = s.Host
 	}
 	return chooseLauncherIP(infos, order)
-}
-
-// RouteSource is the address of this host that the kernel's route to ip
-// starts from: the address a host at ip reaches this one at. No packet is
-// sent (a UDP socket is only connected).
-func RouteSource(ip string) (string, error) {
-	c, err := net.Dial("udp", net.JoinHostPort(ip, "9"))
-	if err != nil {
-		return "", fmt.Errorf("no route to %s: %v", ip, err)
-	}
-	defer c.Close()
-	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
 }

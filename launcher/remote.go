@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gorun/gorun/p2p"
 )
 
 // SSH says how gorun reaches remote hosts. It runs the system ssh client, so
@@ -238,7 +240,7 @@ func chooseLauncherIP(infos map[string]sshInfo, order []string) (string, string,
 		if ip := net.ParseIP(in.clientIP); ip != nil && local[ip.String()] && !ip.IsLoopback() {
 			return ip.String(), fmt.Sprintf("the address host %s sees our %s connection come from", h, cmp.Or(in.via, "ssh")), nil
 		}
-		if ip, err := RouteSource(in.serverIP); err == nil {
+		if ip, err := p2p.RouteSource(in.serverIP); err == nil {
 			return ip, fmt.Sprintf("the source address this host routes to %s (%s) with", h, in.serverIP), nil
 		}
 	}

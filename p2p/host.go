@@ -219,3 +219,15 @@ func LookupIP(ctx context.Context, host string) ([]net.IP, error) {
 		wait = min(2*wait, 2*time.Second)
 	}
 }
+
+// RouteSource is the address of this host that the kernel's route to ip
+// starts from: the address a host at ip reaches this one at. No packet is
+// sent (a UDP socket is only connected).
+func RouteSource(ip string) (string, error) {
+	c, err := net.Dial("udp", net.JoinHostPort(ip, "9"))
+	if err != nil {
+		return "", fmt.Errorf("no route to %s: %v", ip, err)
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
+}

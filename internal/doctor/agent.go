@@ -29,7 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gorun/gorun/checkpoint"
-	"github.com/gorun/gorun/launcher"
+	"github.com/gorun/gorun/p2p"
 )
 
 // Module is gorun's module path, looked up in PROGRAM's build information.
@@ -238,7 +238,7 @@ func RunAgent(ctx context.Context, in io.Reader, out io.Writer, o AgentOptions) 
 func listen(m message) ([]net.Listener, error) {
 	ip := m.IP
 	if ip == "" && m.RouteTo != "" {
-		ip, _ = launcher.RouteSource(m.RouteTo)
+		ip, _ = p2p.RouteSource(m.RouteTo)
 	}
 	if ip == "" {
 		if f := strings.Fields(os.Getenv("SSH_CONNECTION")); len(f) == 4 {
