@@ -789,11 +789,11 @@ func (r *Rendezvous) AbortDelivered() <-chan struct{} { return r.abortSent }
 
 // AwaitOthersGone waits until every rank but rank has ended its control
 // stream (left, or exited), or ctx ends. A rank that hosts the rendezvous
-// and fails because another rank left, or the job was aborted, calls it
-// before it exits: the other ranks were sent the departure or the abort,
-// but a process that exits with unread data on a TCP connection resets
-// it, and a reset drops what the peer had not read yet, that notice
-// included; the peer would then see only "lost rendezvous".
+// and fails because another rank left calls it before it exits: the other
+// ranks were sent the departure, but a process that exits with unread
+// data on a TCP connection resets it, and a reset drops what the peer had
+// not read yet, the departure notice included; that peer would then see
+// only "lost rendezvous".
 func (r *Rendezvous) AwaitOthersGone(ctx context.Context, rank int) {
 	for {
 		r.mu.Lock()
