@@ -300,25 +300,21 @@ func (c *Comm) execute(h *Handle) error {
 
 // awaitAbortRelay holds the error of a rank that hosts the rendezvous until
 // the abort has reached the other ranks (bounded): programs exit on errors,
-// and the rendezvous dies with them. Sent is not enough: a process that
-// exits with unread data on a TCP connection resets it, and the reset drops
-// what the other end had not read yet, the abort included, so it waits for
-// the other ranks to end too (see AwaitOthersGone).
+// and the rendezvous dies with them.
 func (c *Comm) awaitAbortRelay() {
 	if c.rdv == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
 	var left *p2p.PeerLeftError
-	if !errors.As(context.Cause(c.life), &left) { // a departure is sent to every rank as it happens
-		select {
-		case <-c.rdv.AbortDelivered():
-		case <-ctx.Done():
-			return
-		}
+	if errors.As(context.Cause(c.life), &left) {
+		return // nothing is relayed: every rank was told of the departure already
 	}
-	c.rdv.AwaitOthersGone(ctx, c.Rank())
+	t := time.NewTimer(2 * time.Second)
+	defer t.Stop()
+	select {
+	case <-c.rdv.AbortDelivered():
+	case <-t.C:
+	}
 }
 
 // runFunc runs one numbered call on the ring.

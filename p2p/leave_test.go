@@ -211,31 +211,3 @@ func TestEarlyCloseErrorText(t *testing.T) {
 		}
 	}
 }
-
-// AwaitOthersGone returns once every rank but the given one has ended its
-// control stream, and not before (until its context ends).
-func TestAwaitOthersGone(t *testing.T) {
-	// A short timeout: a Close waits that long for rank 0, which stays.
-	j := startJob(t, jobOpts{size: 3, timeout: 2 * time.Second})
-	defer j.close(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	j.rz.AwaitOthersGone(ctx, 0)
-	if ctx.Err() == nil {
-		t.Fatal("AwaitOthersGone returned while ranks 1 and 2 were connected")
-	}
-	cancel()
-	j.nodes[1].Close()
-	ctx, cancel = context.WithTimeout(context.Background(), 200*time.Millisecond)
-	j.rz.AwaitOthersGone(ctx, 0)
-	if ctx.Err() == nil {
-		t.Fatal("AwaitOthersGone returned while rank 2 was connected")
-	}
-	cancel()
-	j.nodes[2].Close()
-	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	j.rz.AwaitOthersGone(ctx, 0)
-	if ctx.Err() != nil {
-		t.Fatal("AwaitOthersGone did not return after ranks 1 and 2 closed")
-	}
-}

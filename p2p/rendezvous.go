@@ -111,7 +111,6 @@ type Rendezvous struct {
 	aborted   bool
 	allReg    chan struct{}
 	allGone   chan struct{} // closed when every registered rank left or died (after table)
-	goneNote  chan struct{} // closed (and replaced) whenever a rank's control stream ends
 	abortSent chan struct{} // closed once an abort has been sent to every rank
 	closed    bool
 	closeCh   chan struct{}
@@ -242,7 +241,7 @@ func StartRendezvous(ctx context.Context, cfg RendezvousConfig) (*Rendezvous, er
 		cfg: cfg, h: h, id: id,
 		regs:    map[int]*rzConn{},
 		allReg:  make(chan struct{}),
-		allGone: make(chan struct{}), goneNote: make(chan struct{}), abortSent: make(chan struct{}),
+		allGone: make(chan struct{}), abortSent: make(chan struct{}),
 		closeCh: make(chan struct{}),
 		hb:      hb,
 	}
@@ -787,35 +786,6 @@ func (r *Rendezvous) late(c *rzConn, call uint64) {
 // would see only "lost rendezvous" instead of what went wrong.
 func (r *Rendezvous) AbortDelivered() <-chan struct{} { return r.abortSent }
 
-// AwaitOthersGone waits until every rank but rank has ended its control
-// stream (left, or exited), or ctx ends. A rank that hosts the rendezvous
-// and fails because another rank left calls it before it exits: the other
-// ranks were sent the departure, but a process that exits with unread
-// data on a TCP connection resets it, and a reset drops what the peer had
-// not read yet, the departure notice included; that peer would then see
-// only "lost rendezvous".
-func (r *Rendezvous) AwaitOthersGone(ctx context.Context, rank int) {
-	for {
-		r.mu.Lock()
-		others := 0
-		for _, c := range r.connsLocked() {
-			if c.rank != rank {
-				others++
-			}
-		}
-		note := r.goneNote
-		r.mu.Unlock()
-		if others == 0 {
-			return
-		}
-		select {
-		case <-note:
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
 // lost handles the end of a control stream. err == nil: orderly leave.
 func (r *Rendezvous) lost(c *rzConn, err error) {
 	c.s.Reset()
@@ -830,8 +800,6 @@ func (r *Rendezvous) lost(c *rzConn, err error) {
 		delete(r.regs, c.id)
 	}
 	allGone := started && len(r.connsLocked()) == 0
-	close(r.goneNote)
-	r.goneNote = make(chan struct{})
 	if allGone {
 		select {
 		case <-r.allGone:
