@@ -681,12 +681,12 @@ func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, atte
 // (/ip4/...) stopped responding: no heartbeat within 5s"); "" for any
 // other cause.
 func lostRank(a p2p.Abort, procs []*rankProc) string {
-	if a.Unresponsive < 0 {
+	if !a.Unresponsive {
 		return ""
 	}
 	for _, p := range procs {
-		if p.rank == a.Unresponsive && p.host != "" {
-			return fmt.Sprintf("rank %d on host %s (%s) stopped responding: %s", a.Unresponsive, p.host, a.Addr, a.Why)
+		if p.rank == a.Rank && p.host != "" {
+			return fmt.Sprintf("rank %d on host %s (%s) stopped responding: %s", a.Rank, p.host, a.Addr, a.Why)
 		}
 	}
 	return a.Cause

@@ -11,13 +11,16 @@ import (
 func TestLostRankLeadsTheError(t *testing.T) {
 	procs := []*rankProc{{rank: 0, host: "node1"}, {rank: 1, host: "node1"}, {rank: 2, host: "node2"}}
 	cause := "rank 2 (/ip4/10.0.0.2/tcp/4000) stopped responding: no heartbeat within 5s"
-	abort := p2p.Abort{Cause: cause, Unresponsive: 2, Addr: "/ip4/10.0.0.2/tcp/4000", Why: "no heartbeat within 5s"}
+	abort := p2p.Abort{Cause: cause, Unresponsive: true, Rank: 2, Addr: "/ip4/10.0.0.2/tcp/4000", Why: "no heartbeat within 5s"}
 	lost := lostRank(abort, procs)
 	if want := "rank 2 on host node2 (/ip4/10.0.0.2/tcp/4000) stopped responding: no heartbeat within 5s"; lost != want {
 		t.Fatalf("lostRank = %q, want %q", lost, want)
 	}
-	if got := lostRank(p2p.Abort{Cause: "rank 1 aborted: bad input", Unresponsive: -1}, procs); got != "" {
+	if got := lostRank(p2p.Abort{Cause: "rank 1 aborted: bad input"}, procs); got != "" {
 		t.Fatalf("lostRank of another cause = %q, want \"\"", got)
+	}
+	if got := lostRank(p2p.Abort{}, procs); got != "" {
+		t.Fatalf("lostRank with no abort = %q, want \"\"", got)
 	}
 	if got := lostRank(abort, []*rankProc{{rank: 2}}); got != cause {
 		t.Fatalf("lostRank on one host = %q, want the cause as it is", got)

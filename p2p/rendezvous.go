@@ -671,15 +671,16 @@ func (r *Rendezvous) ack(c *rzConn) {
 // Abort is the cause of a job's first abort, as OnAbort is given it.
 type Abort struct {
 	Cause string // as the ranks are told it
-	// Unresponsive is the rank that stopped responding (Why, e.g. "no
-	// heartbeat within 4s"; its address Addr), or -1: another cause.
-	Unresponsive int
+	// Unresponsive: the cause is that rank Rank, at Addr, stopped
+	// responding (Why, e.g. "no heartbeat within 4s").
+	Unresponsive bool
+	Rank         int
 	Addr, Why    string
 }
 
 // abort relays the first abort of the job to every connected rank.
 func (r *Rendezvous) abort(text string) {
-	r.abortWith(&msg{T: tAbort, Text: text}, Abort{Unresponsive: -1})
+	r.abortWith(&msg{T: tAbort, Text: text}, Abort{})
 }
 
 // abortWith relays the first abort of the job, m, to every connected rank;
@@ -830,7 +831,7 @@ func (r *Rendezvous) lost(c *rzConn, err error) {
 			// No heartbeat: the process is frozen, stopped or cut off.
 			why := fmt.Sprintf("no heartbeat within %v", r.cfg.Timeout)
 			r.abortWith(&msg{T: tAbort, Text: fmt.Sprintf("rank %d (%s) stopped responding: %s", c.rank, c.addr, why)},
-				Abort{Unresponsive: c.rank, Addr: c.addr, Why: why})
+				Abort{Unresponsive: true, Rank: c.rank, Addr: c.addr, Why: why})
 			return
 		}
 		if d := r.departureBefore(c); d != nil {
@@ -839,7 +840,7 @@ func (r *Rendezvous) lost(c *rzConn, err error) {
 			// departure, not this rank's exit.
 			r.abortWith(&msg{T: tAbort, Left: true, Rank: d.rank, Seq: d.lastCall,
 				Text: fmt.Sprintf("rank %d closed its communicator after call #%d; rank %d (%s) was in a later call and exited", d.rank, d.lastCall, c.rank, c.addr)},
-				Abort{Unresponsive: -1})
+				Abort{})
 			return
 		}
 		r.abort(fmt.Sprintf("rank %d (%s) disconnected", c.rank, c.addr))
