@@ -153,13 +153,15 @@ func (c *Comm) prepare(ctx context.Context, call ring.Call, opts []CallOption, r
 	}
 	h := &Handle{call: call, ctx: ctx, done: make(chan struct{}), comm: c, queued: time.Now()}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return failed(ErrClosed), false
 	}
 	if c.life.Err() != nil {
+		c.mu.Unlock()
 		return failed(c.unusable(context.Cause(c.life))), false
 	}
+	defer c.mu.Unlock()
 	v := c.cur()
 	if err := v.endErr(); err != nil {
 		// The membership changed: nothing can be numbered in this epoch
@@ -190,10 +192,15 @@ func (c *Comm) prepare(ctx context.Context, call ring.Call, opts []CallOption, r
 	return h, false
 }
 
+// unusable is the error of a call made after the job failed. Like the call
+// that failed, it waits (bounded) for the abort to reach the other ranks if
+// this rank hosts the rendezvous: the program is about to exit on it.
+// The caller must not hold c.mu.
 func (c *Comm) unusable(cause error) error {
 	if errors.Is(cause, ErrClosed) {
 		return ErrClosed
 	}
+	c.awaitAbortRelay()
 	return fmt.Errorf("gorun: rank %d: communicator unusable after an earlier failure: %w", c.Rank(), cause)
 }
 

@@ -29,7 +29,7 @@ func seedMessages(t testing.TB) [][]byte {
 		{T: tWelcome, Proof: welcomeProof(fuzzKey, fuzzNonce, fuzzPeer)},
 		{T: tError, Text: "rank 3 out of range"},
 		{T: tTable, Table: []tableItem{{Rank: 0, ID: fuzzPeer, Addrs: []string{"/ip4/127.0.0.1/tcp/1"}, HostID: "h"}}},
-		{T: tAck}, {T: tGo}, {T: tPing, Missing: []int{2, 3}}, {T: tAbort, Rank: 2, Text: "boom"},
+		{T: tAck}, {T: tGo}, {T: tPing, Missing: []int{2, 3}}, {T: tAbort, Rank: 2, Text: "boom"}, {T: tAbortOK, Rank: 2},
 		{T: tLeave, Rank: 1}, {T: tBye},
 		{T: tDChal, Nonce: fuzzNonce},
 		{T: tDHello, Rank: 0, Link: 0, Nonce: fuzzNonce, Proof: dataProof(fuzzKey, fuzzNonce, 0, 0, 0)},

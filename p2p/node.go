@@ -661,6 +661,9 @@ func (n *Node) ctlReader() {
 				close(n.goCh)
 			}
 		case tAbort:
+			// Acknowledged before acting on it: a rank hosting the
+			// rendezvous waits for this before it exits (AbortDelivered).
+			_ = n.sendCtl(&msg{T: tAbortOK, Rank: max(n.rank(), 0)})
 			if m.Left {
 				// The job ends because a rank left early: the call this
 				// rank is in, or would enter next, can never complete.

@@ -767,3 +767,29 @@ func TestRanksStartBeforeRendezvous(t *testing.T) {
 	}
 	exchange(t, j.nodes, []int{4096})
 }
+
+// TestAbortDeliveredWaitsForRead: AbortDelivered (what a rank hosting the
+// rendezvous waits for before it exits) closes once every rank has read
+// the abort, not once it was sent: a frozen rank holds it until it thaws
+// and acknowledges. Sending alone let a survivor lose the cause when the
+// host's exit reset the connection before it read it.
+func TestAbortDeliveredWaitsForRead(t *testing.T) {
+	j := startJob(t, jobOpts{size: 3, timeout: 20 * time.Second})
+	j.nodes[2].freeze()
+	j.nodes[1].Abort(errors.New("boom"))
+	for _, n := range j.nodes[:2] {
+		waitDone(t, n, 5*time.Second, "rank 1 aborted: boom")
+	}
+	select {
+	case <-j.rz.AbortDelivered():
+		t.Fatal("AbortDelivered closed while rank 2 was frozen and had not read the abort")
+	default:
+	}
+	j.nodes[2].unfreeze()
+	waitDone(t, j.nodes[2], 5*time.Second, "rank 1 aborted: boom")
+	select {
+	case <-j.rz.AbortDelivered():
+	case <-time.After(5 * time.Second):
+		t.Fatal("AbortDelivered not closed after every rank read the abort")
+	}
+}

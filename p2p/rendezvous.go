@@ -111,11 +111,15 @@ type Rendezvous struct {
 	aborted   bool
 	allReg    chan struct{}
 	allGone   chan struct{} // closed when every registered rank left or died (after table)
-	abortSent chan struct{} // closed once an abort has been sent to every rank
-	closed    bool
-	closeCh   chan struct{}
-	wg        sync.WaitGroup
-	closeOnce sync.Once
+	abortSent chan struct{} // closed once every rank the abort was sent to acknowledged it or is gone
+	// abortUnread: the ranks sent the abort that have neither acknowledged
+	// it nor gone (nil until the abort was sent); abortDone closes abortSent.
+	abortUnread map[*rzConn]bool
+	abortDone   sync.Once
+	closed      bool
+	closeCh     chan struct{}
+	wg          sync.WaitGroup
+	closeOnce   sync.Once
 	// relayMu orders broadcasts (departures, aborts, epochs): a rank that
 	// fails because of a departure can not have its consequences reach
 	// another rank before the departure itself.
@@ -527,6 +531,8 @@ func (r *Rendezvous) handle(s network.Stream) {
 			r.growRequest(c, m.Epoch)
 		case tAbort:
 			r.abort(fmt.Sprintf("rank %d aborted: %s", r.rankOf(c), m.Text))
+		case tAbortOK:
+			r.abortRead(c)
 		case tLeaving:
 			r.leaving(c, m.Seq)
 		case tLate:
@@ -702,10 +708,37 @@ func (r *Rendezvous) abortWith(m *msg, a Abort) {
 	r.relayMu.Lock()
 	r.mu.Lock()
 	conns := r.connsLocked()
+	// Acknowledgements may come before the broadcast ends: count every
+	// recipient as unread first.
+	r.abortUnread = make(map[*rzConn]bool, len(conns))
+	for _, c := range conns {
+		r.abortUnread[c] = true
+	}
 	r.mu.Unlock()
 	r.broadcast(conns, m)
 	r.relayMu.Unlock()
-	close(r.abortSent)
+	r.abortRead(nil)
+}
+
+// abortRead records that c (nil: nobody new) read the abort or is gone, and
+// closes abortSent once no recipient is left that may not have read it.
+// Sending is not enough: a rank that exits with unread data resets its
+// connections, and the reset drops what the others had not read yet, so
+// they would see only "lost rendezvous" instead of the cause.
+func (r *Rendezvous) abortRead(c *rzConn) {
+	r.mu.Lock()
+	if r.abortUnread == nil {
+		r.mu.Unlock()
+		return
+	}
+	if c != nil {
+		delete(r.abortUnread, c)
+	}
+	done := len(r.abortUnread) == 0
+	r.mu.Unlock()
+	if done {
+		r.abortDone.Do(func() { close(r.abortSent) })
+	}
 }
 
 // broadcast sends m to conns concurrently (one frozen rank must not hold up
@@ -782,14 +815,16 @@ func (r *Rendezvous) late(c *rzConn, call uint64) {
 }
 
 // AbortDelivered is closed once the job has been aborted and every rank
-// still connected has been sent the cause. A rank that hosts the
-// rendezvous waits for it before it exits on an error, or the other ranks
-// would see only "lost rendezvous" instead of what went wrong.
+// still connected has acknowledged reading the cause (or is gone). A rank
+// that hosts the rendezvous waits for it (bounded) before it exits on an
+// error, or the other ranks would see only "lost rendezvous" instead of
+// what went wrong.
 func (r *Rendezvous) AbortDelivered() <-chan struct{} { return r.abortSent }
 
 // lost handles the end of a control stream. err == nil: orderly leave.
 func (r *Rendezvous) lost(c *rzConn, err error) {
 	c.s.Reset()
+	r.abortRead(c)
 	r.mu.Lock()
 	c.gone = true
 	started := r.tableSent

@@ -35,6 +35,7 @@ const (
 	tGo        = "go"        // server -> client: every rank acked; dial now
 	tPing      = "ping"      // both ways: heartbeat (server adds missing ranks)
 	tAbort     = "abort"     // both ways: job aborted
+	tAbortOK   = "abortok"   // client -> server: the abort was read
 	tLeave     = "leave"     // client -> server: orderly exit
 	tBye       = "bye"       // server -> client: leave recorded
 	tDChal     = "dchal"     // data acceptor -> dialer: nonce
@@ -205,7 +206,7 @@ func (m *msg) check() error {
 		if m.Rank < 0 {
 			return fmt.Errorf("bad %s: negative rank", m.T)
 		}
-	case tAbort, tError, tAck, tGo, tPing, tLeave, tBye, tLeaving, tLate, tLateOK,
+	case tAbort, tAbortOK, tError, tAck, tGo, tPing, tLeave, tBye, tLeaving, tLate, tLateOK,
 		tReconfig, tWaiting, tLinkFail, tGrow, tGrowNone, tDropped:
 		if m.Rank < 0 {
 			return fmt.Errorf("bad %s: negative rank", m.T)
