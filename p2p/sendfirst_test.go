@@ -253,3 +253,40 @@ func TestSendFirstMixed(t *testing.T) {
 		})
 	}
 }
+
+// TestGroupedOverShm: ranks told to (GroupedSteps) run ring steps larger than half a link as groups of
+// chunks sent then received on one goroutine, over real shared memory,
+// alone and mixed with ranks that run the sender goroutine, at N = 2 to 5,
+// up to steps of several times the ring's capacity, every element checked.
+func TestGroupedOverShm(t *testing.T) {
+	t.Setenv(envShmBytes, strconv.Itoa(sendFirstShmBytes))
+	policy, err := ring.ParseAllreducePolicy("ring")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{2, 3, 4, 5} {
+		for _, mixed := range []bool{false, true} {
+			t.Run(fmt.Sprintf("N=%d/mixed=%v", n, mixed), func(t *testing.T) {
+				j := startJob(t, jobOpts{size: n})
+				wantKinds(t, j.nodes, allShm)
+				trs := sendFirstTransports(j, func(int) int8 { return 1 }) // the ring's capacity, on any host
+				rings := make([]*ring.Ring, n)
+				for r, tr := range trs {
+					tr.groupStepsTest = 1
+					if mixed && r%2 == 1 {
+						tr.groupStepsTest = -1
+					}
+					if rings[r], err = ring.New(ring.Config{Rank: r, Size: n, ChunkBytes: 16 << 10, Allreduce: policy}, tr); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for _, count := range []int{1, 1001, n*sendFirstShmBytes/8 + 1, 3*n*sendFirstShmBytes/4 + 3} {
+					// Steps over half the link's 256 KiB hold several
+					// groups of 16 KiB chunks: none runs a goroutine
+					// unless some ranks were told not to group.
+					runSendFirstCase(t, "ring", rings, trs, count, false, mixed)
+				}
+			})
+		}
+	}
+}

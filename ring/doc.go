@@ -26,8 +26,11 @@
 // They share one engine (ring.go): every segment is cut into chunks of at
 // most Config.ChunkBytes, a sender goroutine and a receiver goroutine run
 // concurrently, and a chunk is forwarded as soon as it has been received
-// and reduced, so transfer and reduction overlap. Reduction kernels are in
-// kernels.go.
+// and reduced, so transfer and reduction overlap. A step that fits half of
+// what the links buffer (LinkBuffers) is instead sent, then received, on
+// the caller's goroutine, and so is a larger one, in groups of chunks that
+// fit, where the transport says a sender goroutine would find no CPU of
+// its own (GroupedSteps). Reduction kernels are in kernels.go.
 //
 // # Framing and safety
 //

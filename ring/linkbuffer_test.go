@@ -181,3 +181,103 @@ func testViewReduce(t *testing.T, algo string, n int, dt DType, op Op, count, ch
 		}
 	}
 }
+
+// groupedMesh is a bufferedMesh that says whether its rank runs large
+// steps as groups (GroupedSteps).
+type groupedMesh struct {
+	*bufferedMesh
+	grouped bool
+}
+
+func (g *groupedMesh) GroupedSteps() bool { return g.grouped }
+
+// A rank told to (GroupedSteps) runs steps larger than the send-first
+// bound as groups of chunks, each sent then received on its own
+// goroutine (runGrouped), mixed freely with ranks that run the sender
+// goroutine: Allreduce (ring), ReduceScatter and Allgather at N = 1 to 7,
+// with steps of several groups, a last group partly filled and segments
+// whose chunk counts differ (odd lengths), checked element by element.
+func TestGroupedSteps(t *testing.T) {
+	const chunk = 4000 // bytes: 16 chunks and their headers fit SmallBytes
+	policy, err := ParseAllreducePolicy("ring")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{1, 2, 3, 4, 5, 7} {
+		for _, mix := range []string{"all grouped", "mixed"} {
+			// A step of about 2.5 groups, and one element more than a
+			// multiple of n (segments of different lengths).
+			count := n*(SmallBytes*5/2/4) + 1
+			t.Run(fmt.Sprintf("N=%d/%s", n, mix), func(t *testing.T) {
+				ts := NewMemRing(n)
+				meshes := make([]*groupedMesh, n)
+				rs := make([]*Ring, n)
+				for i := range rs {
+					meshes[i] = &groupedMesh{bufferedMesh: &bufferedMesh{MemTransport: ts[i].(*MemTransport)}, grouped: mix == "all grouped" || i%2 == 0}
+					if rs[i], err = New(Config{Rank: i, Size: n, ChunkBytes: chunk, Allreduce: policy}, meshes[i]); err != nil {
+						t.Fatal(err)
+					}
+				}
+				// Allreduce, of integers: exact in any reduction order.
+				in := make([][]byte, n)
+				inputs := make([][]float64, n)
+				bufs := make([][]byte, n)
+				for i := range in {
+					inputs[i] = make([]float64, count)
+					for k := range inputs[i] {
+						inputs[i][k] = float64((k*7+i*13)%1000 - 500)
+					}
+					in[i] = encode(Int32, inputs[i])
+					bufs[i] = append([]byte(nil), in[i]...)
+				}
+				mustAll(t, parallel(n, func(i int) error {
+					return rs[i].Allreduce(testCtx(t), Call{Op: Sum, DType: Int32, Count: count}, bufs[i])
+				}))
+				want := encode(Int32, reference(Int32, Sum, inputs))
+				for i := range bufs {
+					if !bytes.Equal(bufs[i], want) {
+						t.Fatalf("allreduce: rank %d: wrong result", i)
+					}
+				}
+				// ReduceScatter of n*per elements.
+				per := count / n
+				ins := make([][]byte, n)
+				outs := make([][]byte, n)
+				inputs = inputs[:0]
+				for i := range ins {
+					ins[i] = in[i][:4*n*per]
+					inputs = append(inputs, decode(Int32, ins[i]))
+					outs[i] = make([]byte, 4*per)
+				}
+				mustAll(t, parallel(n, func(i int) error {
+					return rs[i].ReduceScatter(testCtx(t), Call{Op: Sum, DType: Int32, Count: n * per}, ins[i], outs[i])
+				}))
+				want = encode(Int32, reference(Int32, Sum, inputs))
+				for i := range outs {
+					if !bytes.Equal(outs[i], want[i*4*per:(i+1)*4*per]) {
+						t.Fatalf("reduce-scatter: rank %d: wrong result", i)
+					}
+				}
+				// Allgather of count bytes per rank.
+				var all []byte
+				for i := range in {
+					all = append(all, in[i][:count]...)
+				}
+				mustAll(t, parallel(n, func(i int) error {
+					outs[i] = make([]byte, n*count)
+					return rs[i].Allgather(testCtx(t), Call{DType: Uint8, Count: count}, in[i][:count], outs[i])
+				}))
+				for i := range outs {
+					if !bytes.Equal(outs[i], all) {
+						t.Fatalf("allgather: rank %d: wrong result", i)
+					}
+				}
+				for i, m := range meshes {
+					if ran := m.concurrent.Load() > 0; ran != (!m.grouped && n > 1) {
+						t.Errorf("rank %d (grouped %v): sender goroutine %v", i, m.grouped, ran)
+					}
+				}
+			})
+		}
+	}
+}

@@ -85,3 +85,13 @@ type Mesh interface {
 	SendTo(ctx context.Context, rank int, bufs ...[]byte) error
 	RecvFrom(ctx context.Context, rank int, buf []byte) error
 }
+
+// GroupedSteps is an optional interface of a Transport that says how a
+// ring step too large to send before receiving should run: true, as
+// groups of chunks that fit, each sent then received on the caller's
+// goroutine (Ring.runGrouped); false, by a sender goroutine beside the
+// receiver. p2p says true where every rank has a CPU of its own but none
+// to spare for a second goroutine.
+type GroupedSteps interface {
+	GroupedSteps() bool
+}
