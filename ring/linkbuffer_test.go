@@ -194,7 +194,8 @@ func (g *groupedMesh) GroupedSteps() bool { return g.grouped }
 // A rank told to (GroupedSteps) runs steps larger than the send-first
 // bound as groups of chunks, each sent then received on its own
 // goroutine (runGrouped), mixed freely with ranks that run the sender
-// goroutine: Allreduce (ring), ReduceScatter and Allgather at N = 1 to 7,
+// goroutine: Allreduce (ring), ReduceScatter, Allgather and Shift at
+// N = 1 to 7,
 // with steps of several groups, a last group partly filled and segments
 // whose chunk counts differ (odd lengths), checked element by element.
 func TestGroupedSteps(t *testing.T) {
@@ -270,6 +271,16 @@ func TestGroupedSteps(t *testing.T) {
 				for i := range outs {
 					if !bytes.Equal(outs[i], all) {
 						t.Fatalf("allgather: rank %d: wrong result", i)
+					}
+				}
+				// Shift of count bytes: one step, rank i's bytes to i+1.
+				mustAll(t, parallel(n, func(i int) error {
+					outs[i] = make([]byte, count)
+					return rs[i].Shift(testCtx(t), Call{DType: Uint8, Count: count}, in[i][:count], outs[i])
+				}))
+				for i := range outs {
+					if !bytes.Equal(outs[i], in[(i+n-1)%n][:count]) {
+						t.Fatalf("shift: rank %d did not receive rank %d's bytes", i, (i+n-1)%n)
 					}
 				}
 				for i, m := range meshes {
