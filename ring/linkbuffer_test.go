@@ -195,9 +195,9 @@ func (g *groupedMesh) GroupedSteps() bool { return g.grouped }
 // bound as groups of chunks, each sent then received on its own
 // goroutine (runGrouped), mixed freely with ranks that run the sender
 // goroutine: Allreduce (ring), ReduceScatter, Allgather and Shift at
-// N = 1 to 7,
-// with steps of several groups, a last group partly filled and segments
-// whose chunk counts differ (odd lengths), checked element by element.
+// N = 1 to 7, with steps of several groups, a last group partly filled and
+// segments whose chunk counts differ (odd lengths), checked element by
+// element.
 func TestGroupedSteps(t *testing.T) {
 	const chunk = 4000 // bytes: 16 chunks and their headers fit SmallBytes
 	policy, err := ParseAllreducePolicy("ring")
