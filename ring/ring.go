@@ -542,9 +542,9 @@ func (r *Ring) runSequential(ctx context.Context) error {
 
 // runGrouped runs a call whose steps do not fit the send-first bound on
 // the caller's goroutine too, where the transport says so (GroupedSteps):
-// each step goes as groups of per chunks
-// (per chunks and their headers fit sendFirstBound), and each group is
-// sent, then the step's matching group received. A link then holds at
+// each step goes as groups of per chunks (per chunks and their headers
+// fit sendFirstBound), and each group is sent, then the step's matching
+// group received. A link then holds at
 // most two groups unread (the one being sent, and the one before, which
 // its receiver takes without waiting for anything else), which fits its
 // buffer, so no send waits for a receive that waits for it; and the
