@@ -60,7 +60,6 @@ func WithCallTimeout(ctx context.Context, d time.Duration) context.Context {
 	return context.WithValue(ctx, callTimeoutKey{}, d)
 }
 
-// callTimeout is the bound of a call made with ctx.
 // timeoutCause is the cause of a call's context when the collective
 // timeout ends it. It is made for every call, so it is formatted only when
 // read: fmt.Errorf per call cost a 4-byte allreduce half a microsecond.
@@ -73,6 +72,7 @@ func (e *timeoutCause) Error() string {
 	return fmt.Sprintf("no progress within the %v collective timeout (set by %s)", e.bound, e.setBy)
 }
 
+// callTimeout is the bound of a call made with ctx.
 func (c *Comm) callTimeout(ctx context.Context) (time.Duration, string) {
 	if d, ok := ctx.Value(callTimeoutKey{}).(time.Duration); ok && d > 0 {
 		return d, "the caller's WithCallTimeout"
