@@ -277,9 +277,9 @@ func (c *Comm) execute(h *Handle) error {
 	if c.node != nil {
 		c.node.SetProgress(h.call.Seq)
 	}
-	stall := c.watchStall(h, start)
+	c.watchStall(h, start)
 	err := h.run(ctx)
-	stall()
+	c.unwatchStall()
 	end := time.Now()
 	c.traceCall(h, start, end, err)
 	c.observeCall(h, ctx, end.Sub(start), err)

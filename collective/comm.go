@@ -84,6 +84,7 @@ type Comm struct {
 	tl             *Timeline // nil: no timeline
 	ownTL          bool      // opened from GORUN_TIMELINE: Close closes it
 	stallThreshold time.Duration
+	stall          stallWatch // the running call's stall warning (stall.go)
 	metrics        *metricsServer
 }
 

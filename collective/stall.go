@@ -21,54 +21,82 @@ const EnvStallThreshold = "GORUN_STALL_THRESHOLD"
 // instead, so that the warning comes before the timeout.
 const DefaultStallThreshold = 60 * time.Second
 
-// watchStall arms the stall warning for h, which started running at start,
-// and returns the function that disarms it. The warning repeats every
-// threshold while the call waits; it never ends the call (the timeout does).
-// The first warning of the call is followed by the hang diagnosis, on
-// lines of its own (hangDiagnosis): the warning goes out at once, the
-// diagnosis when the rendezvous has gathered every rank's state, seconds
-// later. It also records the call's start in the flight recorder
-// (traceCall records its end).
-func (c *Comm) watchStall(h *Handle, start time.Time) func() {
+// stallWatch is the stall warning of the call running now. Calls run one
+// at a time (execMu), so one timer per Comm is re-armed for each, rather
+// than a timer, a channel and closures made per call, which cost a small
+// collective about half a microsecond.
+type stallWatch struct {
+	mu    sync.Mutex
+	timer *time.Timer
+	h     *Handle // the call watched; nil between calls
+	start time.Time
+	first bool // no warning yet for this call: the next asks for a diagnosis
+}
+
+// watchStall arms the stall warning for h, which started running at start;
+// unwatchStall disarms it. The warning repeats every threshold while the
+// call waits; it never ends the call (the timeout does). The first warning
+// of the call is followed by the hang diagnosis, on lines of its own
+// (hangDiagnosis): the warning goes out at once, the diagnosis when the
+// rendezvous has gathered every rank's state, seconds later. It also
+// records the call's start in the flight recorder (traceCall records its
+// end).
+func (c *Comm) watchStall(h *Handle, start time.Time) {
 	if f := c.flight(); f != nil {
 		f.begin(h.call, start)
 	}
 	d := c.stallThreshold
 	if d <= 0 {
-		return func() {}
+		return
 	}
-	var (
-		mu    sync.Mutex // orders the assignment of t before its use in warn; guards first
-		t     *time.Timer
-		first = true // the first warning of the call, which asks for a diagnosis
-	)
-	done := make(chan struct{})
-	warn := func() {
-		select {
-		case <-done:
-			return
-		default:
-		}
-		c.stats.stalls.Add(1)
-		c.warnf("%s", c.stallMessage(h, start))
-		c.trace().instant(h.rank(), laneCollectives, "stall warning", map[string]any{"seq": h.call.Seq, "call": h.call.String()})
-		mu.Lock()
-		diagnose := first
-		first = false
-		t.Reset(d) // the repeats do not wait for the diagnosis
-		mu.Unlock()
-		if diagnose {
-			// One diagnosis per stalled call: the repeats only say how
-			// long it has waited.
-			for _, line := range c.hangDiagnosis(h) {
-				c.warnf("%s", line)
-			}
+	w := &c.stall
+	w.mu.Lock()
+	w.h, w.start, w.first = h, start, true
+	if w.timer == nil {
+		w.timer = time.AfterFunc(d, c.stallFired)
+	} else {
+		w.timer.Reset(d)
+	}
+	w.mu.Unlock()
+}
+
+// unwatchStall disarms the warning of the call that watchStall armed.
+func (c *Comm) unwatchStall() {
+	if c.stallThreshold <= 0 {
+		return
+	}
+	w := &c.stall
+	w.mu.Lock()
+	w.h = nil
+	w.timer.Stop()
+	w.mu.Unlock()
+}
+
+// stallFired warns of the call being watched. A firing that comes after
+// its call ended, or that was due before the next call re-armed the timer,
+// finds no call that has waited the threshold and says nothing.
+func (c *Comm) stallFired() {
+	d := c.stallThreshold
+	w := &c.stall
+	w.mu.Lock()
+	h, start, diagnose := w.h, w.start, w.first
+	if h == nil || time.Since(start) < d {
+		w.mu.Unlock()
+		return
+	}
+	w.first = false
+	w.timer.Reset(d) // the repeats do not wait for the diagnosis
+	w.mu.Unlock()
+	c.stats.stalls.Add(1)
+	c.warnf("%s", c.stallMessage(h, start))
+	c.trace().instant(h.rank(), laneCollectives, "stall warning", map[string]any{"seq": h.call.Seq, "call": h.call.String()})
+	if diagnose {
+		// One diagnosis per stalled call: the repeats only say how long
+		// it has waited.
+		for _, line := range c.hangDiagnosis(h) {
+			c.warnf("%s", line)
 		}
 	}
-	mu.Lock()
-	t = time.AfterFunc(d, warn)
-	mu.Unlock()
-	return func() { close(done); t.Stop() }
 }
 
 // stallMessage names the call by its fingerprint, how long it has waited and

@@ -35,10 +35,26 @@ func TestStallWarningNamesMissingRanks(t *testing.T) {
 		}
 		return c.Allreduce(ctx, make([]float32, 10), Sum, Name("layer3.grad"))
 	}))
+	// Calls shorter than the threshold, one after the other for longer
+	// than it: the one timer re-armed for each call never fires, nor does
+	// the slow call's after it ended.
 	mu.Lock()
+	after := len(warnings)
+	mu.Unlock()
+	for until := time.Now().Add(700 * time.Millisecond); time.Now().Before(until); {
+		mustAll(t, onEach(comms, func(c *Comm) error { return c.Barrier(ctx) }))
+	}
+	mu.Lock()
+	if len(warnings) != after {
+		t.Errorf("stall warnings during calls shorter than the threshold: %q", warnings[after:])
+	}
 	defer mu.Unlock()
 	if len(warnings) == 0 {
 		t.Fatal("no stall warning")
+	}
+	// Ranks 0 and 1 waited 1.1 s: the warning repeats every 300 ms.
+	if n := strings.Count(strings.Join(warnings, "\n"), "rank 0 has waited"); n < 2 {
+		t.Errorf("rank 0 warned %d times about the 1.1 s wait, want the warning repeated", n)
 	}
 	found := false
 	for _, w := range warnings {
