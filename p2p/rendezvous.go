@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
@@ -157,6 +158,8 @@ type rzConn struct {
 	stableRank int    // its rank in the last established epoch, -1 if none
 	growReq    bool   // asked to grow the current epoch
 	proc       string // its hello's Proc (Config.ProcID)
+	// heard is when a message from the rank was last read (UnixNano).
+	heard atomic.Int64
 }
 
 func (c *rzConn) send(m *msg, timeout time.Duration) error {
@@ -488,6 +491,7 @@ func (r *Rendezvous) handle(s network.Stream) {
 			r.lost(c, err)
 			return
 		}
+		c.heard.Store(time.Now().UnixNano())
 		switch m.T {
 		case tPing:
 		case tProgress, tState:
@@ -709,10 +713,17 @@ func (r *Rendezvous) abortWith(m *msg, a Abort) {
 	r.mu.Lock()
 	conns := r.connsLocked()
 	// Acknowledgements may come before the broadcast ends: count every
-	// recipient as unread first.
+	// recipient as unread first. Only ranks heard from within half the
+	// heartbeat bound (two pings) are waited for: a rank on a host that
+	// died or froze would never answer, and under srun, which ends the
+	// step as soon as another rank exits, the rank hosting the rendezvous
+	// would be killed waiting, before it printed why the job failed.
+	recent := time.Now().Add(-r.hb / 2).UnixNano()
 	r.abortUnread = make(map[*rzConn]bool, len(conns))
 	for _, c := range conns {
-		r.abortUnread[c] = true
+		if c.heard.Load() >= recent {
+			r.abortUnread[c] = true
+		}
 	}
 	r.mu.Unlock()
 	r.broadcast(conns, m)
