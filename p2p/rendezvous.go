@@ -104,17 +104,18 @@ type Rendezvous struct {
 	id   peer.ID
 	addr string
 
-	mu        sync.Mutex
-	progress  map[int]uint64 // last collective each rank reported entering
-	regs      map[int]*rzConn
-	tableSent bool
-	goSent    bool
-	aborted   bool
-	allReg    chan struct{}
-	allGone   chan struct{} // closed when every registered rank left or died (after table)
-	abortSent chan struct{} // closed once every rank the abort was sent to acknowledged it or is gone
-	// abortUnread: the ranks sent the abort that have neither acknowledged
-	// it nor gone (nil until the abort was sent); abortDone closes abortSent.
+	mu             sync.Mutex
+	progress       map[int]uint64 // last collective each rank reported entering
+	regs           map[int]*rzConn
+	tableSent      bool
+	goSent         bool
+	aborted        bool
+	allReg         chan struct{}
+	allGone        chan struct{} // closed when every registered rank left or died (after table)
+	abortDelivered chan struct{} // closed once the ranks waited for read the abort or are gone (abortWith)
+	// abortUnread: the recipients of the abort waited for that have
+	// neither acknowledged it nor gone (nil until the abort was sent);
+	// abortDone closes abortDelivered.
 	abortUnread map[*rzConn]bool
 	abortDone   sync.Once
 	closed      bool
@@ -248,7 +249,7 @@ func StartRendezvous(ctx context.Context, cfg RendezvousConfig) (*Rendezvous, er
 		cfg: cfg, h: h, id: id,
 		regs:    map[int]*rzConn{},
 		allReg:  make(chan struct{}),
-		allGone: make(chan struct{}), abortSent: make(chan struct{}),
+		allGone: make(chan struct{}), abortDelivered: make(chan struct{}),
 		closeCh: make(chan struct{}),
 		hb:      hb,
 	}
@@ -732,7 +733,7 @@ func (r *Rendezvous) abortWith(m *msg, a Abort) {
 }
 
 // abortRead records that c (nil: nobody new) read the abort or is gone, and
-// closes abortSent once no recipient is left that may not have read it.
+// closes abortDelivered once no recipient is left that may not have read it.
 // Sending is not enough: a rank that exits with unread data resets its
 // connections, and the reset drops what the others had not read yet, so
 // they would see only "lost rendezvous" instead of the cause.
@@ -748,7 +749,7 @@ func (r *Rendezvous) abortRead(c *rzConn) {
 	done := len(r.abortUnread) == 0
 	r.mu.Unlock()
 	if done {
-		r.abortDone.Do(func() { close(r.abortSent) })
+		r.abortDone.Do(func() { close(r.abortDelivered) })
 	}
 }
 
@@ -826,11 +827,12 @@ func (r *Rendezvous) late(c *rzConn, call uint64) {
 }
 
 // AbortDelivered is closed once the job has been aborted and every rank
-// still connected has acknowledged reading the cause (or is gone). A rank
+// still connected and heard from lately (abortWith) has acknowledged
+// reading the cause, or is gone. A rank
 // that hosts the rendezvous waits for it (bounded) before it exits on an
 // error, or the other ranks would see only "lost rendezvous" instead of
 // what went wrong.
-func (r *Rendezvous) AbortDelivered() <-chan struct{} { return r.abortSent }
+func (r *Rendezvous) AbortDelivered() <-chan struct{} { return r.abortDelivered }
 
 // lost handles the end of a control stream. err == nil: orderly leave.
 func (r *Rendezvous) lost(c *rzConn, err error) {
