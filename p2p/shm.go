@@ -740,8 +740,8 @@ func (s *shmLink) write(ctx context.Context, bufs [][]byte, w shmWait) error {
 			}
 			n := min(free, uint64(len(b)), shmChunk)
 			off := s.pos & r.mask
-			k := copy(r.data[off:], b[:n])
-			copy(r.data, b[k:n])
+			k := ringCopy(r.data[off:], b[:n])
+			ringCopy(r.data, b[k:n])
 			s.pos += n
 			b = b[n:]
 			if s.pos-s.published >= shmChunk {
@@ -766,7 +766,7 @@ func (s *shmLink) publish() {
 // closed the ring) it returns io.EOF, or io.ErrUnexpectedEOF within buf.
 func (s *shmLink) read(ctx context.Context, buf []byte, w shmWait) error {
 	got := 0
-	return s.readView(ctx, len(buf), func(span []byte) { got += copy(buf[got:], span) }, w)
+	return s.readView(ctx, len(buf), func(span []byte) { got += ringCopy(buf[got:], span) }, w)
 }
 
 // readView hands the next n bytes to use, in order, as spans of the ring

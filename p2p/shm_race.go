@@ -2,7 +2,11 @@
 
 package p2p
 
-import "sync"
+import (
+	"runtime"
+	"sync"
+	"unsafe"
+)
 
 // The race detector learns of an order between goroutines only through Go's
 // own synchronisation. Data that crosses a shared-memory ring is ordered by
@@ -26,4 +30,12 @@ func raceReleaseIO() {
 func raceAcquireIO() {
 	shmSync.Lock()
 	shmSync.Unlock()
+}
+
+// raceCopy tells the race detector what an assembly copy is about to do,
+// which it cannot see by itself: read src, write dst. Memory it does not
+// track (the ring itself) is ignored by it.
+func raceCopy(dst, src []byte) {
+	runtime.RaceReadRange(unsafe.Pointer(&src[0]), len(src))
+	runtime.RaceWriteRange(unsafe.Pointer(&dst[0]), len(dst))
 }

@@ -1,0 +1,13 @@
+#include "textflag.h"
+
+// func copyERMS(dst, src unsafe.Pointer, n uintptr)
+//
+// One REP MOVSB: on CPUs with enhanced REP MOVSB (ERMS) it writes whole
+// cache lines without first reading them for ownership (see copy.go).
+TEXT ·copyERMS(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	CLD
+	REP; MOVSB
+	RET
