@@ -1,8 +1,8 @@
-//go:build !amd64
+//go:build !amd64 || purego
 
 package p2p
 
-// useERMS is false where there is no REP MOVSB.
+// useERMS is false off amd64, and in purego builds (no assembly).
 var useERMS = false
 
 func copyBytesERMS(dst, src []byte) { copy(dst, src) }
