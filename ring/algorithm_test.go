@@ -472,7 +472,7 @@ func TestScatterGatherModeBoundary(t *testing.T) {
 	}
 }
 
-// Two ranks of one host run recursive doubling to 64 KiB (their exchange
+// Two ranks of one host run recursive doubling to 512 KiB (their exchange
 // fits a shared-memory link), two of two hosts to 16 KiB, and a larger
 // ring on one host keeps its rules; both ranks choose alike, and the
 // allreduce at the boundary is exact.
@@ -480,7 +480,7 @@ func TestDefaultRulesOneHost(t *testing.T) {
 	for _, tc := range []struct {
 		hosts []int
 		limit int
-	}{{[]int{0, 0}, 64 << 10}, {[]int{0, 1}, 16 << 10}, {nil, 16 << 10}} {
+	}{{[]int{0, 0}, 512 << 10}, {[]int{0, 1}, 16 << 10}, {nil, 16 << 10}} {
 		ts := NewMemRing(2)
 		rs := make([]*Ring, 2)
 		for i := range rs {

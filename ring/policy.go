@@ -196,7 +196,7 @@ func (a Algorithm) needsMesh() bool {
 // Config.Hosts puts every rank on one host. In the string syntax:
 //
 //	plain Transport:  direct:4K,ring
-//	Mesh, N = 2:      recursive-doubling:16K,ring (one host: recursive-doubling:64K,ring)
+//	Mesh, N = 2:      recursive-doubling:16K,ring (one host: recursive-doubling:512K,ring)
 //	Mesh, N = 3:      direct:4K,rabenseifner:4M,ring
 //	Mesh, N >= 4:     recursive-doubling:16K,rabenseifner:4M,ring
 //
@@ -258,23 +258,30 @@ func (a Algorithm) needsMesh() bool {
 // whole buffers, to 4 KiB).
 //
 // Two ranks on one host (Config.Hosts says so) run recursive doubling to
-// 64 KiB: their shared-memory link takes a whole 64 KiB exchange before it
-// is read (LinkBuffers), so the one exchange goes without a sender
-// goroutine, and with the AVX2 kernels it beat the ring's two steps
-// (gorun bench -np 2, 3 interleaved rounds on 2 CPUs, recursive doubling /
-// ring / Rabenseifner: 16 KiB 9.1/11.0/11.0 us, 32 KiB 12.1/13.2/13.3,
-// 64 KiB 20.0/22.8/23.5, 128 KiB 33.7/30.8/33.3). Between hosts a 64 KiB
-// exchange is not promised to fit the socket, and the limit stays 16 KiB.
-// The host layout is the same on every rank, so they choose alike. (Where
-// the two ranks of one host talk over a socket anyway, GORUN_SHM=0 or
-// GORUN_DATA_PLANE=tls, or over a ring smaller than 128 KiB, the exchanges
-// from 16 to 64 KiB need a sender goroutine and run slower, not wrong.)
+// 512 KiB: their shared-memory link takes a whole exchange of that size
+// before it is read (LinkBuffers: half of its 2 MiB), so the one exchange
+// goes without a sender goroutine. First measured to 64 KiB (gorun bench
+// -np 2, 3 interleaved rounds on 2 CPUs, recursive doubling / ring /
+// Rabenseifner: 16 KiB 9.1/11.0/11.0 us, 32 KiB 12.1/13.2/13.3, 64 KiB
+// 20.0/22.8/23.5, 128 KiB 33.7/30.8/33.3); after the REP MOVSB copies
+// (p2p/copy.go), medians of 9 interleaved runs, recursive doubling / ring:
+// 96 KiB 24.7/26.5 us, 128 KiB 29.0/33.8 (27.3/26.3 in another series),
+// 192 KiB 41.9/47.3 (33.5/28.9), 256 KiB 53.0/58.2 (34.6/37.2,
+// 40.9/44.1), 384 KiB 73.6/82.7, 400 KiB 54.3/62.1, 512 KiB 76.6/98.7
+// (99.2/101.6, 71.1/69.8); 768 KiB level (153/146), and 1 MiB 342/191,
+// where the exchange no longer fits half the link and needs the sender
+// goroutine. Over unix sockets (GORUN_SHM=0),
+// where every such exchange needs the sender goroutine, recursive
+// doubling still won (medians of 5: 128 KiB 235/409 us, 256 KiB 273/421,
+// 512 KiB 429/571). Between hosts a large exchange is not promised to fit
+// the socket, and the limit stays 16 KiB. The host layout is the same on
+// every rank, so they choose alike.
 func defaultRules(size int, mesh, oneHost bool) []AllreduceRule {
 	switch {
 	case !mesh:
 		return []AllreduceRule{{TinyAllreduceBytes, AlgoDirect}, {NoLimit, AlgoRing}}
 	case size <= 2 && oneHost:
-		return []AllreduceRule{{64 << 10, AlgoRecursiveDoubling}, {NoLimit, AlgoRing}}
+		return []AllreduceRule{{512 << 10, AlgoRecursiveDoubling}, {NoLimit, AlgoRing}}
 	case size <= 2:
 		return []AllreduceRule{{16 << 10, AlgoRecursiveDoubling}, {NoLimit, AlgoRing}}
 	case size == 3:
