@@ -4,7 +4,7 @@
 
 // func copyERMS(dst, src unsafe.Pointer, n uintptr)
 //
-// One REP MOVSB: on CPUs with enhanced REP MOVSB (ERMS) it writes whole
+// One REP MOVSB: on CPUs with enhanced REP MOVSB (ERMS) it can write whole
 // cache lines without first reading them for ownership (see copy.go).
 TEXT ·copyERMS(SB), NOSPLIT, $0-24
 	MOVQ dst+0(FP), DI

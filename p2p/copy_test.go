@@ -8,7 +8,7 @@ import (
 )
 
 // TestRingCopy checks ringCopy against copy at lengths around
-// ermsMinBytes and at every alignment of source and destination, with and
+// ermsMinBytes and at several alignments of source and destination, with and
 // without REP MOVSB, including the bytes either side of the copy that it
 // must leave alone.
 func TestRingCopy(t *testing.T) {
