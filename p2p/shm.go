@@ -31,9 +31,10 @@ package p2p
 //
 // One mapping per directed link: a page of header, then the data ring
 // (capacity a power of two, GORUN_SHM_BYTES, default defaultShmBytes). The
-// head (bytes ever written; the writer's) and tail (bytes ever read; the
+// head (the writer's position in the stream, published) and tail (the
 // reader's) counters sit on cache lines of their own, as do the two futex
-// words; a write that wraps copies in two pieces. The link is a pure byte
+// words; a write that wraps copies in two pieces, and a message that finds
+// the ring empty starts at its first byte (see rewind). The link is a pure byte
 // stream like a socket: the writer streams a message of any size through,
 // publishing at least every shmChunk bytes so the reader can start, and the
 // reader consumes what is there.
@@ -157,7 +158,7 @@ func shmCapacity() (int, error) {
 // (two, against the adjacent-line prefetcher) of its own.
 const (
 	shmMagic   = 0x676f72756e73686d // "gorunshm"
-	shmVersion = 1
+	shmVersion = 2                  // 2: the writer's rewind record (offSkipFrom, offSkipTo)
 	shmLine    = 128
 
 	offMagic   = 0  // uint64
@@ -167,11 +168,13 @@ const (
 	offTo      = 32 // uint64: the rank that reads
 	offEpoch   = 40 // uint64: the membership epoch of the link
 
-	offHead      = 1 * shmLine // uint64, writer: bytes ever written and published
-	offClosed    = offHead + 8 // uint32, writer: 1 once it will write no more
-	offTail      = 2 * shmLine // uint64, reader: bytes ever read
-	offDataWait  = 3 * shmLine // uint32 futex word: 1 while the reader is parked
-	offSpaceWait = 4 * shmLine // uint32 futex word: 1 while the writer is parked
+	offHead      = 1 * shmLine  // uint64, writer: bytes ever written and published
+	offClosed    = offHead + 8  // uint32, writer: 1 once it will write no more
+	offSkipFrom  = offHead + 16 // uint64, writer: the stream position of its last rewind...
+	offSkipTo    = offHead + 24 // uint64, writer: ...and where the stream went on (see rewind)
+	offTail      = 2 * shmLine  // uint64, reader: bytes ever read
+	offDataWait  = 3 * shmLine  // uint32 futex word: 1 while the reader is parked
+	offSpaceWait = 4 * shmLine  // uint32 futex word: 1 while the writer is parked
 
 	shmHdrSize = 4096 // data starts on its own page
 )
@@ -186,6 +189,7 @@ type shmRing struct {
 	data                []byte // mem[shmHdrSize:]
 	mask                uint64
 	head, tail          *atomic.Uint64
+	skipFrom, skipTo    *atomic.Uint64
 	closed              *atomic.Uint32
 	dataWait, spaceWait *atomic.Uint32
 }
@@ -197,6 +201,7 @@ func newShmRing(mem []byte) *shmRing {
 	return &shmRing{
 		mem: mem, data: mem[shmHdrSize:], mask: uint64(len(mem) - shmHdrSize - 1),
 		head: u64At(mem, offHead), tail: u64At(mem, offTail), closed: u32At(mem, offClosed),
+		skipFrom: u64At(mem, offSkipFrom), skipTo: u64At(mem, offSkipTo),
 		dataWait: u32At(mem, offDataWait), spaceWait: u32At(mem, offSpaceWait),
 	}
 }
@@ -370,7 +375,8 @@ func receiveShm(c *net.UnixConn, id shmIdentity) (s *shmLink, fallback, ioErr er
 		case le.Uint64(m[offFrom:]) != uint64(id.from) || le.Uint64(m[offTo:]) != uint64(id.to) || le.Uint64(m[offEpoch:]) != uint64(id.epoch):
 			err = fmt.Errorf("ring of link %d -> %d (epoch %d), want %d -> %d (epoch %d)",
 				le.Uint64(m[offFrom:]), le.Uint64(m[offTo:]), le.Uint64(m[offEpoch:]), id.from, id.to, id.epoch)
-		case u64At(m, offHead).Load() != 0 || u64At(m, offTail).Load() != 0 || u32At(m, offClosed).Load() != 0:
+		case u64At(m, offHead).Load() != 0 || u64At(m, offTail).Load() != 0 || u32At(m, offClosed).Load() != 0 ||
+			u64At(m, offSkipFrom).Load() != 0 || u64At(m, offSkipTo).Load() != 0:
 			err = errors.New("ring not fresh")
 		}
 		if err != nil {
@@ -424,6 +430,9 @@ type shmLink struct {
 	// published), the last value seen of the other side's, and the head
 	// last published.
 	pos, peerPos, published uint64
+	// The writer's last rewind (see rewind): a reader still at skipFrom
+	// has read everything, and goes on at skipTo.
+	skipFrom, skipTo uint64
 
 	broken  atomic.Bool
 	causeMu sync.Mutex
@@ -547,7 +556,7 @@ func (s *shmLink) watch() {
 func (s *shmLink) ready() bool {
 	r := s.ring
 	if s.writer {
-		return s.pos-r.tail.Load() < uint64(len(r.data))
+		return s.pos-s.loadTail() < uint64(len(r.data))
 	}
 	return r.head.Load() != s.pos || r.closed.Load() != 0
 }
@@ -716,6 +725,7 @@ func (s *shmLink) write(ctx context.Context, bufs [][]byte, w shmWait) error {
 	defer p.end(s)
 	r := s.ring
 	capacity := uint64(len(r.data))
+	s.rewind()
 	for _, b := range bufs {
 		for len(b) > 0 {
 			if s.broken.Load() {
@@ -726,7 +736,7 @@ func (s *shmLink) write(ctx context.Context, bufs [][]byte, w shmWait) error {
 			}
 			free := capacity - (s.pos - s.peerPos)
 			if free == 0 {
-				s.peerPos = r.tail.Load()
+				s.peerPos = s.loadTail()
 				if s.pos-s.peerPos > capacity {
 					return errShmCorrupt
 				}
@@ -751,6 +761,58 @@ func (s *shmLink) write(ctx context.Context, bufs [][]byte, w shmWait) error {
 	}
 	s.publish()
 	return nil
+}
+
+// rewind moves the writer of an empty ring, between messages, to the
+// start of the ring's memory, so that messages that find the ring empty
+// (all of a small or medium collective whose peer keeps up) reuse the same
+// cache lines rather than march through the whole ring: 2 MiB of ring in
+// each direction, beside the tensors, do not fit in a core's L2 cache.
+// Measured with gorun bench, medians of 7 interleaved runs, np=2, without
+// and with: 64 KiB 18.6 -> 14.7 us, 256 KiB 61.8 -> 47.5, 1 MiB 245 -> 208
+// (another series: 263 -> 214), 4 MiB 1098 -> 950; np=4 1 MiB 783 -> 666
+// (5 runs); 4 bytes and 64 MiB the same.
+//
+// The stream skips the rest of the ring: the writer records where it was
+// (skipFrom, all of which the reader has read) and where it goes on
+// (skipTo) before it publishes a head past them, and a reader that finds
+// its position at skipFrom goes on at skipTo (loadHead). A new record is
+// written only when the reader has read everything, so a reader never
+// sees one change under it.
+func (s *shmLink) rewind() {
+	r := s.ring
+	if s.pos&r.mask == 0 || s.pos != s.published || s.loadTail() != s.pos {
+		return
+	}
+	to := (s.pos + r.mask) &^ r.mask
+	r.skipFrom.Store(s.pos)
+	r.skipTo.Store(to)
+	s.skipFrom, s.skipTo = s.pos, to
+	s.pos, s.published, s.peerPos = to, to, to
+}
+
+// loadTail is the writer's view of the reader's position: the reader's
+// counter, or the end of the last rewind if the reader has not yet moved
+// past its start.
+func (s *shmLink) loadTail() uint64 {
+	if t := s.ring.tail.Load(); t != s.skipFrom {
+		return t
+	}
+	return s.skipTo
+}
+
+// loadHead is the reader's view of the writer's counter; if the writer
+// rewound from this reader's position, the reader goes on where the
+// writer did.
+func (s *shmLink) loadHead() uint64 {
+	r := s.ring
+	h := r.head.Load()
+	if h != s.pos && r.skipFrom.Load() == s.pos {
+		if to := r.skipTo.Load(); to > s.pos { // one that goes back breaks the protocol: ignored
+			s.pos = to
+		}
+	}
+	return h
 }
 
 func (s *shmLink) publish() {
@@ -787,7 +849,7 @@ func (s *shmLink) readView(ctx context.Context, n int, use func(span []byte), w 
 	for got < n {
 		avail := s.peerPos - s.pos
 		if avail == 0 {
-			s.peerPos = r.head.Load()
+			s.peerPos = s.loadHead()
 			avail = s.peerPos - s.pos
 		}
 		if avail > uint64(len(r.data)) {
@@ -797,7 +859,7 @@ func (s *shmLink) readView(ctx context.Context, n int, use func(span []byte), w 
 			// What the writer wrote before it closed the ring (or died)
 			// is still read, as from a socket.
 			if r.closed.Load() != 0 {
-				if s.peerPos = r.head.Load(); s.peerPos != s.pos {
+				if s.peerPos = s.loadHead(); s.peerPos != s.pos {
 					continue
 				}
 				return eofAfter(got)

@@ -808,3 +808,107 @@ func TestRecvFromView(t *testing.T) {
 		})
 	}
 }
+
+// TestShmRewind streams messages through one ring, reader and writer in
+// the same process, and checks that a message written when the reader had
+// read everything starts at the ring's first byte (the writer rewound),
+// one written while the reader lags goes on where the last one ended, and
+// the bytes arrive intact either way: through read and readView, with the
+// reader already waiting (parked) for the message, with messages longer
+// than the ring, and up to the end of the stream.
+func TestShmRewind(t *testing.T) {
+	mem, fd, err := createShm(shmIdentity{from: 0, to: 1}, minShmBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
+	w, r := newShmLink(mem, true, nil), newShmLink(mem, false, nil)
+	mask := w.ring.mask
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	var readers sync.WaitGroup
+	t.Cleanup(func() { // a failed test may leave a reader waiting
+		cancel()
+		readers.Wait()
+		unix.Munmap(mem)
+	})
+
+	msg := func(n, seed int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(i*31 + seed)
+		}
+		return b
+	}
+	// receive reads n bytes in a goroutine started before the write, so
+	// that it waits for them (view: through readView); the channel gets
+	// the bytes, or nil after the read failed.
+	receive := func(n int, view bool) <-chan []byte {
+		got := make(chan []byte, 1)
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			var b []byte
+			var err error
+			if view {
+				err = r.readView(ctx, n, func(span []byte) { b = append(b, span...) }, shmWait{})
+			} else {
+				b = make([]byte, n)
+				err = r.read(ctx, b, shmWait{})
+			}
+			if err != nil {
+				b = nil
+			}
+			got <- b
+		}()
+		return got
+	}
+
+	for i, n := range []int{1, 100, 4096, 70000, minShmBytes - 1, minShmBytes, 7, minShmBytes + 5, 3*minShmBytes + 11, 56} {
+		want := msg(n, i)
+		got := receive(n, i%2 == 1)
+		if err := w.write(ctx, [][]byte{want[:n/2], want[n/2:]}, shmWait{}); err != nil {
+			t.Fatal(err)
+		}
+		if b := <-got; !bytes.Equal(b, want) {
+			t.Fatalf("message %d (%d bytes): not the bytes sent (nil: the read failed): %.8x", i, n, b)
+		}
+		if start := w.pos - uint64(n); start&mask != 0 {
+			t.Fatalf("message %d (%d bytes) started at byte %d of the ring, want 0: the writer did not rewind", i, n, start&mask)
+		}
+	}
+
+	// The reader lags: the second message follows the first in the ring.
+	a, b := msg(1000, 1), msg(3000, 2)
+	for _, m := range [][]byte{a, b} {
+		if err := w.write(ctx, [][]byte{m}, shmWait{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w.pos&mask != uint64(len(a)+len(b)) {
+		t.Fatalf("after two messages the reader had not read, the writer is at byte %d of the ring, want %d", w.pos&mask, len(a)+len(b))
+	}
+	got := make([]byte, len(a)+len(b))
+	if err := r.read(ctx, got, shmWait{}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, append(a, b...)) {
+		t.Fatal("two messages written before a read: not the bytes sent")
+	}
+
+	// A rewind with nothing written, then a message, then the end.
+	if err := w.write(ctx, [][]byte{nil}, shmWait{}); err != nil {
+		t.Fatal(err)
+	}
+	last := msg(10, 3)
+	if err := w.write(ctx, [][]byte{last}, shmWait{}); err != nil {
+		t.Fatal(err)
+	}
+	w.closeWrite()
+	got = make([]byte, len(last))
+	if err := r.read(ctx, got, shmWait{}); err != nil || !bytes.Equal(got, last) {
+		t.Fatalf("the message before the end: %v, %x, want %x", err, got, last)
+	}
+	if err := r.read(ctx, got, shmWait{}); err != io.EOF {
+		t.Fatalf("after the end: %v, want EOF", err)
+	}
+}
