@@ -427,8 +427,9 @@ type shmLink struct {
 
 	// Owned by the one transfer in flight (a link has one writer or one
 	// reader): this side's counter (for a writer, including bytes not yet
-	// published), the last value seen of the other side's, and the head
-	// last published.
+	// published), the last value seen of the other side's (for a writer,
+	// past its last rewind), and the head last published (or the end of a
+	// rewind not yet followed by a publish: the reader jumps there).
 	pos, peerPos, published uint64
 	// The writer's last rewind (see rewind): a reader still at skipFrom
 	// has read everything, and goes on at skipTo.
