@@ -778,8 +778,10 @@ func (s *shmLink) write(ctx context.Context, bufs [][]byte, w shmWait) error {
 // (skipFrom, all of which the reader has read) and where it goes on
 // (skipTo) before it publishes a head past them, and a reader that finds
 // its position at skipFrom goes on at skipTo (loadHead). A new record is
-// written only when the reader has read everything, so a reader never
-// sees one change under it.
+// written only when the reader has read everything past the last one
+// (loadTail maps a reader still at skipFrom to skipTo, where a writer
+// that wrote nothing since does not rewind), so a reader never sees one
+// change under it.
 func (s *shmLink) rewind() {
 	r := s.ring
 	if s.pos&r.mask == 0 || s.pos != s.published || s.loadTail() != s.pos {
@@ -809,7 +811,12 @@ func (s *shmLink) loadHead() uint64 {
 	r := s.ring
 	h := r.head.Load()
 	if h != s.pos && r.skipFrom.Load() == s.pos {
-		if to := r.skipTo.Load(); to > s.pos { // one that goes back breaks the protocol: ignored
+		// A rewind moves 1 to capacity bytes on; counted modulo 2^64, as
+		// every difference of counters is here (a counter wraps after
+		// 2^64/capacity rewinds). Any other record breaks the protocol:
+		// ignored, the counters then say errShmCorrupt or the ring's
+		// headers catch the bytes.
+		if to := r.skipTo.Load(); to-s.pos-1 <= r.mask {
 			s.pos = to
 		}
 	}

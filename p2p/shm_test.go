@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -816,7 +817,16 @@ func TestRecvFromView(t *testing.T) {
 // the bytes arrive intact either way: through read and readView, with the
 // reader parked for the message or not, with messages longer
 // than the ring, and up to the end of the stream.
+//
+// It runs from a fresh ring, and from counters near 2^64, where the
+// first rewind wraps them to 0.
 func TestShmRewind(t *testing.T) {
+	for _, start := range []uint64{0, math.MaxUint64 - minShmBytes + 101} {
+		t.Run(fmt.Sprint("from=", start), func(t *testing.T) { testShmRewind(t, start) })
+	}
+}
+
+func testShmRewind(t *testing.T, start uint64) {
 	mem, fd, err := createShm(shmIdentity{from: 0, to: 1}, minShmBytes)
 	if err != nil {
 		t.Fatal(err)
@@ -824,6 +834,11 @@ func TestShmRewind(t *testing.T) {
 	unix.Close(fd)
 	w, r := newShmLink(mem, true, nil), newShmLink(mem, false, nil)
 	mask := w.ring.mask
+	// Both ends at start, the ring empty.
+	w.ring.head.Store(start)
+	w.ring.tail.Store(start)
+	w.pos, w.published, w.peerPos = start, start, start
+	r.pos, r.peerPos = start, start
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	var readers sync.WaitGroup
 	t.Cleanup(func() { // a failed test may leave a reader waiting
