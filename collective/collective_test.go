@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -681,5 +682,42 @@ func TestWithCallTimeout(t *testing.T) {
 	})
 	if errs[0] == nil || !strings.Contains(errs[0].Error(), "collective timeout (set by WithTimeout or GORUN_TIMEOUT)") {
 		t.Fatalf("rank 0: %v, want the collective timeout", errs[0])
+	}
+}
+
+// TestAbortEndsRunningCall: when the job is aborted (the Comm's life ends,
+// as on an abort from another rank), a collective that is running, here
+// waiting for a rank that never calls it over links that stay up, ends at
+// once with the abort's cause rather than at its timeout.
+func TestAbortEndsRunningCall(t *testing.T) {
+	comms := newJob(t, 2, WithTimeout(10*time.Minute))
+	c := comms[0]
+	res := make(chan error, 1)
+	go func() { res <- c.Allreduce(context.Background(), []float32{1, 2, 3}, Sum) }()
+	guard := time.After(30 * time.Second) // against a hang only: the timeout is 10 minutes
+	running := func() bool {
+		c.callMu.Lock()
+		defer c.callMu.Unlock()
+		return c.callCancel != nil
+	}
+	for !running() {
+		select {
+		case err := <-res:
+			t.Fatalf("the allreduce ended before rank 1 called it: %v", err)
+		case <-guard:
+			t.Fatal("the allreduce never started")
+		default:
+			runtime.Gosched()
+		}
+	}
+	abort := errors.New("test: the job was aborted")
+	c.cancel(abort)
+	select {
+	case err := <-res:
+		if !errors.Is(err, abort) {
+			t.Fatalf("allreduce: %v, want the abort's cause", err)
+		}
+	case <-guard:
+		t.Fatal("the running allreduce did not end when the job was aborted")
 	}
 }

@@ -84,8 +84,8 @@ func (c *Comm) callTimeout(ctx context.Context) (time.Duration, string) {
 type Handle struct {
 	call ring.Call
 	ctx  context.Context
-	run  func(ctx context.Context) error
-	done chan struct{}
+	run  runFunc
+	done chan struct{} // nil for a call run inline (do): nobody waits on its Handle
 	err  error
 
 	comm   *Comm
@@ -163,7 +163,7 @@ func (c *Comm) prepare(ctx context.Context, call ring.Call, opts []CallOption, r
 			return failed(fmt.Errorf("gorun: Allreduce: %w", err)), false
 		}
 	}
-	h := &Handle{call: call, ctx: ctx, done: make(chan struct{}), comm: c, queued: time.Now()}
+	h := &Handle{call: call, ctx: ctx, comm: c, queued: time.Now()}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -183,7 +183,7 @@ func (c *Comm) prepare(ctx context.Context, call ring.Call, opts []CallOption, r
 	h.view = v
 	c.seq++
 	h.call.Seq = c.seq
-	h.run = func(ctx context.Context) error { return run(ctx, h.call) }
+	h.run = run
 	if mayInline && c.pending == 0 && !c.reconfiguring {
 		// Nobody else waits for execMu holding mu (see Comm.mu), and only
 		// a call already inline can hold it now: it needs no mu to end.
@@ -193,6 +193,7 @@ func (c *Comm) prepare(ctx context.Context, call ring.Call, opts []CallOption, r
 	// A full queue means the caller issues async calls far faster than they
 	// complete; blocking (under the lock, so the order holds) is the honest
 	// back-pressure.
+	h.done = make(chan struct{})
 	select {
 	case c.queue <- h:
 		c.pending++
@@ -264,8 +265,11 @@ func (c *Comm) execute(h *Handle) error {
 	bound, setBy := c.callTimeout(h.ctx)
 	ctx, cancel := context.WithTimeoutCause(h.ctx, bound, &timeoutCause{bound, setBy})
 	defer cancel()
-	stop := context.AfterFunc(c.life, func() { cancel() })
-	defer stop()
+	c.setCallCancel(cancel)
+	defer c.setCallCancel(nil)
+	if c.life.Err() != nil {
+		cancel() // life ended before setCallCancel: cancelCall found none
+	}
 	if v.end != nil {
 		stopEpoch := context.AfterFunc(v.ctx, func() { cancel() })
 		defer stopEpoch()
@@ -278,7 +282,7 @@ func (c *Comm) execute(h *Handle) error {
 		c.node.SetProgress(h.call.Seq)
 	}
 	c.watchStall(h, start)
-	err := h.run(ctx)
+	err := h.run(ctx, h.call)
 	c.unwatchStall()
 	end := time.Now()
 	c.traceCall(h, start, end, err)
@@ -314,6 +318,25 @@ func (c *Comm) execute(h *Handle) error {
 	c.fail(err)
 	c.awaitAbortRelay()
 	return fmt.Errorf("gorun: rank %d: %w", v.rank, err)
+}
+
+// setCallCancel records the cancel func of the collective running now (nil:
+// none). Collectives run one at a time (execMu).
+func (c *Comm) setCallCancel(f context.CancelFunc) {
+	c.callMu.Lock()
+	c.callCancel = f
+	c.callMu.Unlock()
+}
+
+// cancelCall ends the running collective's context; it runs once life
+// ends (an abort, Close).
+func (c *Comm) cancelCall() {
+	c.callMu.Lock()
+	f := c.callCancel
+	c.callMu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 // awaitAbortRelay holds the error of a rank that hosts the rendezvous until
