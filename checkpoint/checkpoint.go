@@ -487,6 +487,9 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 		flag[1] = int64(rank) + 1
 	}
 	if err := m.comm.Allreduce(ctx, flag, collective.Sum, collective.Name("checkpoint.prepare")); err != nil {
+		if prepErr != nil {
+			return nil, failed(step, async, fmt.Errorf("preparing %w", ownFirst(objectErr(m.StepLocation(step), prepErr), err)))
+		}
 		return nil, failed(step, async, fmt.Errorf("preparing %s: %w", m.StepLocation(step), err))
 	}
 	if flag[0] != 0 {
@@ -551,6 +554,9 @@ func rankGroups(byValue map[int64][]int, unit string) string {
 // here leaves nothing that looks committed) and, in a directory, creates
 // the step directory durably.
 func (m *Manager) prepare(ctx context.Context, step int64) error {
+	if err := hook("prepare", m.comm.Rank()); err != nil { // an I/O error, not a crash
+		return err
+	}
 	keys, err := m.store.List(ctx, stepKey(step)+"/")
 	if err != nil {
 		return err
@@ -647,6 +653,19 @@ func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
 // failed is the error of a save that failed with what: "checkpoint: step
 // S: what (previous checkpoint kept)", or for an asynchronous save
 // "checkpoint: async save of step S: what; previous checkpoint kept".
+// ownFirst is the error of a rank whose own step of a save failed (own)
+// and whose agreement on the outcome failed too (agree): its own cause
+// comes first. The agreement often fails only because of it: a rank that
+// learned of the failure ends the job, and the abort can reach this rank
+// before the agreement's last message, so agree alone would name that rank
+// and not the cause. own may be nil.
+func ownFirst(own, agree error) error {
+	if own == nil {
+		return agree
+	}
+	return fmt.Errorf("%w (and telling the other ranks failed: %v)", own, agree)
+}
+
 func failed(step int64, async bool, what error) error {
 	if async {
 		return fmt.Errorf("checkpoint: async save of step %d: %w; previous checkpoint kept", step, what)
@@ -674,7 +693,7 @@ func (m *Manager) finish(ctx context.Context, p *plan, res *writeResult) error {
 	// 7. Every rank learns every domain's outcome.
 	flags := make([]byte, n)
 	if err := m.comm.Allgather(m.ioCtx(ctx), []byte{byte(boolU64(commitErr != nil))}, flags, collective.Name("checkpoint.commit")); err != nil {
-		return failed(step, false, fmt.Errorf("committing the manifest: %w", err))
+		return failed(step, false, ownFirst(commitErr, fmt.Errorf("committing the manifest: %w", err)))
 	}
 	var bad []int
 	failedRanks := make([]bool, n)
@@ -750,7 +769,7 @@ func (m *Manager) confirm(ctx context.Context, p *plan, res *writeResult, async 
 		wctx = m.ioCtx(ctx)
 	}
 	if err := m.comm.Allgather(wctx, rec, all, collective.Name("checkpoint.written")); err != nil {
-		return nil, fail("confirming the shards in %s: %w", loc, err)
+		return nil, failed(step, async, ownFirst(res.err, fmt.Errorf("confirming the shards in %s: %w", loc, err)))
 	}
 	var bad []int
 	for r := range n {

@@ -467,3 +467,57 @@ func TestScanEmptyAndMissingDir(t *testing.T) {
 		}
 	}
 }
+
+// TestOwnErrorSurvivesFailedAgreement: a rank whose own step of a save
+// fails (preparing the step, writing its shard) and whose agreement on
+// the outcome then fails too (here its context ends; in a real job, the
+// abort of a rank that already learned of the failure) reports its own
+// cause, not only the agreement's. Before, a rank whose S3 prepare was
+// refused said only that a peer had disconnected.
+func TestOwnErrorSurvivesFailedAgreement(t *testing.T) {
+	for _, tc := range []struct {
+		point string
+		rank  int // the rank whose step fails: rank 0 is the only one that prepares
+	}{{"prepare", 0}, {"write", 1}} {
+		t.Run(tc.point, func(t *testing.T) {
+			dir := t.TempDir()
+			comms := newJob(t, 3)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			cause := fmt.Sprintf("%s: disk on fire", tc.point)
+			testHook = func(p string, rank int) error {
+				if p == tc.point && rank == tc.rank {
+					cancel()
+					return errors.New(cause)
+				}
+				return nil
+			}
+			defer func() { testHook = nil }()
+			errs := onEach(comms, func(r int, c *collective.Comm) error {
+				m, err := New(c, dir)
+				if err != nil {
+					return err
+				}
+				s := newRankState(r)
+				s.fill(1, r)
+				sctx := context.Background()
+				if r == tc.rank {
+					sctx = ctx
+				}
+				return m.Save(sctx, 1, s.st)
+			})
+			err := errs[tc.rank]
+			if err == nil || !strings.Contains(err.Error(), cause) || !strings.Contains(err.Error(), "telling the other ranks failed") {
+				t.Errorf("rank %d: %v; want its own cause first, then the failed agreement", tc.rank, err)
+			}
+			for r, err := range errs {
+				if err == nil {
+					t.Errorf("rank %d: the save succeeded", r)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(StepDir(dir, 1), ManifestName)); err == nil {
+				t.Fatal("a failed save committed")
+			}
+		})
+	}
+}
