@@ -653,6 +653,13 @@ func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
 // failed is the error of a save that failed with what: "checkpoint: step
 // S: what (previous checkpoint kept)", or for an asynchronous save
 // "checkpoint: async save of step S: what; previous checkpoint kept".
+func failed(step int64, async bool, what error) error {
+	if async {
+		return fmt.Errorf("checkpoint: async save of step %d: %w; previous checkpoint kept", step, what)
+	}
+	return fmt.Errorf("checkpoint: step %d: %w (previous checkpoint kept)", step, what)
+}
+
 // ownFirst is the error of a rank whose own step of a save failed (own)
 // and whose agreement on the outcome failed too (agree): its own cause
 // comes first. The agreement often fails only because of it: a rank that
@@ -664,13 +671,6 @@ func ownFirst(own, agree error) error {
 		return agree
 	}
 	return fmt.Errorf("%w (and telling the other ranks failed: %v)", own, agree)
-}
-
-func failed(step int64, async bool, what error) error {
-	if async {
-		return fmt.Errorf("checkpoint: async save of step %d: %w; previous checkpoint kept", step, what)
-	}
-	return fmt.Errorf("checkpoint: step %d: %w (previous checkpoint kept)", step, what)
 }
 
 // finish runs the commit of a synchronous save on every rank, once every
