@@ -118,6 +118,12 @@ func (l *logBuf) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.bu
 // save runs Save(step) on every rank with fill(v).
 func save(t *testing.T, comms []*collective.Comm, dir string, step int64, v float32, opts ...Option) []error {
 	t.Helper()
+	return saveCtx(t, comms, dir, step, v, func(int) context.Context { return context.Background() }, opts...)
+}
+
+// saveCtx is save with rank r's Save under ctxOf(r).
+func saveCtx(t *testing.T, comms []*collective.Comm, dir string, step int64, v float32, ctxOf func(r int) context.Context, opts ...Option) []error {
+	t.Helper()
 	return onEach(comms, func(r int, c *collective.Comm) error {
 		m, err := New(c, dir, opts...)
 		if err != nil {
@@ -125,7 +131,7 @@ func save(t *testing.T, comms []*collective.Comm, dir string, step int64, v floa
 		}
 		s := newRankState(r)
 		s.fill(v, r)
-		return m.Save(context.Background(), step, s.st)
+		return m.Save(ctxOf(r), step, s.st)
 	})
 }
 
@@ -493,18 +499,11 @@ func TestOwnErrorSurvivesFailedAgreement(t *testing.T) {
 				return nil
 			}
 			defer func() { testHook = nil }()
-			errs := onEach(comms, func(r int, c *collective.Comm) error {
-				m, err := New(c, dir)
-				if err != nil {
-					return err
-				}
-				s := newRankState(r)
-				s.fill(1, r)
-				sctx := context.Background()
+			errs := saveCtx(t, comms, dir, 1, 1, func(r int) context.Context {
 				if r == tc.rank {
-					sctx = ctx
+					return ctx
 				}
-				return m.Save(sctx, 1, s.st)
+				return context.Background()
 			})
 			err := errs[tc.rank]
 			if err == nil || !strings.Contains(err.Error(), cause) || !strings.Contains(err.Error(), "telling the other ranks failed") {

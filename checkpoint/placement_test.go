@@ -236,15 +236,7 @@ func TestSaveWriteErrorSaysFileOnceS3(t *testing.T) {
 		}
 		return nil
 	}
-	errs := onEach(comms, func(r int, c *collective.Comm) error {
-		m, err := New(c, loc)
-		if err != nil {
-			return err
-		}
-		s := newRankState(r)
-		s.fill(2, r)
-		return m.Save(context.Background(), 2, s.st)
-	})
+	errs := save(t, comms, loc, 2, 2)
 	testHook = nil
 	v.Restart()
 	err := errs[1]
