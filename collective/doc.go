@@ -90,12 +90,13 @@
 // with the survivors (Rank and Size change, call numbers restart at 1, and
 // the epoch travels in every message header, so nothing of the old ring
 // is mixed in), and resets the state: the ranks agree on the newest commit
-// any of them holds (a step's last allreduce can complete on one rank and
-// fail on another), restore their own copy and, when they differ or
-// joiners are present, take the replicated state from the lowest rank
-// holding that commit, by broadcast over the ring. Unique state is
-// restored from each rank's own commit; a rank whose ring predecessor was
-// lost also gets that rank's bytes, which Commit copied to it (its buddy).
+// every one of them holds (a commit's last message can complete on one
+// rank and fail on another, and the ranks that took it keep the one
+// before), restore their own copy and, when they differ or joiners are
+// present, take the replicated state from the lowest rank holding that
+// commit, by broadcast over the ring. Unique state is restored from each
+// rank's own copy of that commit; a rank whose ring predecessor was lost
+// also gets that rank's bytes of it, which Commit copied to it (its buddy).
 // Compression residuals are unique state too, handled by the Comm. Then
 // the OnReset callbacks run and the loop is called again: the interrupted
 // step is run again by the survivors, and the sampler, committed with the

@@ -66,11 +66,9 @@ func (e ElasticEvent) String() string {
 // UniqueState is rank-unique state (an RNG, a data reader's position) that
 // an ElasticState commits and restores. Commit keeps SaveUnique's bytes on
 // this rank and on its buddy, the next rank, so they outlive the rank.
-// After a reset RestoreUnique gets own, the bytes of this rank's last
-// commit (nil on a joiner, which starts fresh; on a rank whose last step
-// failed before its commit while others committed it, one commit older than
-// the replicated state), and adopted, the bytes of lost ranks whose buddy
-// this rank was (usually none; a lost rank whose buddy was lost with it
+// After a reset RestoreUnique gets own, this rank's bytes of the commit
+// the job resumes from (nil on a joiner, which starts fresh), and adopted,
+// the bytes of lost ranks whose buddy this rank was, of that same commit (usually none; a lost rank whose buddy was lost with it
 // leaves nothing): fold them in or ignore them. It is not called at the
 // start of the job, where the live state is the state.
 //
@@ -95,24 +93,19 @@ type ElasticState struct {
 	unique  []uniqueItem
 	onReset []func(context.Context, ElasticEvent) error
 
-	has        bool  // holds a commit (a joiner does not, until its first reset)
-	commits    int64 // Commits in the job's history up to the held one
-	commitSize int   // the job's size at that commit
-	snapped    bool  // the items' snapshots hold the commit (else the live state is commit 0)
-	saved      bool  // ownBlob holds this rank's unique bytes of a commit
-	ownBlob    []byte
-	buddyBlob  []byte // the predecessor's unique bytes at that commit
-	buddyOf    string // the predecessor's peer ID then
-	// commitPeers: the members at that commit (re-read once per epoch),
-	// which give the lost members of an event their ranks then.
-	commitPeers []p2p.Peer
-	peersEpoch  int
-	lost        []LostMember
-	sendBuf     []byte
-	recvBufs    [2][]byte
-	words       []int64 // scalars packed for a broadcast
+	has     bool  // holds a commit (a joiner does not, until its first reset)
+	commits int64 // Commits in the job's history up to the held one
+	snapped bool  // the items' snapshots hold the commit (else the live state is commit 0)
+	// held: the unique state of the held commit; prev: of the commit
+	// before it, kept from a Commit until every rank is known to hold
+	// the newer one (see Commit and reset).
+	held, prev heldUnique
+	lost       []LostMember
+	sendBuf    []byte
+	recvBufs   [2][]byte
+	words      []int64 // scalars packed for a broadcast
 
-	testHook func(stage string) // tests: called at the stages of a reset
+	testHook func(stage string) // tests: called at the stages of a commit and a reset
 }
 
 type stateItem struct {
@@ -132,11 +125,24 @@ type uniqueItem struct {
 	u    UniqueState
 }
 
+// heldUnique is what a rank keeps of one commit's unique state.
+type heldUnique struct {
+	saved   bool   // own holds this rank's unique bytes (false at the start, where the live state is the state)
+	own     []byte // this rank's unique bytes
+	buddy   []byte // the predecessor's unique bytes at that commit
+	buddyOf string // the predecessor's peer ID then
+	size    int    // the job's size at that commit
+	// peers: the members at that commit (re-read once per epoch), which
+	// give the lost members of an event their ranks then.
+	peers      []p2p.Peer
+	peersEpoch int
+}
+
 // NewElasticState returns an empty state for comm.
 func NewElasticState(comm *Comm) *ElasticState {
 	// A member that started with the job holds commit 0, the state it
 	// registers; a joiner holds nothing until its first reset.
-	return &ElasticState{comm: comm, names: map[string]bool{}, has: !comm.joiner, commitSize: comm.Size()}
+	return &ElasticState{comm: comm, names: map[string]bool{}, has: !comm.joiner, held: heldUnique{size: comm.Size()}}
 }
 
 // Register adds replicated state as name, value pairs: *int, *int64,
@@ -281,6 +287,7 @@ func (s *ElasticState) Commit(ctx context.Context) error {
 	if !c.Elastic() {
 		return nil
 	}
+	s.hook("commit")
 	blob, err := s.saveUnique()
 	if err != nil {
 		return err
@@ -291,18 +298,28 @@ func (s *ElasticState) Commit(ctx context.Context) error {
 	if err := c.Allreduce(ctx, agree, Max, Name("elastic commit")); err != nil {
 		return err
 	}
+	s.hook("commit: agreed")
+	// Every rank entered this commit, so every rank holds the one before:
+	// a reset can no longer go back further than that (see reset).
+	s.prev = heldUnique{}
 	var got []byte
 	if agree[1] > 0 {
 		if got, err = s.shift(ctx, blob, int(agree[1])); err != nil {
 			return err
 		}
 	}
-	// Every collective of the commit succeeded here: take it.
+	s.hook("commit: shifted")
+	// Every collective of the commit succeeded here: take it. The commit
+	// before stays at hand: a member lost during this commit may leave
+	// other ranks without it (their buddy copy never arrived), and the
+	// job then resumes from the one before.
 	s.snapshot()
 	s.commits++
 	s.has = true
+	s.prev = s.held
 	s.keepUnique(blob, got)
 	s.lost = nil
+	s.hook("commit: taken")
 	if agree[0] == 0 {
 		return nil
 	}
@@ -318,25 +335,29 @@ func (s *ElasticState) Commit(ctx context.Context) error {
 	return s.reset(ctx, false, start)
 }
 
-// keepUnique records this rank's unique bytes and its predecessor's, as
-// of the commit being taken.
-func (s *ElasticState) keepUnique(own, pred []byte) {
-	s.saved = true
-	s.ownBlob = own
-	s.buddyBlob = pred
-	s.commitSize = s.comm.Size()
-	s.buddyOf = ""
-	v := s.comm.cur()
-	if v.size <= 1 {
-		s.commitPeers = nil
-	} else if s.commitPeers == nil || s.peersEpoch != v.epoch {
-		s.commitPeers, s.peersEpoch = s.comm.node.Peers(), v.epoch
+// hook tells a test that Commit or reset reached stage.
+func (s *ElasticState) hook(stage string) {
+	if s.testHook != nil {
+		s.testHook(stage)
 	}
-	if peers := s.commitPeers; v.size > 1 {
-		if p := (v.rank - 1 + v.size) % v.size; p < len(peers) {
-			s.buddyOf = peers[p].ID.String()
+}
+
+// keepUnique records this rank's unique bytes and its predecessor's, as
+// of the commit being taken (or re-established by a reset).
+func (s *ElasticState) keepUnique(own, pred []byte) {
+	v := s.comm.cur()
+	h := heldUnique{saved: true, own: own, buddy: pred, size: s.comm.Size(), peers: s.held.peers, peersEpoch: s.held.peersEpoch}
+	if v.size <= 1 {
+		h.peers = nil
+	} else if h.peers == nil || h.peersEpoch != v.epoch {
+		h.peers, h.peersEpoch = s.comm.node.Peers(), v.epoch
+	}
+	if v.size > 1 {
+		if p := (v.rank - 1 + v.size) % v.size; p < len(h.peers) {
+			h.buddyOf = h.peers[p].ID.String()
 		}
 	}
+	s.held = h
 }
 
 // lostThen lists each lost member once, with its rank at the last commit
@@ -365,7 +386,9 @@ func lostThen(lost []LostMember, peers []p2p.Peer) []LostMember {
 // shift sends blob to the next rank and returns the previous rank's, as
 // one numbered Shift of maxLen+8 bytes (a length, then the blob, padded).
 // The two receive buffers alternate, so a shift that fails half-way does
-// not spoil the copy of the last commit.
+// not spoil the buddy copy of the held commit. (The copy of the commit
+// before may be overwritten: a shift runs only once every rank holds the
+// held commit, see Commit.)
 func (s *ElasticState) shift(ctx context.Context, blob []byte, maxLen int) ([]byte, error) {
 	c := s.comm
 	n := maxLen + 8
@@ -378,7 +401,7 @@ func (s *ElasticState) shift(ctx context.Context, blob []byte, maxLen int) ([]by
 	clear(in[8+len(blob):])
 	// The buffer not holding the current buddy copy.
 	i := 0
-	if len(s.buddyBlob) > 0 && len(s.recvBufs[0]) > 0 && &s.buddyBlob[0] == &s.recvBufs[0][8] {
+	if b := s.held.buddy; len(b) > 0 && len(s.recvBufs[0]) > 0 && &b[0] == &s.recvBufs[0][8] {
 		i = 1
 	}
 	if cap(s.recvBufs[i]) < n {
@@ -402,9 +425,9 @@ func (s *ElasticState) shift(ctx context.Context, blob []byte, maxLen int) ([]by
 }
 
 // reset brings every rank of the current epoch to the same commit: the
-// ranks agree on the newest commit any of them holds, restore their own,
-// and the lowest rank holding the newest one broadcasts the replicated
-// state whenever the ranks differ (a step's last collective can complete
+// ranks agree on the newest commit every one of them holds, restore their
+// own copy, and the lowest rank holding it broadcasts the replicated
+// state whenever the ranks differ (a commit's last message can complete
 // on one rank and fail on another), joiners take part (they hold none),
 // or the job starts (initial). Then unique state is restored (and adopted
 // from lost predecessors), its buddy copies are made anew on the new ring,
@@ -412,36 +435,47 @@ func (s *ElasticState) shift(ctx context.Context, blob []byte, maxLen int) ([]by
 func (s *ElasticState) reset(ctx context.Context, initial bool, start time.Time) error {
 	c := s.comm
 	v := c.cur()
-	peersThen := s.commitPeers // keepUnique below moves on to this epoch's
-	hook := func(stage string) {
-		if s.testHook != nil {
-			s.testHook(stage)
-		}
-	}
+	hook := s.hook
 	hook("start")
 	mine := []int64{-1, 0, s.layoutHash()}
 	if s.has {
-		mine[0], mine[1] = s.commits, int64(s.commitSize)
+		mine[0], mine[1] = s.commits, int64(s.held.size)
 	}
 	all := make([]int64, 3*v.size)
 	if err := c.Allgather(ctx, mine, all, Name("elastic reset: commits")); err != nil {
 		return err
 	}
-	maxC, src, need := int64(-1), -1, initial
+	// The job resumes from the oldest commit a holder has: a member lost
+	// during the commit after it can leave some ranks without their own
+	// or their lost predecessor's unique state of that one, while the
+	// ranks that took it still hold the one before (prev). Holders are at
+	// most one commit apart: a rank takes a commit only once every rank
+	// has entered it.
+	minC, src, need := int64(-1), -1, initial
 	for r := range v.size {
 		if all[3*r+2] != mine[2] {
 			return fmt.Errorf("gorun: rank %d: elastic state: rank %d registered different state (names, types or sizes) than this rank: every rank must Register the same things in the same order", v.rank, r)
 		}
-		if all[3*r] > maxC {
-			maxC, src = all[3*r], r
+		if c := all[3*r]; c >= 0 && (minC < 0 || c < minC) {
+			minC, src = c, r
 		}
 	}
 	for r := range v.size {
-		need = need || all[3*r] != maxC
+		need = need || all[3*r] != minC
 	}
-	if maxC < 0 {
+	if minC < 0 {
 		return fmt.Errorf("gorun: rank %d: elastic reset: no rank of membership epoch %d holds the training state (all %d are joiners)", v.rank, v.epoch, v.size)
 	}
+	if s.has && s.commits != minC {
+		if s.commits != minC+1 || !s.prev.saved {
+			return fmt.Errorf("gorun: rank %d: elastic reset: this rank holds commit %d, and the job resumes from commit %d, which it no longer holds (internal error)", v.rank, s.commits, minC)
+		}
+		// Back to the commit before: its unique state is prev, and its
+		// replicated state comes in the broadcast below (need).
+		s.held, s.commits = s.prev, minC
+	}
+	s.prev = heldUnique{}
+	peersThen := s.held.peers // keepUnique below moves on to this epoch's
 	oldSize := int(all[3*src+1])
 	if peersThen != nil {
 		// The size the loop last ran with: a reset that failed half-way
@@ -469,7 +503,7 @@ func (s *ElasticState) reset(ctx context.Context, initial bool, start time.Time)
 	}
 	// At the start of the job the live unique state is the state: nothing
 	// was saved yet.
-	restore := joiner || s.saved
+	restore := joiner || s.held.saved
 	for _, u := range s.unique {
 		if !restore {
 			break
@@ -487,7 +521,7 @@ func (s *ElasticState) reset(ctx context.Context, initial bool, start time.Time)
 	if restore {
 		notes = append(notes, c.compression.restoreResiduals(own[residualsName], pick(adopted, residualsName), v.size, v.rank)...)
 	}
-	s.commits, s.has, s.commitSize = maxC, true, v.size
+	s.commits, s.has, s.held.size = minC, true, v.size
 	// The buddies of the new ring get this rank's unique bytes now, so a
 	// rank lost before the next commit does not take them along.
 	blob, err := s.saveUnique()
@@ -510,7 +544,7 @@ func (s *ElasticState) reset(ctx context.Context, initial bool, start time.Time)
 		return nil // the start of the job: nothing was reset
 	}
 	ev := ElasticEvent{Epoch: v.epoch, OldSize: oldSize, NewSize: v.size, Rank: v.rank,
-		Lost: lostThen(s.lost, peersThen), Joined: slices.Clone(v.joined), Step: maxC, Took: time.Since(start), Notes: notes}
+		Lost: lostThen(s.lost, peersThen), Joined: slices.Clone(v.joined), Step: minC, Took: time.Since(start), Notes: notes}
 	s.lost = nil
 	c.logf("gorun: rank %d: elastic reset: %v", v.rank, ev)
 	for _, f := range s.onReset {
@@ -538,26 +572,27 @@ func (s *ElasticState) uniqueFor(joiner bool) (own map[string][]byte, adopted []
 	if joiner {
 		return map[string][]byte{}, nil, nil, nil
 	}
-	if own, err = parseBlob(s.ownBlob); err != nil {
+	h := s.held
+	if own, err = parseBlob(h.own); err != nil {
 		return nil, nil, nil, fmt.Errorf("gorun: rank %d: own unique state: %w", v.rank, err)
 	}
-	if s.buddyOf == "" {
+	if h.buddyOf == "" {
 		return own, nil, nil, nil
 	}
 	alive := false
 	for _, p := range s.comm.node.Peers() {
-		if p.ID.String() == s.buddyOf {
+		if p.ID.String() == h.buddyOf {
 			alive = true
 		}
 	}
 	if alive {
 		return own, nil, nil, nil
 	}
-	pred, err := parseBlob(s.buddyBlob)
+	pred, err := parseBlob(h.buddy)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("gorun: rank %d: the lost predecessor's unique state: %w", v.rank, err)
 	}
-	notes = append(notes, fmt.Sprintf("rank %d adopted the unique state of its lost predecessor (peer %s)", v.rank, shortID(s.buddyOf)))
+	notes = append(notes, fmt.Sprintf("rank %d adopted the unique state of its lost predecessor (peer %s)", v.rank, shortID(h.buddyOf)))
 	return own, []map[string][]byte{pred}, notes, nil
 }
 
@@ -658,7 +693,7 @@ func parseBlob(b []byte) (map[string][]byte, error) {
 // same state (a joiner receives it from a live rank); when the loop fails
 // with a *MembershipChangeError it re-forms the Comm with the ranks that
 // are left (and waiting joiners), resets the state to the newest commit
-// any rank holds, runs the OnReset callbacks and calls loop again. A
+// every rank holds, runs the OnReset callbacks and calls loop again. A
 // change during the reset starts it over. Errors that end it: the loop's
 // own, a mismatch of calls, an aborted job (below --min-np for too long),
 // or this rank cut off from the rendezvous (*CutOffError), which is final

@@ -367,22 +367,17 @@ func TestElasticCrashOneOfFour(t *testing.T) {
 		}
 	}
 	// Buddy adoption: member 2 (rank 2, the next of lost rank 1) holds
-	// rank 1's unique value as of member 2's own last commit (rank 1
-	// counts from 2000, member 2 from 3000, one per step). That is the
-	// commit the job resumed from, or the one before if member 2's commit
-	// of that step was cut short by the crash while the others completed
-	// it (its own unique state is then one commit older too, as
-	// UniqueState says).
+	// rank 1's unique value of the commit the job resumed from (rank 1
+	// counts from 2000, member 2 from 3000, one per step), and its own of
+	// that commit too.
 	for i, m := range tj.members {
 		want := []int64(nil)
 		if i == 2 && len(m.events) == 1 {
-			k := m.u.restored - 3000
-			if step := m.events[0].Step; k != step && k != step-1 {
-				t.Errorf("member 2 restored its own value of commit %d, resuming from commit %d", k, step)
-			} else if k == step-1 {
-				t.Logf("member 2's commit %d was cut short: it holds commit %d's unique state", step, k)
+			step := m.events[0].Step
+			if m.u.restored != 3000+step {
+				t.Errorf("member 2 restored its own value of commit %d, resuming from commit %d", m.u.restored-3000, step)
 			}
-			want = []int64{2000 + k}
+			want = []int64{2000 + step}
 		}
 		if m.err == nil && !slices.Equal(m.u.adopted, want) {
 			t.Errorf("member %d adopted %v, want %v", i, m.u.adopted, want)
