@@ -199,7 +199,7 @@ func (c *Comm) prepare(ctx context.Context, call ring.Call, opts []CallOption, r
 		c.pending++
 	case <-ctx.Done():
 		err := fmt.Errorf("gorun: rank %d: %s #%d could not be queued: %w", v.rank, call.Kind, h.call.Seq, context.Cause(ctx))
-		c.fail(err)
+		c.failCall(ctx, err)
 		return failed(err), false
 	}
 	return h, false
@@ -224,6 +224,20 @@ func (c *Comm) fail(err error) {
 		c.node.Abort(err)
 	}
 	c.cancel(err)
+}
+
+// failCall ends this rank's part after a call failed with err. In an
+// elastic job a call whose caller's context ended is this rank leaving
+// (the program stops, e.g. on a signal): the others go on without it from
+// their last commit, never an abort of the job. Anything else aborts the
+// job (fail).
+func (c *Comm) failCall(ctx context.Context, err error) {
+	if c.elastic && c.node != nil && ctx.Err() != nil {
+		c.node.Quit(fmt.Sprintf("its context ended: %v", context.Cause(ctx)))
+		c.cancel(err)
+		return
+	}
+	c.fail(err)
 }
 
 // worker runs the queued collectives one by one, in sequence order.
@@ -256,7 +270,7 @@ func (c *Comm) execute(h *Handle) error {
 	}
 	if err := context.Cause(h.ctx); err != nil {
 		err = fmt.Errorf("gorun: rank %d: %s #%d cancelled by the caller before it ran: %w", v.rank, h.call.Kind, h.call.Seq, err)
-		c.fail(err)
+		c.failCall(h.ctx, err)
 		return err
 	}
 	// The op's context ends on the first of: the caller's context, the
@@ -315,7 +329,7 @@ func (c *Comm) execute(h *Handle) error {
 	}
 	// The ring's errors already say which collective and which peer; the
 	// abort sent to the other ranks carries them as they are.
-	c.fail(err)
+	c.failCall(h.ctx, err)
 	c.awaitAbortRelay()
 	return fmt.Errorf("gorun: rank %d: %w", v.rank, err)
 }

@@ -41,8 +41,9 @@ type Comm struct {
 	// any goroutine, so Rank and Size are race-free.
 	view            atomic.Pointer[commView]
 	elastic         bool
-	joiner          bool          // elastic: started as a joiner (rank -1)
-	heartbeat       time.Duration // elastic: the heartbeat bound of the job
+	joiner          bool                   // elastic: started as a joiner (rank -1)
+	heartbeat       time.Duration          // elastic: the heartbeat bound of the job
+	leaveWhy        atomic.Pointer[string] // elastic: RequestLeave's reason, until the rank left
 	chunkBytes      int
 	allreducePolicy ring.AllreducePolicy // GORUN_ALLREDUCE_ALGORITHMS
 	phase           func(ring.Call, string, time.Time, time.Time)
@@ -505,9 +506,10 @@ func (c *Comm) shutdown(cause error) error {
 		c.closeCancel(cause)
 	}
 	var failed error
-	if c.life.Err() != nil {
+	if c.life.Err() != nil && !errors.Is(context.Cause(c.life), ErrLeft) {
 		// Only a failure of the job: a member of an elastic job that closes
-		// while its epoch changes just leaves, and the others go on.
+		// while its epoch changes, or that left it, just leaves, and the
+		// others go on.
 		failed = context.Cause(c.life)
 	}
 	c.cancel(cause)

@@ -280,6 +280,10 @@ func (s *ElasticState) restoreSnapshot() {
 // makes RunElastic resume from the last commit. On a Comm that is not
 // elastic it does nothing.
 //
+// A rank that asked to leave (RequestLeave, LeaveOnSignal) leaves the job
+// here, once the commit is taken everywhere: its Commit returns an error
+// matching ErrLeft, and the others go on from this commit without it.
+//
 // Its cost is a copy of the replicated state, one tiny allreduce, and, if
 // there is unique state, one ring shift of it.
 func (s *ElasticState) Commit(ctx context.Context) error {
@@ -293,8 +297,13 @@ func (s *ElasticState) Commit(ctx context.Context) error {
 		return err
 	}
 	// One tiny allreduce agrees on whether joiners wait (the ranks heard
-	// of them at different pings) and on the largest unique blob.
-	agree := []int64{int64(c.node.PendingJoiners()), int64(len(blob))}
+	// of them at different pings), on the largest unique blob, and on
+	// whether a rank leaves here (RequestLeave).
+	why := c.leaving()
+	agree := []int64{int64(c.node.PendingJoiners()), int64(len(blob)), 0}
+	if why != "" {
+		agree[2] = 1
+	}
 	if err := c.Allreduce(ctx, agree, Max, Name("elastic commit")); err != nil {
 		return err
 	}
@@ -320,10 +329,15 @@ func (s *ElasticState) Commit(ctx context.Context) error {
 	s.keepUnique(blob, got)
 	s.lost = nil
 	s.hook("commit: taken")
-	if agree[0] == 0 {
+	if agree[0] == 0 && agree[2] == 0 {
 		return nil
 	}
 	start := time.Now()
+	if why != "" {
+		// Every rank holds this commit, and its buddy this rank's unique
+		// state of it: the others go on from here without it.
+		return c.depart(ctx, why)
+	}
 	old, now, err := c.grow(ctx)
 	if err != nil {
 		return err

@@ -335,8 +335,9 @@ func (c *Comm) reconfigure(ctx context.Context) (old, now *commView, err error) 
 	return old, c.cur(), nil
 }
 
-// grow admits the joiners that wait, if any: every member must call it at
-// the same point (Commit does, when they agreed that somebody waits). It
+// grow admits the joiners that wait, if any, and lets the members that
+// leave go (depart): every member must call one of them at the same point
+// (Commit does, when they agreed that somebody waits or leaves). It
 // returns the view before and after; they are the same when nobody was
 // admitted.
 func (c *Comm) grow(ctx context.Context) (old, now *commView, err error) {
@@ -353,7 +354,7 @@ func (c *Comm) grow(ctx context.Context) (old, now *commView, err error) {
 	if pv.Epoch == old.epoch {
 		return old, old, nil
 	}
-	old.end(&MembershipChangeError{Rank: old.rank, Epoch: old.epoch, Next: pv.Epoch, Reason: "joiners admitted"})
+	old.end(&MembershipChangeError{Rank: old.rank, Epoch: old.epoch, Next: pv.Epoch, Reason: "membership changed at a commit (joiners admitted, or members left)"})
 	if err := c.adopt(pv); err != nil {
 		c.cancel(err)
 		return old, nil, err

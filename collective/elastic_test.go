@@ -119,6 +119,7 @@ type member struct {
 	done   chan struct{}
 	first  error // the first error a step or commit returned
 	events []ElasticEvent
+	ran    int64 // steps whose allreduce completed on this member, re-runs included
 }
 
 type toyJob struct {
@@ -130,6 +131,8 @@ type toyJob struct {
 	members        []*member
 	wg             sync.WaitGroup
 	hook           func(m *member, index int) error // before a step's allreduce
+	memberCtx      func(index int) context.Context  // the context a member runs with (nil: ctx)
+	quitter        int                              // a member expected to end with its own error (-1: none)
 	prepare        func(m *member, index int)       // before a member starts
 	afterAllreduce func(m *member, index int) error
 }
@@ -150,7 +153,7 @@ func startToyJob(t *testing.T, n, epochs, datasetLen, batch int, opts ...Option)
 		}
 		checkGoroutines(t, before)
 	})
-	return &toyJob{t: t, j: j, epochs: epochs, l: datasetLen, b: batch, ctx: ctx}
+	return &toyJob{t: t, j: j, epochs: epochs, l: datasetLen, b: batch, ctx: ctx, quitter: -1}
 }
 
 // run starts c's loop; init is the initial parameter value (a joiner's
@@ -174,11 +177,15 @@ func (tj *toyJob) run(c *Comm, init int64, val int64) *member {
 	if tj.prepare != nil {
 		tj.prepare(m, index)
 	}
+	ctx := tj.ctx
+	if tj.memberCtx != nil {
+		ctx = tj.memberCtx(index)
+	}
 	tj.wg.Add(1)
 	go func() {
 		defer tj.wg.Done()
 		defer close(m.done)
-		m.err = RunElastic(tj.ctx, c, m.st, func(ctx context.Context) error {
+		m.err = RunElastic(ctx, c, m.st, func(ctx context.Context) error {
 			err := tj.loop(ctx, m, index)
 			if err != nil && m.first == nil {
 				m.first = err
@@ -204,6 +211,7 @@ func (tj *toyJob) loop(ctx context.Context, m *member, index int) error {
 			if err := m.c.Allreduce(ctx, buf, Sum, Name("toy grads")); err != nil {
 				return err
 			}
+			m.ran++
 			if tj.afterAllreduce != nil {
 				if err := tj.afterAllreduce(m, index); err != nil {
 					return err
@@ -256,7 +264,7 @@ func (tj *toyJob) check(wantSurvivors int) []*member {
 	var alive []*member
 	for i, m := range tj.members {
 		if m.err != nil {
-			if !errors.Is(m.err, errCrashed) && !isCutOff(m.err) && !tj.j.crashed[m.c] {
+			if !errors.Is(m.err, errCrashed) && !errors.Is(m.err, ErrLeft) && !isCutOff(m.err) && !tj.j.crashed[m.c] && i != tj.quitter {
 				t.Errorf("member %d: %v", i, m.err)
 			}
 			continue
@@ -1220,6 +1228,144 @@ func TestElasticSamplerSeedMismatch(t *testing.T) {
 	for r, err := range errs {
 		if err == nil || !strings.Contains(err.Error(), "registered different state") {
 			t.Errorf("rank %d: %v, want the registration mismatch", r, err)
+		}
+	}
+}
+
+// Members that ask to leave (RequestLeave, as on SIGTERM) in the middle of
+// a step leave at its commit: their RunElastic returns ErrLeft, the others
+// go on from that commit without running any step again, their successors
+// adopt the leavers' unique state of that commit, and everybody ends with
+// the uninterrupted run's parameters.
+func TestElasticLeaveCostsNoStep(t *testing.T) {
+	for _, tc := range []struct {
+		n       int
+		leavers []int
+	}{
+		{4, []int{0}}, {4, []int{2}}, {4, []int{3}}, {5, []int{1, 3}}, {3, []int{0, 1}},
+	} {
+		t.Run(fmt.Sprintf("%d of %d", tc.leavers, tc.n), func(t *testing.T) {
+			const at = 3 // asks during step 4, leaves at its commit
+			tj := startToyJob(t, tc.n, 1, 12*tc.n, 2*tc.n)
+			init := func(i int) int64 { return int64(1000 * (i + 1)) }
+			tj.hook = func(m *member, index int) error {
+				if m.toy.steps == at && slices.Contains(tc.leavers, index) {
+					m.c.RequestLeave("test")
+				}
+				return nil
+			}
+			for i, c := range tj.j.Comms {
+				tj.run(c, 1, init(i))
+			}
+			survivors := tc.n - len(tc.leavers)
+			tj.check(survivors)
+			ref := toyReference(tj.epochs, tj.l, tj.b)
+			left := map[int]bool{}
+			for _, i := range tc.leavers {
+				left[i] = true
+			}
+			for i, m := range tj.members {
+				if left[i] {
+					var le *LeftError
+					if !errors.Is(m.err, ErrLeft) || !errors.As(m.err, &le) || le.Why != "test" {
+						t.Errorf("leaver %d: RunElastic returned %v, want a *LeftError for \"test\"", i, m.err)
+					}
+					if m.toy.steps != at+1 || m.u.val != init(i)+at+1 {
+						t.Errorf("leaver %d left after %d steps with unique value %d, want %d and %d", i, m.toy.steps, m.u.val, at+1, init(i)+at+1)
+					}
+					if err := m.c.Barrier(context.Background()); !errors.Is(err, ErrLeft) {
+						t.Errorf("leaver %d: a call after leaving returned %v, want ErrLeft", i, err)
+					}
+					continue
+				}
+				if m.ran != ref.steps {
+					t.Errorf("member %d ran %d steps, want %d: a graceful leave must not re-run a step", i, m.ran, ref.steps)
+				}
+				if want := init(i) + ref.steps; m.u.val != want {
+					t.Errorf("member %d ends with unique value %d, want %d", i, m.u.val, want)
+				}
+				if len(m.events) != 1 {
+					t.Errorf("member %d: %d resets, want 1: %v", i, len(m.events), m.events)
+					continue
+				}
+				ev := m.events[0]
+				if ev.Step != at+1 || ev.NewSize != survivors || ev.OldSize != tc.n || len(ev.Lost) != len(tc.leavers) {
+					t.Errorf("member %d: reset %v, want commit %d, %d -> %d ranks, %d lost", i, ev, at+1, tc.n, survivors, len(tc.leavers))
+				}
+				for _, l := range ev.Lost {
+					if !l.Left || !left[l.Rank] || !strings.Contains(l.Cause, "left the job (test)") {
+						t.Errorf("member %d: lost %+v, want a leaver (Left, cause \"left the job (test)\")", i, l)
+					}
+				}
+				// The next member alive before it adopts a leaver's state.
+				var want []int64
+				for p := (i + tc.n - 1) % tc.n; left[p]; p = (p + tc.n - 1) % tc.n {
+					if p == i {
+						break
+					}
+					if p == (i+tc.n-1)%tc.n {
+						want = []int64{init(p) + at + 1}
+					}
+				}
+				if !slices.Equal(m.u.adopted, want) {
+					t.Errorf("member %d adopted %v, want %v", i, m.u.adopted, want)
+				}
+			}
+		})
+	}
+}
+
+// Every member leaving at once ends the job: each RunElastic returns
+// ErrLeft, and nothing hangs.
+func TestElasticAllLeave(t *testing.T) {
+	tj := startToyJob(t, 3, 1, 36, 6)
+	tj.hook = func(m *member, index int) error {
+		if m.toy.steps == 2 {
+			m.c.RequestLeave("drain")
+		}
+		return nil
+	}
+	for i, c := range tj.j.Comms {
+		tj.run(c, 1, int64(i))
+	}
+	tj.check(0)
+	for i, m := range tj.members {
+		if !errors.Is(m.err, ErrLeft) || m.toy.steps != 3 {
+			t.Errorf("member %d: %v after %d steps, want ErrLeft after 3", i, m.err, m.toy.steps)
+		}
+	}
+}
+
+// A member whose context ends in a collective (a program that cancels on
+// SIGTERM) leaves at once: the others lose that step, as after a crash,
+// but the job is not aborted and ends with the uninterrupted result.
+func TestElasticCancelledContextLeaves(t *testing.T) {
+	tj := startToyJob(t, 4, 1, 40, 8)
+	victim, cancelVictim := context.WithCancelCause(tj.ctx)
+	defer cancelVictim(nil)
+	tj.quitter = 1
+	tj.memberCtx = func(index int) context.Context {
+		if index == 1 {
+			return victim
+		}
+		return tj.ctx
+	}
+	tj.afterAllreduce = func(m *member, index int) error {
+		if index == 2 && m.toy.steps == 2 && m.c.Epoch() == 0 {
+			cancelVictim(errors.New("terminated signal received"))
+		}
+		return nil
+	}
+	for i, c := range tj.j.Comms {
+		tj.run(c, 1, int64(1000*(i+1)))
+	}
+	alive := tj.check(3)
+	if m := tj.members[1]; !strings.Contains(fmt.Sprint(m.err), "terminated signal received") {
+		t.Errorf("member 1: %v, want its context's end", m.err)
+	}
+	for _, m := range alive {
+		if len(m.events) != 1 || len(m.events[0].Lost) != 1 || !strings.Contains(m.events[0].Lost[0].Cause, "terminated signal received") {
+			t.Errorf("rank %d: resets %v, want one losing member 1 with its context's cause", m.c.Rank(), m.events)
 		}
 	}
 }

@@ -79,10 +79,14 @@ type Member struct {
 	Proc string  // the launcher's id of its process (Config.ProcID), "" if none
 }
 
-// LostMember is a member that left without a clean Close.
+// LostMember is a member that is no longer in the job: lost without a
+// clean Close, or (Left) gone gracefully at a commit boundary (Depart).
 type LostMember struct {
 	Member
-	Cause string // "disconnected", "stopped responding: ...", "unreachable: ..."
+	Cause string // "disconnected", "stopped responding: ...", "unreachable: ...", "left the job (SIGTERM)"
+	// Left: it left at a commit every member took (Node.Depart), handing
+	// over its unique state there; no step is lost.
+	Left bool
 }
 
 func (l LostMember) String() string {
@@ -184,7 +188,8 @@ type elasticNode struct {
 	change     *MembershipChangeError // the newest reconfig, for epochs it overtakes
 	waiting    string                 // the rendezvous' last "waiting for members" status
 	growNone   chan struct{}          // closed when the Grow under way admitted nobody
-	growEpoch  int                    // the epoch that Grow is for
+	growEpoch  int                    // the epoch that Grow (or Depart) is for
+	departed   chan struct{}          // closed when the rendezvous let the Depart under way go
 	tableCh    chan struct{}          // cap 1: a table, a status or a fatal error arrived
 	// shown: the peers of the View last returned to the caller; causes:
 	// why each member lost since then went, from every table installed
@@ -294,6 +299,85 @@ func (n *Node) grow(ctx context.Context) (View, error) {
 		return n.reconfigure(ctx, true)
 	case <-sctx.Done():
 		return View{}, fmt.Errorf("grow of epoch %d: %w", ep.epoch, context.Cause(sctx))
+	}
+}
+
+// ErrLeft is why a node (and a Comm) that left an elastic job gracefully
+// (Depart) takes no further part: match it with errors.Is.
+var ErrLeft = errors.New("left the elastic job")
+
+// LeftError says that this member left the job at a commit boundary, and
+// why (e.g. "SIGTERM"). It matches ErrLeft.
+type LeftError struct {
+	Rank int // its rank in the last epoch it was in
+	Why  string
+}
+
+func (e *LeftError) Error() string {
+	return fmt.Sprintf("rank %d left the elastic job at a commit (%s); the others go on from that commit", e.Rank, e.Why)
+}
+
+func (e *LeftError) Is(target error) bool { return target == ErrLeft }
+
+// Depart leaves the elastic job gracefully, where the other members call
+// Grow: at a commit boundary every member holds (the same point as
+// Grow). The rendezvous decides once every member asked: the members that
+// depart are let go, and the others form the next epoch without them
+// (admitting waiting joiners too), going on from that commit. Depart
+// returns nil once this node is out of the job; it takes no further part
+// (Err is a *LeftError) and Close just disconnects. If the membership
+// changes first (a member lost meanwhile), Depart returns that
+// *MembershipChangeError: call Reconfigure and depart at the next commit.
+// Waiting for the other members is bounded by ctx and Timeout.
+func (n *Node) Depart(ctx context.Context, why string) error {
+	if !n.cfg.Elastic {
+		return fmt.Errorf("p2p: rank %d: Depart needs an elastic job (Config.Elastic)", n.rank())
+	}
+	ep := n.cur.Load()
+	if err := n.epochErr(ep); err != nil {
+		return err
+	}
+	ch := make(chan struct{})
+	n.mu.Lock()
+	n.el.departed, n.el.growEpoch = ch, ep.epoch
+	n.mu.Unlock()
+	if err := n.sendCtl(&msg{T: tGrow, Rank: ep.rank, Epoch: ep.epoch, Leave: true, Text: why}); err != nil {
+		return n.wrapErr(fmt.Errorf("depart: telling the rendezvous: %w", err))
+	}
+	sctx, cancel := n.stepCtx(ctx, "waiting for every member to reach the commit this rank leaves at")
+	defer cancel()
+	select {
+	case <-ch:
+		n.departedJob.Store(true)
+		n.abortLocal(&LeftError{Rank: ep.rank, Why: why})
+		n.logf("left the job at a commit (%s)", why)
+		return nil
+	case <-ep.done:
+		return n.epochErr(ep)
+	case <-sctx.Done():
+		return n.wrapErr(fmt.Errorf("depart from epoch %d: %w", ep.epoch, context.Cause(sctx)))
+	}
+}
+
+// Quit leaves the elastic job at once, outside a commit (the program gave
+// up, e.g. its context was cancelled): the rendezvous counts it as lost,
+// with why as the cause, and the others go on from their last commit,
+// running the interrupted step again. This node takes no further part.
+func (n *Node) Quit(why string) {
+	if !n.cfg.Elastic || n.fatalErr() != nil {
+		return
+	}
+	if n.ctl != nil {
+		if err := n.sendCtl(&msg{T: tQuit, Rank: max(n.rank(), 0), Text: why}); err != nil {
+			n.logf("could not tell the rendezvous this rank quits: %v", err)
+		}
+	}
+	n.departedJob.Store(true)
+	n.abortLocal(&LeftError{Rank: n.rank(), Why: why + ", outside a commit"})
+	if n.ctl != nil {
+		// After the quit message, in order (a reset could overtake it):
+		// the rendezvous counts this member as lost at once.
+		n.ctl.CloseWrite()
 	}
 }
 
@@ -586,7 +670,7 @@ func lostFromWire(items []lostItem) []LostMember {
 	var out []LostMember
 	for _, it := range items {
 		id, _ := peer.Decode(it.ID)
-		out = append(out, LostMember{Member: Member{Rank: it.Rank, ID: id, Host: it.Host, Addr: it.Addr, Proc: it.Proc}, Cause: it.Cause})
+		out = append(out, LostMember{Member: Member{Rank: it.Rank, ID: id, Host: it.Host, Addr: it.Addr, Proc: it.Proc}, Cause: it.Cause, Left: it.Left})
 	}
 	return out
 }
@@ -630,6 +714,13 @@ func (n *Node) elasticCtl(m *msg) bool {
 		n.mu.Unlock()
 	case tDropped:
 		n.abortLocal(errors.New(m.Text))
+	case tDeparted:
+		n.mu.Lock()
+		if n.el.departed != nil && n.el.growEpoch == m.Epoch {
+			close(n.el.departed)
+			n.el.departed = nil
+		}
+		n.mu.Unlock()
 	default:
 		return false
 	}

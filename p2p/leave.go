@@ -171,7 +171,7 @@ func (n *Node) leftBehind(call uint64) {
 // rank leaves after its last call. It returns that call and whether the
 // announcement was sent.
 func (n *Node) announceLeaving() (uint64, bool) {
-	if n.ctl == nil || n.Err() != nil {
+	if n.ctl == nil || n.Err() != nil || n.departedJob.Load() {
 		return 0, false
 	}
 	select {

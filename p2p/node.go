@@ -155,9 +155,12 @@ type Node struct {
 	el    elasticNode // elastic mode only (elastic.go)
 
 	closing atomic.Bool
-	stopped bool          // under mu: no new handler goroutines
-	frozen  atomic.Bool   // tests: simulate a stopped process
-	thaw    chan struct{} // under mu; closed by unfreeze
+	// departedJob: this member left the elastic job (Depart, Quit); its
+	// Close announces nothing the others must act on.
+	departedJob atomic.Bool
+	stopped     bool          // under mu: no new handler goroutines
+	frozen      atomic.Bool   // tests: simulate a stopped process
+	thaw        chan struct{} // under mu; closed by unfreeze
 
 	progress   atomic.Uint64 // last collective entered (SetProgress); stored under leaveMu
 	progSent   uint64        // last value reported, owned by progressLoop
@@ -881,7 +884,7 @@ func (n *Node) abortLocal(err error) bool {
 	links := n.endEpochLocked(ep, err)
 	n.mu.Unlock()
 	n.el.wake()
-	if !errors.Is(err, ErrClosed) {
+	if !errors.Is(err, ErrClosed) && !errors.Is(err, ErrLeft) {
 		n.logf("job aborted: %v", err)
 	}
 	for _, l := range links {

@@ -84,13 +84,17 @@ const (
 	// ProcSentAway: a joiner was refused, or sent away before it was
 	// admitted (the job ended or has no member left to admit it).
 	ProcSentAway
+	// ProcDeparted: a member left the job gracefully at a commit boundary
+	// (Node.Depart: SIGTERM, a scale-down), the others going on from that
+	// commit: no step lost. Cause says why it left.
+	ProcDeparted
 )
 
 // ProcEvent is what RendezvousConfig.OnProc is told.
 type ProcEvent struct {
 	Kind   ProcEventKind
 	Member Member // Rank: in the newest epoch (-1 for a joiner not admitted)
-	Cause  string // ProcLost: as LostMember.Cause; ProcSentAway: why
+	Cause  string // ProcLost: as LostMember.Cause; ProcSentAway, ProcDeparted: why
 	// AfterLeave: a member had already left the job cleanly when this
 	// happened (the job was finishing).
 	AfterLeave bool
@@ -153,11 +157,15 @@ type rzConn struct {
 	// left, so its own end is a consequence of that departure.
 	behind bool
 	// Elastic mode, under Rendezvous.mu.
-	joiner     bool   // registered as a joiner
-	member     bool   // in the current epoch's table (or a survivor waiting for one)
-	ackEpoch   int    // the last epoch whose table it acked
-	stableRank int    // its rank in the last established epoch, -1 if none
-	growReq    bool   // asked to grow the current epoch
+	joiner     bool // registered as a joiner
+	member     bool // in the current epoch's table (or a survivor waiting for one)
+	ackEpoch   int  // the last epoch whose table it acked
+	stableRank int  // its rank in the last established epoch, -1 if none
+	growReq    bool // asked to grow the current epoch
+	leaveReq   bool // with its grow request: it leaves the job (leaveWhy)
+	leaveWhy   string
+	departed   bool   // it left the job gracefully (at a grow)
+	quitWhy    string // it said it quits now (tQuit): why
 	proc       string // its hello's Proc (Config.ProcID)
 	// heard is when a message from the rank was last read (UnixNano).
 	heard atomic.Int64
@@ -533,7 +541,15 @@ func (r *Rendezvous) handle(s network.Stream) {
 		case tLinkFail:
 			r.linkFailed(c, m)
 		case tGrow:
-			r.growRequest(c, m.Epoch)
+			r.growRequest(c, m.Epoch, m.Leave, m.Text)
+		case tQuit:
+			// A member that leaves outside a commit: a loss, with its
+			// own reason instead of "disconnected".
+			r.mu.Lock()
+			c.quitWhy = m.Text
+			r.mu.Unlock()
+			r.lost(c, errQuit)
+			return
 		case tAbort:
 			r.abort(fmt.Sprintf("rank %d aborted: %s", r.rankOf(c), m.Text))
 		case tAbortOK:
@@ -773,6 +789,12 @@ func (r *Rendezvous) broadcast(conns []*rzConn, m *msg) {
 func (r *Rendezvous) leaving(c *rzConn, lastCall uint64) {
 	r.mu.Lock()
 	if !r.tableSent || c.leaving {
+		r.mu.Unlock()
+		return
+	}
+	if c.departed {
+		// It left the elastic job at a commit already; its Close says
+		// nothing the others must act on.
 		r.mu.Unlock()
 		return
 	}

@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -162,7 +163,7 @@ func (r *Rendezvous) changeLocked(reason string, lost []lostItem) *outbox {
 	out := &outbox{}
 	rc := &msg{T: tReconfig, Epoch: el.epoch, Lost: lost, Text: reason}
 	for _, c := range el.members {
-		c.growReq = false
+		c.growReq, c.leaveReq = false, false
 		out.add(c, rc)
 	}
 	r.cfg.Logf("rendezvous: %s: starting membership epoch %d", reason, el.epoch)
@@ -417,7 +418,9 @@ func (r *Rendezvous) elasticLost(c *rzConn, err error, left bool) {
 	}
 	cause := "disconnected"
 	var timeout interface{ Timeout() bool }
-	if errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &timeout) && timeout.Timeout()) {
+	if c.quitWhy != "" {
+		cause = "left the job outside a commit: " + c.quitWhy
+	} else if errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &timeout) && timeout.Timeout()) {
 		cause = fmt.Sprintf("stopped responding: no heartbeat within %v", r.hb)
 	}
 	li := r.dropLocked(c, cause)
@@ -486,10 +489,15 @@ func (r *Rendezvous) linkFailed(c *rzConn, m *msg) {
 	}()
 }
 
+// errQuit ends the control stream of a member that said it quits (tQuit).
+var errQuit = errors.New("the member quit")
+
 // growRequest records that c asks to admit the pending joiners after
-// epoch; when every member asked, the rendezvous admits them (or tells the
-// members there is nobody to admit).
-func (r *Rendezvous) growRequest(c *rzConn, epoch int) {
+// epoch, and whether it leaves the job there (leave, why); when every
+// member asked, the rendezvous lets the leavers go and admits the joiners
+// in one new epoch, whose members go on from the commit they all hold (or
+// tells the members there is nobody to admit and nobody leaving).
+func (r *Rendezvous) growRequest(c *rzConn, epoch int, leave bool, why string) {
 	if r.cfg.Elastic == nil {
 		return
 	}
@@ -502,14 +510,21 @@ func (r *Rendezvous) growRequest(c *rzConn, epoch int) {
 		return // a change is under way: the member follows it
 	}
 	c.growReq = true
+	c.leaveReq, c.leaveWhy = leave, why
+	var leavers []*rzConn
 	for _, m := range el.members {
 		if !m.growReq {
 			r.mu.Unlock()
 			return
 		}
+		if m.leaveReq {
+			leavers = append(leavers, m)
+		}
 	}
 	var out *outbox
-	if n := r.admissibleLocked(); n > 0 {
+	if len(leavers) > 0 {
+		out = r.departLocked(leavers)
+	} else if n := r.admissibleLocked(); n > 0 {
 		s := ""
 		if n != 1 {
 			s = "s"
@@ -524,6 +539,56 @@ func (r *Rendezvous) growRequest(c *rzConn, epoch int) {
 	}
 	r.mu.Unlock()
 	r.deliver(out)
+}
+
+// departLocked lets the members that asked to leave go, at the commit
+// every member just took: each is told it left (departed), and the others
+// form the next epoch without them (admitting waiting joiners too). The
+// others hold the leavers' unique state of that commit (their buddy
+// copies), so nothing is re-run. If nobody is left, the job is over.
+func (r *Rendezvous) departLocked(leavers []*rzConn) *outbox {
+	el := &r.el
+	pre := &outbox{}
+	var lost []lostItem
+	var names []string
+	for _, c := range leavers {
+		why := cmp.Or(c.leaveWhy, "asked to")
+		cause := "left the job (" + why + ")"
+		c.departed = true
+		c.member = false
+		el.members = slices.DeleteFunc(el.members, func(o *rzConn) bool { return o == c })
+		li := lostItemLocked(c, cause)
+		li.Left = true
+		r.procEventLocked(ProcEvent{Kind: ProcDeparted, Member: r.memberOf(c, li.Rank), Cause: why})
+		if c.stableRank >= 0 {
+			v := li
+			v.Rank = c.stableRank
+			el.lostView = append(el.lostView, v)
+		}
+		lost = append(lost, li)
+		names = append(names, fmt.Sprintf("rank %d", li.Rank))
+		pre.add(c, &msg{T: tDeparted, Epoch: el.epoch, Text: cause})
+	}
+	if len(el.members) == 0 {
+		// Everybody left: the job is over, as when the last member
+		// finished.
+		el.leftClean = true
+		r.sendAwayPendingLocked(pre, "the job ended (every member left) before this joiner was admitted")
+		return pre
+	}
+	verb := "leaves"
+	if len(names) > 1 {
+		verb = "leave"
+	}
+	out := r.changeLocked(fmt.Sprintf("%s %s the job at a commit (%s)", strings.Join(names, ", "), verb, cmp.Or(leavers[0].leaveWhy, "asked to")), lost)
+	// The leavers learn first: their Depart returns before the others'
+	// links to them close.
+	for _, c := range out.order {
+		for _, m := range out.msgs[c] {
+			pre.add(c, m)
+		}
+	}
+	return pre
 }
 
 // Epoch returns the newest membership epoch (0 in a fixed-size job).

@@ -58,6 +58,8 @@ const (
 	tGrow     = "grow"     // member -> server: admit the pending joiners after epoch Epoch
 	tGrowNone = "grownone" // server -> member: every member asked to grow epoch Epoch, nobody to admit
 	tDropped  = "dropped"  // server -> member: you are no longer a member (Text); stop
+	tDeparted = "departed" // server -> member that asked to leave at a grow (Leave): it left the job; stop
+	tQuit     = "quit"     // member -> server: I leave now, outside a commit (Text: why); a loss
 )
 
 // msg is the single wire message type; unused fields are omitted.
@@ -88,6 +90,9 @@ type msg struct {
 	Pending int        `json:"pending,omitempty"` // ping: joiners waiting to be admitted
 	Lost    []lostItem `json:"lost,omitempty"`    // reconfig, table: members that are gone
 	Joined  []int      `json:"joined,omitempty"`  // table: ranks (in the new epoch) of the members that joined
+	// Leave, in a grow: the member leaves the job at this commit boundary
+	// (Text: why, e.g. "SIGTERM").
+	Leave bool `json:"leave,omitempty"`
 	// Proc, in a hello: the launcher's identity of the process
 	// (Config.ProcID, GORUN_PROC_ID), so that the rendezvous' reports
 	// name the launcher's processes exactly. Not authenticated beyond the
@@ -106,6 +111,7 @@ type lostItem struct {
 	Addr  string `json:"addr"`
 	Cause string `json:"cause"`
 	Proc  string `json:"proc,omitempty"` // its hello's Proc
+	Left  bool   `json:"left,omitempty"` // it left gracefully at a commit boundary
 }
 
 // tableItem is one rank's entry of the job table.
@@ -207,7 +213,7 @@ func (m *msg) check() error {
 			return fmt.Errorf("bad %s: negative rank", m.T)
 		}
 	case tAbort, tAbortOK, tError, tAck, tGo, tPing, tLeave, tBye, tLeaving, tLate, tLateOK,
-		tReconfig, tWaiting, tLinkFail, tGrow, tGrowNone, tDropped:
+		tReconfig, tWaiting, tLinkFail, tGrow, tGrowNone, tDropped, tDeparted, tQuit:
 		if m.Rank < 0 {
 			return fmt.Errorf("bad %s: negative rank", m.T)
 		}

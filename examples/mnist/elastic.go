@@ -112,10 +112,19 @@ func resetLines(ev collective.ElasticEvent, plan BatchPlan, gstep, epoch, steps,
 	at := where(gstep, epoch, steps, epochs)
 	tail := fmt.Sprintf("reset took %.3f s; going on with %d ranks (global batch %d: %s)", ev.Took.Seconds(), ev.NewSize, plan.Global, plan.Describe())
 	var lines []string
-	if len(ev.Lost) > 0 {
+	lost := slices.Clone(ev.Lost)
+	slices.SortFunc(lost, func(a, b collective.LostMember) int { return a.Rank - b.Rank })
+	// Ranks that left at a commit (SIGTERM) handed everything over there:
+	// the job goes on from that commit.
+	for _, l := range lost {
+		if l.Left {
+			host, _, _ := strings.Cut(l.Host, "/")
+			lines = append(lines, fmt.Sprintf("elastic: rank %d (host %s) %s at the commit of step %d: no step lost", l.Rank, host, l.Cause, gstep))
+		}
+	}
+	lost = slices.DeleteFunc(lost, func(l collective.LostMember) bool { return l.Left })
+	if len(lost) > 0 {
 		var who []string
-		lost := slices.Clone(ev.Lost)
-		slices.SortFunc(lost, func(a, b collective.LostMember) int { return a.Rank - b.Rank })
 		for _, l := range lost {
 			// The host ID is "hostname/net:[namespace]/boot id".
 			host, _, _ := strings.Cut(l.Host, "/")

@@ -66,6 +66,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gorun/gorun/checkpoint"
+	"github.com/gorun/gorun/collective"
 )
 
 // Config holds the command line.
@@ -167,7 +168,15 @@ func main() {
 		fmt.Fprintln(os.Stderr, "mnist:", err)
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// Ctrl-C stops the rank. So does SIGTERM, except in an elastic job,
+	// where it is a graceful leave at the next commit (Train): the other
+	// ranks go on without losing a step, as a cluster that takes the node
+	// away (a deleted pod, a preempted job, a shrinking host list) expects.
+	sigs := []os.Signal{os.Interrupt}
+	if os.Getenv(collective.EnvElastic) != "1" {
+		sigs = append(sigs, syscall.SIGTERM)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), sigs...)
 	defer stop()
 	// Every rank writes its own profile and timeline: check both before any
 	// work. (Rank 0's --plot and --metrics are checked in Train.)

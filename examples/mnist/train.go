@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"syscall"
 	"time"
 
 	"gorgonia.org/tensor"
@@ -61,6 +63,8 @@ func Train(ctx context.Context, cfg *Config) error {
 		return err
 	}
 	defer comm.Close()
+	// SIGTERM: leave at the next commit, handing this rank's state over.
+	defer comm.LeaveOnSignal(syscall.SIGTERM)()
 	// Share this host's cores between its ranks, as OMP_NUM_THREADS does
 	// for PyTorch: gonum's matrix products would otherwise start a worker
 	// per core in every rank, and the ranks would fight over the cores.
@@ -95,6 +99,7 @@ type runResult struct {
 	Resets  []collective.ElasticEvent
 	Steps   int       // optimizer steps per epoch
 	Counted []float64 // per epoch: the training samples its summary counted, over all ranks
+	Left    bool      // this rank left the elastic job gracefully (SIGTERM) before the end
 }
 
 // train runs the job on comm; Train and the tests call it.
@@ -537,6 +542,16 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 	}
 	if elastic {
 		err = collective.RunElastic(ctx, comm, st, loop)
+		if errors.Is(err, collective.ErrLeft) {
+			// A graceful leave (SIGTERM): the others went on from this
+			// step's commit; this rank is done.
+			out.stopProgress()
+			var le *collective.LeftError
+			errors.As(err, &le)
+			fmt.Fprintf(out.stderr, "mnist: rank %d left the job (%s) after step %d; the others go on from there\n", le.Rank, le.Why, gstep)
+			err = nil
+			res.Left = true
+		}
 	} else {
 		err = loop(ctx)
 	}
