@@ -467,12 +467,12 @@ func (s *ElasticState) reset(ctx context.Context, initial bool, start time.Time)
 	// has entered it.
 	minC, src, need := int64(-1), -1, initial
 	for r := range v.size {
-		if all[3*r+2] != mine[2] {
-			return fmt.Errorf("gorun: rank %d: elastic state: rank %d registered different state (names, types or sizes) than this rank: every rank must Register the same things in the same order", v.rank, r)
-		}
 		if c := all[3*r]; c >= 0 && (minC < 0 || c < minC) {
 			minC, src = c, r
 		}
+	}
+	if err := s.checkLayouts(ctx, v, all, src); err != nil {
+		return err
 	}
 	for r := range v.size {
 		need = need || all[3*r] != minC
@@ -567,6 +567,40 @@ func (s *ElasticState) reset(ctx context.Context, initial bool, start time.Time)
 		}
 	}
 	return nil
+}
+
+// checkLayouts compares the ranks' registrations (every third word of
+// all, from reset's allgather) with that of src, a rank holding the state.
+// Ranks of the job that differ are a bug of the program and fail it. A
+// joiner that differs (started with another program or version) must not
+// fail the job that ran fine before it came: it leaves, and the others
+// wait for that membership change and reset without it.
+func (s *ElasticState) checkLayouts(ctx context.Context, v *commView, all []int64, src int) error {
+	ref := all[3*src+2]
+	var joiners []int
+	for r := range v.size {
+		if all[3*r+2] == ref {
+			continue
+		}
+		if all[3*r] >= 0 {
+			return fmt.Errorf("gorun: rank %d: elastic state: rank %d registered different state (names, types or sizes) than rank %d: every rank must Register the same things in the same order", v.rank, r, src)
+		}
+		joiners = append(joiners, r)
+	}
+	if len(joiners) == 0 {
+		return nil
+	}
+	err := fmt.Errorf("gorun: rank %d: elastic state: the joiners now ranks %v registered different state (names, types or sizes) than the job's members: they are sent away, and the job goes on without them", v.rank, joiners)
+	if slices.Contains(joiners, v.rank) {
+		s.comm.node.Quit("it registered different elastic state than the job's members (another program or version?)")
+		s.comm.cancel(err)
+		return fmt.Errorf("gorun: joiner (rank %d of membership epoch %d): it registered different elastic state (names, types or sizes) than the job's members, so it leaves the job: start the job's own program, with its arguments", v.rank, v.epoch)
+	}
+	// The joiners' departure ends this epoch (bounded by the heartbeat).
+	if mc := s.comm.membershipCause(v, err); mc != nil {
+		return fmt.Errorf("gorun: rank %d: elastic reset: %w", v.rank, mc)
+	}
+	return err
 }
 
 func pick(adopted []map[string][]byte, name string) [][]byte {

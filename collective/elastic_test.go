@@ -1369,3 +1369,56 @@ func TestElasticCancelledContextLeaves(t *testing.T) {
 		}
 	}
 }
+
+// A joiner that registered different state than the job's members (another
+// program or version) is sent away at its first reset; the members go on
+// without it and end as the uninterrupted run.
+func TestElasticJoinerWithOtherStateSentAway(t *testing.T) {
+	tj := startToyJob(t, 2, 2, 30, 6, WithElasticLimits(1, 3))
+	tj.quitter = 2
+	joined := make(chan *Comm, 1)
+	go func() {
+		c, err := tj.j.Join(tj.ctx)
+		if err != nil {
+			t.Errorf("joiner: %v", err)
+			close(joined)
+			return
+		}
+		joined <- c
+	}()
+	tj.hook = func(m *member, index int) error {
+		for m.toy.steps == 2 && m.c.Epoch() == 0 && m.c.node.PendingJoiners() == 0 {
+			select {
+			case <-tj.ctx.Done():
+				return fmt.Errorf("no joiner announced: %w", context.Cause(tj.ctx))
+			case <-time.After(20 * time.Millisecond): // polling a counter the pings update
+			}
+		}
+		return nil
+	}
+	var extra int64
+	tj.prepare = func(m *member, index int) {
+		if index == 2 {
+			if err := m.st.Register("extra", &extra); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	for i, c := range tj.j.Comms {
+		tj.run(c, 1, int64(1000*(i+1)))
+	}
+	var jm *member
+	select {
+	case c, ok := <-joined:
+		if !ok {
+			t.FailNow()
+		}
+		jm = tj.run(c, -777, 0)
+	case <-tj.ctx.Done():
+		t.Fatal("the joiner was not admitted")
+	}
+	tj.check(2)
+	if want := "registered different elastic state"; jm.err == nil || !strings.Contains(jm.err.Error(), want) {
+		t.Errorf("joiner: %v, want an error saying it %s", jm.err, want)
+	}
+}

@@ -639,3 +639,125 @@ func TestElasticLinkUnreachable(t *testing.T) {
 		t.Errorf("dropped member's Reconfigure: %v", err)
 	}
 }
+
+// TestElasticDepart: a member that departs at a commit boundary (where the
+// others call Grow) is let go, the others form the next epoch without it
+// (admitting a waiting joiner in the same change) and the departed node's
+// Close announces nothing the others act on.
+func TestElasticDepart(t *testing.T) {
+	j := startElastic(t, elasticOpts{size: 4, min: 2, max: 5})
+	var procs []ProcEvent
+	var pmu sync.Mutex
+	j.rz.mu.Lock() // OnProc is called under it
+	j.rz.cfg.OnProc = func(ev ProcEvent) { pmu.Lock(); procs = append(procs, ev); pmu.Unlock() }
+	j.rz.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	joined := j.join(ctx)
+	eventually(t, 20*time.Second, "every member sees the pending joiner", func() bool {
+		for _, n := range j.nodes {
+			if n.PendingJoiners() != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	const leaver = 1
+	views := make([]View, 4)
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	for i, n := range j.nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if i == leaver {
+				errs[i] = n.Depart(ctx, "SIGTERM")
+				return
+			}
+			views[i], errs[i] = n.Grow(ctx)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-joined; err != nil {
+		t.Fatal(err)
+	}
+	var le *LeftError
+	if err := j.nodes[leaver].Err(); !errors.Is(err, ErrLeft) || !errors.As(err, &le) || le.Why != "SIGTERM" || le.Rank != leaver {
+		t.Errorf("the departed node's Err: %v, want a *LeftError of rank %d for SIGTERM", err, leaver)
+	}
+	joiner := j.joiner(0)
+	jv, err := joiner.Reconfigure(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest := []*Node{j.nodes[0], j.nodes[2], j.nodes[3], joiner}
+	vs := []View{views[0], views[2], views[3], jv}
+	for i, v := range vs {
+		if v.Epoch != 1 || v.Size != 4 || v.Rank != i {
+			t.Errorf("member %d: view %+v, want rank %d of 4 in epoch 1", i, v, i)
+		}
+	}
+	for _, v := range vs[:3] {
+		if len(v.Lost) != 1 || v.Lost[0].Rank != leaver || !v.Lost[0].Left || v.Lost[0].Cause != "left the job (SIGTERM)" {
+			t.Errorf("rank %d: lost %+v, want rank %d, left the job (SIGTERM)", v.Rank, v.Lost, leaver)
+		}
+	}
+	exchange(t, rest, []int{100, 300 << 10})
+	if ch, n := j.changes.last(); n != 1 || ch.Size != 4 || len(ch.Lost) != 1 || !ch.Lost[0].Left || len(ch.Joined) != 1 {
+		t.Errorf("OnChange: %d calls, last %+v", n, ch)
+	}
+	// Its Close tells the others nothing: they go on exchanging.
+	if err := j.nodes[leaver].Close(); err != nil {
+		t.Errorf("closing the departed node: %v", err)
+	}
+	exchange(t, rest, []int{100})
+	for _, n := range rest {
+		if err := n.Err(); err != nil {
+			t.Errorf("rank %d after the leaver closed: %v", n.Rank(), err)
+		}
+	}
+	pmu.Lock()
+	defer pmu.Unlock()
+	if len(procs) != 1 || procs[0].Kind != ProcDeparted || procs[0].Cause != "SIGTERM" || procs[0].Member.Rank != leaver || procs[0].Members != 3 {
+		t.Errorf("OnProc: %+v, want one ProcDeparted of rank %d for SIGTERM, 3 members left", procs, leaver)
+	}
+}
+
+// TestElasticJoinerArgs: a joiner whose program arguments differ from the
+// job's is refused, naming both; one with the same arguments is admitted.
+func TestElasticJoinerArgs(t *testing.T) {
+	j := startElastic(t, elasticOpts{size: 2, min: 1, max: 3})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := j.config(-1)
+	cfg.Args = []string{"--epochs", "10"}
+	n, err := Join(ctx, cfg)
+	if err == nil {
+		n.Close()
+		t.Fatal("a joiner with other arguments was admitted")
+	}
+	if want := `its program arguments ["--epochs" "10"] differ from those the job's ranks started with, [`; !strings.Contains(err.Error(), want) {
+		t.Errorf("refusal: %v\nwant it to contain %q", err, want)
+	}
+	for _, n := range j.nodes {
+		if err := n.Err(); err != nil {
+			t.Errorf("rank %d after the refusal: %v", n.Rank(), err)
+		}
+	}
+	joined := j.join(ctx)
+	eventually(t, 20*time.Second, "the members see the joiner with the job's arguments", func() bool {
+		return j.nodes[0].PendingJoiners() == 1 && j.nodes[1].PendingJoiners() == 1
+	})
+	var wg sync.WaitGroup
+	for _, n := range j.nodes {
+		wg.Add(1)
+		go func() { defer wg.Done(); n.Grow(ctx) }()
+	}
+	wg.Wait()
+	if err := <-joined; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -92,6 +93,33 @@ type Config struct {
 	// hello so that the rendezvous' reports (RendezvousConfig.OnProc,
 	// Change) name it; "" = $GORUN_PROC_ID, which gorun sets.
 	ProcID string
+	// Args are the program's arguments (nil: os.Args[1:]), sent in the
+	// hello: an elastic job's rendezvous refuses a joiner whose arguments
+	// differ from those the job's ranks started with (a joiner started by
+	// hand with other flags would train something else, or call other
+	// collectives, and fail the job later).
+	Args []string
+}
+
+// maxArgsBytes bounds the arguments a hello carries; longer ones are sent
+// as their digest, which still compares.
+const maxArgsBytes = 8 << 10
+
+// helloArgs are the arguments as a hello carries them.
+func helloArgs(args []string) []string {
+	n := 0
+	for _, a := range args {
+		n += len(a) + 1
+	}
+	if n <= maxArgsBytes {
+		return args
+	}
+	h := sha256.New()
+	for _, a := range args {
+		h.Write([]byte(a))
+		h.Write([]byte{0})
+	}
+	return []string{fmt.Sprintf("(%d arguments, %d bytes, sha256 %x)", len(args), n, h.Sum(nil))}
 }
 
 // Peer describes one rank of the job.
@@ -247,6 +275,9 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if cfg.ProcID == "" {
 		cfg.ProcID = os.Getenv("GORUN_PROC_ID")
+	}
+	if cfg.Args == nil && len(os.Args) > 0 {
+		cfg.Args = os.Args[1:]
 	}
 	if len(cfg.ProcID) > maxProcID {
 		return nil, fmt.Errorf("p2p: ProcID of %d bytes, at most %d", len(cfg.ProcID), maxProcID)
@@ -496,6 +527,9 @@ func (n *Node) register(ctx context.Context, rzAddrs []ma.Multiaddr) error {
 		Proof:   registerProof(n.cfg.JobKey, ch.Nonce, n.h.ID().String(), n.cfg.Rank),
 		Addrs:   addrs,
 		HostID:  n.hostID, Unix: n.unixName, TCPPort: n.tcpPort, TLSPort: n.tlsPort, Proc: n.cfg.ProcID}
+	if n.cfg.Elastic {
+		hello.Args = helloArgs(n.cfg.Args)
+	}
 	if err := writeMsg(s, hello); err != nil {
 		return fail(err)
 	}

@@ -164,9 +164,10 @@ type rzConn struct {
 	growReq    bool // asked to grow the current epoch
 	leaveReq   bool // with its grow request: it leaves the job (leaveWhy)
 	leaveWhy   string
-	departed   bool   // it left the job gracefully (at a grow)
-	quitWhy    string // it said it quits now (tQuit): why
-	proc       string // its hello's Proc (Config.ProcID)
+	departed   bool     // it left the job gracefully (at a grow)
+	quitWhy    string   // it said it quits now (tQuit): why
+	proc       string   // its hello's Proc (Config.ProcID)
+	args       []string // its hello's Args (Config.Args)
 	// heard is when a message from the rank was last read (UnixNano).
 	heard atomic.Int64
 }
@@ -422,7 +423,7 @@ func (r *Rendezvous) handle(s network.Stream) {
 		s.Reset()
 		return
 	}
-	c := &rzConn{id: rank, rank: rank, s: s, addr: raddr, joiner: m.Joiner, stableRank: -1, ackEpoch: -1, proc: m.Proc, item: tableItem{
+	c := &rzConn{id: rank, rank: rank, s: s, addr: raddr, joiner: m.Joiner, stableRank: -1, ackEpoch: -1, proc: m.Proc, args: m.Args, item: tableItem{
 		Rank: m.Rank, ID: remote.String(), Addrs: m.Addrs, HostID: m.HostID, Unix: m.Unix, TCPPort: m.TCPPort, TLSPort: m.TLSPort,
 	}}
 	// Hold c's write lock from the moment c becomes visible in regs until

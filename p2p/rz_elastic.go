@@ -36,6 +36,11 @@ type rzElastic struct {
 	waitSince   time.Time
 	nextID      int  // regs key of the next joiner
 	leftClean   bool // a member left the job cleanly: it is finishing
+	// args: the arguments every rank of epoch 0 started with, which a
+	// joiner must have too; argsVary: they differed, so nothing is
+	// checked.
+	args     []string
+	argsVary bool
 	// linkCheck is epoch+1 of the epoch whose broken link is being looked
 	// at (0: none); relinked is the pair whose link broke, and the epoch
 	// that re-formed the ring because of it.
@@ -92,6 +97,11 @@ func (r *Rendezvous) startElasticLocked() {
 		c := r.regs[i]
 		c.member = true
 		el.members[i] = c
+		if i == 0 {
+			el.args = c.args
+		} else if !slices.Equal(c.args, el.args) {
+			el.argsVary = true
+		}
 	}
 	el.tableSent = true
 	el.changeStart = time.Now()
@@ -114,12 +124,26 @@ func (r *Rendezvous) registerJoinerLocked(c *rzConn) error {
 	case r.tableSent && len(r.el.members) == 0:
 		// Nobody could admit it, nor give it the job's state.
 		return errors.New("the job has no members left (its last member finished or was lost): there is nobody to join")
+	case r.tableSent && !r.el.argsVary && !slices.Equal(c.args, r.el.args):
+		// Admitted, it would train something else or call other
+		// collectives, and fail the job that ran fine before it came.
+		return fmt.Errorf("its program arguments %s differ from those the job's ranks started with, %s: start it with the job's arguments (gorun --job-key-file prints the whole command)",
+			quoteArgs(c.args), quoteArgs(r.el.args))
 	}
 	c.id = r.el.nextID
 	r.el.nextID++
 	r.regs[c.id] = c
 	r.el.pending = append(r.el.pending, c)
 	return nil
+}
+
+// quoteArgs shows arguments as Go quotes them, in brackets: [] for none.
+func quoteArgs(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = strconv.Quote(a)
+	}
+	return "[" + strings.Join(q, " ") + "]"
 }
 
 // sendAwayPendingLocked aborts the joiners not admitted yet once the job

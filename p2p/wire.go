@@ -90,6 +90,8 @@ type msg struct {
 	Pending int        `json:"pending,omitempty"` // ping: joiners waiting to be admitted
 	Lost    []lostItem `json:"lost,omitempty"`    // reconfig, table: members that are gone
 	Joined  []int      `json:"joined,omitempty"`  // table: ranks (in the new epoch) of the members that joined
+	// Args, in an elastic hello: the program's arguments (Config.Args).
+	Args []string `json:"args,omitempty"`
 	// Leave, in a grow: the member leaves the job at this commit boundary
 	// (Text: why, e.g. "SIGTERM").
 	Leave bool `json:"leave,omitempty"`
