@@ -347,7 +347,9 @@ type elasticRun struct {
 
 	cd         *cooldown
 	registered bool // every rank of epoch 0 registered: joiners may come
-	finishing  bool // a rank exited 0: the job ends, no more joiners
+	// finishing: a rank exited 0, or a member left the job cleanly (see
+	// handleRdv): the job ends, no more joiners.
+	finishing  bool
 	finished   int
 	lost       []string
 	lastLost   *rankProc
@@ -370,11 +372,17 @@ type elasticRun struct {
 	lateFailed []string
 }
 
-// rdvReport is one of the rendezvous' reports: a process event or an
-// established epoch.
+// rdvReport is one of the rendezvous' reports: a process event, an
+// established epoch, or a member's announcement that it leaves.
 type rdvReport struct {
 	proc   *p2p.ProcEvent
 	change *p2p.Change
+	// leaving: a rank announced that it leaves the job (OnLeave, the
+	// start of its Close). The rendezvous calls OnLeave before it confirms
+	// the leave, so before the rank's Close returns and the process can
+	// exit; its ProcLeft comes when the rank's stream ends, which may be
+	// after the exit.
+	leaving bool
 }
 
 func (e *elasticRun) report(r rdvReport) {
@@ -429,8 +437,11 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 	rdv, err := p2p.StartRendezvous(ctx, p2p.RendezvousConfig{
 		ListenAddr: net.JoinHostPort(lay.listenIP, "0"), Size: job.NP, JobKey: key,
 		Timeout: cmp.Or(job.Timeout, collective.DefaultTimeout), Logf: rdvLog,
-		OnLeave: e.departures.record,
-		OnHang:  (&hangLog{logf: job.Logf}).report,
+		OnLeave: func(rank int, lastCall uint64) {
+			e.departures.record(rank, lastCall)
+			e.report(rdvReport{leaving: true})
+		},
+		OnHang: (&hangLog{logf: job.Logf}).report,
 		OnAbort: func(a p2p.Abort) {
 			e.departures.aborted(a)
 			select {
@@ -440,7 +451,8 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 		},
 		Elastic: &p2p.ElasticConfig{MinSize: el.MinNP, MaxSize: maxSize, WaitTimeout: el.Timeout, HeartbeatTimeout: el.HeartbeatTimeout},
 		// Called on rendezvous goroutines (OnProc under its lock):
-		// queued for the run's goroutine, never blocking.
+		// queued for the run's goroutine, never blocking (so is OnLeave's
+		// report).
 		OnChange: func(c p2p.Change) { e.report(rdvReport{change: &c}) },
 		OnProc:   func(ev p2p.ProcEvent) { e.report(rdvReport{proc: &ev}) },
 	})
@@ -756,16 +768,17 @@ func (e *elasticRun) exitedRank(p *rankProc) {
 	case e.departures.abortCause() != "":
 		// The rendezvous aborted the job: the ranks end because of it, and
 		// the summary says why.
-	case e.finishing || (p.left && p.err != nil && !byGorun):
+	case e.finishing:
 		// After the first rank finished, a rank that fails fails the job
 		// (as in a fixed-size job), unless gorun ended it, the rendezvous
 		// sent it away (a joiner never admitted), or the rendezvous had
 		// lost it before the job began to finish. None costs a host a
-		// cooldown: no new rank comes any more. A rank that left the job
-		// cleanly (its Close) and then fails is the same case: the
-		// rendezvous told gorun of its leave before it could exit, while
-		// the exits of ranks that finished just before it may not have
-		// been handled yet.
+		// cooldown: no new rank comes any more. The job is finishing as
+		// soon as a rank announced its leave (handleRdv), which the
+		// rendezvous reports before that rank can exit: a rank that left
+		// cleanly and then fails is this case even when its exit is
+		// handled before those of the ranks that finished before it (the
+		// processes' waits hand exits over in any order).
 		how := cmp.Or(errText(p), "exit status 0")
 		switch {
 		case byGorun:
@@ -877,13 +890,30 @@ func (e *elasticRun) handleRdv() {
 			e.job.Logf("%s", line)
 			continue
 		}
+		if r.leaving {
+			// A rank leaves the job: it is finishing, as the rendezvous
+			// takes it too (it sends the waiting joiners away). Unless
+			// gorun is stopping a process (its host left the discovery
+			// list), which may be the one that leaves, closing cleanly
+			// on SIGTERM: then a member's ProcLeft, or an exit 0, says
+			// so.
+			if !slices.ContainsFunc(e.procs, func(p *rankProc) bool { return p.stopReq.Load() && !isDone(p) }) {
+				e.finishing = true
+			}
+			continue
+		}
 		ev := r.proc
 		p := e.procOf(ev.Member.Proc)
+		left := ev.Kind == p2p.ProcLeft || ev.Kind == p2p.ProcLost && strings.HasPrefix(ev.Cause, "closed")
+		if left && (p == nil || !stopping(p)) {
+			// A member (maybe one started by hand) left cleanly.
+			e.finishing = true
+		}
 		if p == nil {
 			continue
 		}
 		switch {
-		case ev.Kind == p2p.ProcLeft, ev.Kind == p2p.ProcLost && strings.HasPrefix(ev.Cause, "closed"):
+		case left:
 			// It closed cleanly (maybe while the others re-formed): it
 			// ends on its own, and may take its time (a final save).
 			p.left = true

@@ -193,26 +193,29 @@ func testRun(logs *[]string, procs ...*rankProc) *elasticRun {
 
 // A finishing job ends a process the rendezvous lost (by its
 // GORUN_PROC_ID) at once, spares the others while the rendezvous has
-// members, and ends whatever still runs --grace after it has none.
+// members, and ends whatever still runs --grace after it has none. A
+// member's clean leave is what makes the job finishing here.
 func TestEndStragglers(t *testing.T) {
 	p0, p1, p2 := sleeper(t, 0), sleeper(t, 1), sleeper(t, 2)
 	var logs []string
 	e := testRun(&logs, p0, p1, p2)
-	// p2 left the job cleanly: it ends on its own (a final save), never
-	// by gorun.
-	e.report(rdvReport{proc: &p2p.ProcEvent{Kind: p2p.ProcLeft, Member: p2p.Member{Proc: "2"}}})
 	e.empty = time.NewTimer(time.Hour)
 	e.empty.Stop()
 	members := 1
 	e.rdvMembers = func() int { return members }
 	e.report(rdvReport{proc: &p2p.ProcEvent{Kind: p2p.ProcLost, Member: p2p.Member{Proc: "1"}, Cause: "stopped responding: no heartbeat within 3s"}})
 	e.handleRdv()
-	if len(logs) != 0 || p1.frozen.Load() {
-		t.Fatalf("ended a lost process that is not stopped before the job finishes: %q", logs)
+	if len(logs) != 0 || p1.frozen.Load() || e.finishing {
+		t.Fatalf("ended a lost process that is not stopped before the job finishes (finishing %v): %q", e.finishing, logs)
 	}
-	e.finishing = true
-	e.endStragglers()
+	// p2 left the job cleanly: the job is finishing, and p2 ends on its
+	// own (a final save), never by gorun.
+	e.report(rdvReport{proc: &p2p.ProcEvent{Kind: p2p.ProcLeft, Member: p2p.Member{Proc: "2"}}})
+	e.handleRdv()
 	e.stops.Wait()
+	if !e.finishing {
+		t.Fatal("a member left cleanly, and the job is not finishing")
+	}
 	if !isDone(p1) || isDone(p0) || p0.frozen.Load() {
 		t.Fatalf("p1 done %v, p0 done %v frozen %v; logs %q", isDone(p1), isDone(p0), p0.frozen.Load(), logs)
 	}
@@ -391,6 +394,114 @@ func TestFillRetriesAfterStartFailure(t *testing.T) {
 	}
 	if len(logs) != 2 || !strings.HasPrefix(logs[0], "could not start a joiner on host localhost: ") ||
 		logs[1] != "no new rank on host localhost for 50ms (its 1st failure in a row)" {
+		t.Errorf("logs %q", logs)
+	}
+}
+
+// finishingRun is an elasticRun of 3 ranks on localhost, past
+// registration, whose fill would start a joiner (its program is missing,
+// so an attempt shows as "could not start a joiner"), and whose processes
+// ran: rank 1 exits 3, ranks 0 and 2 exit 0.
+func finishingRun(t *testing.T, logs *[]string) *elasticRun {
+	procs := []*rankProc{exited(t, 0, "exit 0"), exited(t, 1, "exit 3"), exited(t, 2, "exit 0")}
+	e := testRun(logs, procs...)
+	for _, p := range procs {
+		p.hostName = "localhost"
+	}
+	e.job.NP, e.job.Program = 3, filepath.Join(t.TempDir(), "missing")
+	e.hosts = []Host{{Name: "localhost", Slots: 3}}
+	e.perHost["localhost"] = 3
+	e.lay = &layout{listenIP: "127.0.0.1"}
+	e.out = &rankSink{exited: make([]bool, 3)}
+	e.registered = true
+	e.ctx = context.Background()
+	e.exited = make(chan *rankProc, 1)
+	e.refill = time.NewTimer(time.Hour)
+	e.refill.Stop()
+	e.empty = time.NewTimer(time.Hour)
+	e.empty.Stop()
+	t.Cleanup(func() { e.refill.Stop(); e.empty.Stop() })
+	e.rdvMembers = func() int { return 0 } // all three left
+	return e
+}
+
+// Three ranks finish, and rank 1 fails after it left the job cleanly: that
+// fails the job, and gorun starts no joiner, in whatever order it handles
+// the three exits (the processes' waits hand them over in any order).
+// TestElasticFailsAfterFinish (cmd/gorun) failed in fresh-clone CI when
+// rank 1's exit came first: rank 1 was a late failure, but the job was
+// not yet finishing for gorun, which started a joiner in its slot.
+func TestFinishingExitsInAnyOrder(t *testing.T) {
+	reports := []struct {
+		name   string
+		report func(e *elasticRun)
+	}{
+		// What the rendezvous reports once the three closed: each left.
+		{"left", func(e *elasticRun) {
+			for _, id := range []string{"0", "1", "2"} {
+				e.report(rdvReport{proc: &p2p.ProcEvent{Kind: p2p.ProcLeft, Member: p2p.Member{Proc: id}}})
+			}
+		}},
+		// Only the announcements of their leaves reported yet (the
+		// rendezvous reports those before the ranks' Close returns; a
+		// ProcLeft, when the rank's stream ends, may come after its exit).
+		{"leaves announced", func(e *elasticRun) {
+			for range 3 {
+				e.report(rdvReport{leaving: true})
+			}
+		}},
+		// Only rank 1's leave reported yet.
+		{"rank 1 left", func(e *elasticRun) {
+			e.report(rdvReport{proc: &p2p.ProcEvent{Kind: p2p.ProcLeft, Member: p2p.Member{Proc: "1"}}})
+		}},
+	}
+	for _, r := range reports {
+		for _, order := range [][]int{{0, 2, 1}, {2, 0, 1}, {0, 1, 2}, {2, 1, 0}, {1, 0, 2}, {1, 2, 0}} {
+			t.Run(fmt.Sprintf("%s/exits %v", r.name, order), func(t *testing.T) {
+				var logs []string
+				e := finishingRun(t, &logs)
+				r.report(e)
+				for _, i := range order {
+					// As runElastic's loop does with an exit.
+					p := e.procs[i]
+					e.handleRdv()
+					e.running--
+					e.perHost[p.hostName]--
+					e.exitedRank(p)
+				}
+				if len(e.procs) != 3 || slices.ContainsFunc(logs, func(l string) bool { return strings.Contains(l, "joiner") }) {
+					t.Errorf("tried to start a joiner: %d processes; logs %q", len(e.procs), logs)
+				}
+				if len(e.lost) != 0 || e.finished != 2 || !slices.Equal(e.lateFailed, []string{"rank 1 (exit status 3)"}) {
+					t.Errorf("lost %q, finished %d, failed after finishing %q; logs %q", e.lost, e.finished, e.lateFailed, logs)
+				}
+			})
+		}
+	}
+}
+
+// A rank's leave makes the job finishing, but not while gorun stops a
+// process whose host left the discovery list: that process may be the
+// one that leaves (a program that closes cleanly on SIGTERM), and the job
+// goes on without it.
+func TestLeaveWhileStopping(t *testing.T) {
+	var logs []string
+	p0, p1 := sleeper(t, 0), sleeper(t, 1)
+	e := testRun(&logs, p0, p1)
+	e.rdvMembers = func() int { return 1 }
+	p0.stopReq.Store(true)
+	e.report(rdvReport{leaving: true})
+	e.report(rdvReport{proc: &p2p.ProcEvent{Kind: p2p.ProcLeft, Member: p2p.Member{Proc: "0"}}})
+	e.handleRdv()
+	if e.finishing {
+		t.Fatal("finishing after the leave of the process gorun stops")
+	}
+	e.report(rdvReport{proc: &p2p.ProcEvent{Kind: p2p.ProcLeft, Member: p2p.Member{Proc: "1"}}})
+	e.handleRdv()
+	if !e.finishing || !p1.left {
+		t.Fatalf("rank 1 left cleanly: finishing %v, left %v", e.finishing, p1.left)
+	}
+	if len(logs) != 0 {
 		t.Errorf("logs %q", logs)
 	}
 }

@@ -40,34 +40,66 @@ func TestElasticJoinerAfterLastMember(t *testing.T) {
 	t.Logf("gorun said:\n%s", errOut)
 }
 
-// A member that fails after another rank exited 0 fails the elastic job,
-// as it would a fixed-size one.
+// A member that fails after the job began to finish (every rank finished
+// and closed cleanly) fails the elastic job, as it would a fixed-size one,
+// and gorun starts no joiner in its slot, whichever exits it handles
+// first. "others exit first": ranks 0 and 2 exit 0 before rank 1 fails,
+// but their exits may still reach gorun after rank 1's (each process's
+// wait hands its exit over on its own; fresh-clone CI once saw a joiner
+// then). "it exits first": ranks 0 and 2 exit only once gorun has handled
+// rank 1's exit, which forces that order.
 func TestElasticFailsAfterFinish(t *testing.T) {
-	dir := t.TempDir()
-	release := filepath.Join(dir, "release")
-	j := startElasticWith(t, []string{"-np", "3", "--min-np", "2"}, []string{"--fail-after-done", "1", "--fail-when", release})
-	j.waitOutput(t, "elasticprog: epoch 0: ", 3, time.Minute)
-	if err := os.WriteFile(j.stop, nil, 0o644); err != nil {
-		t.Fatal(err)
+	for _, othersFirst := range []bool{true, false} {
+		name := map[bool]string{true: "others exit first", false: "it exits first"}[othersFirst]
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			release, exit := filepath.Join(dir, "release"), filepath.Join(dir, "exit")
+			progArgs := []string{"--fail-after-done", "1", "--fail-when", release}
+			if !othersFirst {
+				progArgs = append(progArgs, "--exit-when", exit)
+			}
+			j := startElasticWith(t, []string{"-np", "3", "--min-np", "2"}, progArgs)
+			j.waitOutput(t, "elasticprog: epoch 0: ", 3, time.Minute)
+			if err := os.WriteFile(j.stop, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			j.waitOutput(t, "elasticprog: done at step ", 3, time.Minute)
+			pids := j.pids()
+			if othersFirst {
+				// Rank 1 fails once the others have exited 0 (polled:
+				// nothing tells the test when a process has ended).
+				for deadline := time.Now().Add(time.Minute); processRunning(pids["0"]) || processRunning(pids["2"]); time.Sleep(10 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatal("ranks 0 and 2 did not exit")
+					}
+				}
+			}
+			if err := os.WriteFile(release, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if !othersFirst {
+				// gorun says what became of rank 1 when it handles its
+				// exit; ranks 0 and 2 wait for the exit file until then.
+				j.waitErr(t, "gorun: rank 1 (pid ", 1, time.Minute)
+				if !processRunning(pids["0"]) || !processRunning(pids["2"]) {
+					t.Fatal("ranks 0 and 2 exited before the exit file existed")
+				}
+				if err := os.WriteFile(exit, nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if code := j.end(t); code != 1 {
+				t.Errorf("exit %d, want 1", code)
+			}
+			errOut := j.err.String()
+			mustMatch(t, `(?m)^gorun: rank 1 \(pid \d+\) failed after the job had begun to finish: exit status 3; the job fails$`, errOut)
+			mustMatch(t, `(?m)^gorun: job failed: rank 1 \(exit status 3\) failed after the job had begun to finish, when 2 ranks had exited 0: as in a fixed-size job, that fails the job \(it started with 3 ranks\)`, errOut)
+			if strings.Contains(errOut, "joiner") {
+				t.Error("gorun started a joiner in a finishing job")
+			}
+			t.Logf("gorun said:\n%s", errOut)
+		})
 	}
-	j.waitOutput(t, "elasticprog: done at step ", 3, time.Minute)
-	// Rank 1 fails once the others have exited 0.
-	pids := j.pids()
-	for deadline := time.Now().Add(time.Minute); processRunning(pids["0"]) || processRunning(pids["2"]); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("ranks 0 and 2 did not exit")
-		}
-	}
-	if err := os.WriteFile(release, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if code := j.end(t); code != 1 {
-		t.Errorf("exit %d, want 1", code)
-	}
-	errOut := j.err.String()
-	mustMatch(t, `(?m)^gorun: rank 1 \(pid \d+\) failed after the job had begun to finish: exit status 3; the job fails$`, errOut)
-	mustMatch(t, `(?m)^gorun: job failed: rank 1 \(exit status 3\) failed after the job had begun to finish, when 2 ranks had exited 0: as in a fixed-size job, that fails the job \(it started with 3 ranks\)`, errOut)
-	t.Logf("gorun said:\n%s", errOut)
 }
 
 var handJoinRE = regexp.MustCompile(`(?m)^gorun: to add a rank by hand \(it joins at the next commit boundary, up to --max-np 3\): (GORUN_ELASTIC=1 GORUN_RANK=-1 GORUN_SIZE=2 GORUN_RENDEZVOUS=\S+ GORUN_JOB_KEY_FILE=(\S+) GORUN_HEARTBEAT_TIMEOUT=3s) (\S+)$`)

@@ -46,6 +46,7 @@ func main() {
 	flag.DurationVar(&joinerDelay, "joiner-delay", 0, "a joiner (GORUN_RANK=-1) waits this long before it joins (a slow start)")
 	flag.IntVar(&failRank, "fail-after-done", -1, "the process started as this GORUN_RANK exits 3 after it finished and closed cleanly (once --fail-when exists)")
 	flag.StringVar(&failWhen, "fail-when", "", "with --fail-after-done: wait for this file before failing")
+	flag.StringVar(&exitWhen, "exit-when", "", "a process that finished, closed cleanly and does not fail waits for this file before it exits 0")
 	flag.Parse()
 	if err := run(*untilFile, *stepTime); err != nil {
 		fmt.Fprintf(os.Stderr, "elasticprog: %v\n", err)
@@ -57,7 +58,18 @@ var (
 	joinerDelay time.Duration
 	failRank    = -1
 	failWhen    string
+	exitWhen    string
 )
+
+// waitFile waits until path exists ("": at once).
+func waitFile(path string) {
+	for path != "" {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond) // a poll: the test creates it when it likes
+	}
+}
 
 func envDuration(name string, def time.Duration) (time.Duration, error) {
 	v := os.Getenv(name)
@@ -149,15 +161,14 @@ func run(untilFile string, stepTime time.Duration) error {
 		m.step++
 		if res[2] > 0 {
 			fmt.Printf("elasticprog: done at step %d in epoch %d as rank %d of %d\n", m.step, node.Epoch(), node.Rank(), node.Size())
-			if err := node.Close(); err != nil || rank != failRank || rank < 0 {
+			if err := node.Close(); err != nil {
 				return err
 			}
-			for failWhen != "" {
-				if _, err := os.Stat(failWhen); err == nil {
-					break
-				}
-				time.Sleep(10 * time.Millisecond)
+			if rank != failRank || rank < 0 {
+				waitFile(exitWhen)
+				return nil
 			}
+			waitFile(failWhen)
 			fmt.Fprintf(os.Stderr, "elasticprog: failing after it finished (--fail-after-done %d)\n", failRank)
 			os.Exit(3)
 		}
