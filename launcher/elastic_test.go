@@ -505,3 +505,102 @@ func TestLeaveWhileStopping(t *testing.T) {
 		t.Errorf("logs %q", logs)
 	}
 }
+
+// shellQuote leaves plain words as they are and single-quotes the others;
+// a POSIX shell reads every quoted word back as it was.
+func TestShellQuote(t *testing.T) {
+	cases := []struct{ in, want string }{
+		{"abc", "abc"},
+		{"--epochs", "--epochs"},
+		{"--lr=0.1", "--lr=0.1"},
+		{"/tmp/job.key", "/tmp/job.key"},
+		{"127.0.0.1:40581", "127.0.0.1:40581"},
+		{"a,b@c%d+e_f", "a,b@c%d+e_f"},
+		{"", "''"},
+		{"a b", "'a b'"},
+		{"it's", `'it'\''s'`},
+		{"'", `''\'''`},
+		{"$HOME", "'$HOME'"},
+		{"~/job.key", "'~/job.key'"},
+		{"[::1]:40581", "'[::1]:40581'"},
+		{"*.txt", "'*.txt'"},
+		{`a"b\c`, `'a"b\c'`},
+		{"#x", "'#x'"},
+		{"a;b&c|d", "'a;b&c|d'"},
+		{"`x`", "'`x`'"},
+		{"line\nbreak", "'line\nbreak'"},
+		{"été", "'été'"},
+	}
+	var quoted []string
+	for _, c := range cases {
+		if got := shellQuote(c.in); got != c.want {
+			t.Errorf("shellQuote(%q) = %q, want %q", c.in, got, c.want)
+		}
+		quoted = append(quoted, shellQuote(c.in))
+	}
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("no sh:", err)
+	}
+	out, err := exec.Command(sh, "-c", `printf '%s\0' `+strings.Join(quoted, " ")).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Split(strings.TrimSuffix(string(out), "\x00"), "\x00")
+	for i, c := range cases {
+		if i >= len(got) || got[i] != c.in {
+			t.Errorf("sh read %q back as %q", c.in, got)
+			break
+		}
+	}
+}
+
+// The command gorun prints to add a rank by hand has gorun's variables,
+// the job's -x variables (but those gorun sets itself), the program and
+// its arguments; run by a shell, it starts the program with all of them.
+func TestJoinCommand(t *testing.T) {
+	vars := []string{"GORUN_ELASTIC=1", "GORUN_RANK=-1", "GORUN_SIZE=2", "GORUN_RENDEZVOUS=127.0.0.1:40581",
+		"GORUN_JOB_KEY_FILE=/home/me/job.key", "GORUN_HEARTBEAT_TIMEOUT=3s"}
+	env := []string{"OMP_NUM_THREADS=1", "GORUN_JOB_KEY=00ff", "NOTE=it's a test", "GORUN_SIZE=9", "EMPTY="}
+	got := joinCommand(vars, env, "./train", []string{"--epochs", "30", "--out", "my run"})
+	want := `GORUN_ELASTIC=1 GORUN_RANK=-1 GORUN_SIZE=2 GORUN_RENDEZVOUS=127.0.0.1:40581 GORUN_JOB_KEY_FILE=/home/me/job.key GORUN_HEARTBEAT_TIMEOUT=3s OMP_NUM_THREADS=1 NOTE='it'\''s a test' EMPTY='' ./train --epochs 30 --out 'my run'`
+	if got != want {
+		t.Errorf("joinCommand =\n%s\nwant\n%s", got, want)
+	}
+	if got := joinCommand([]string{"GORUN_RANK=-1"}, []string{"A.B=1 2"}, "/a=b/prog", nil); got != `env GORUN_RANK=-1 'A.B=1 2' '/a=b/prog'` {
+		t.Errorf("a name the shell can not assign, a program with =: %s", got)
+	}
+
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("no sh:", err)
+	}
+	script := `printf '%s\0' "$GORUN_SIZE" "$GORUN_JOB_KEY" "$OMP_NUM_THREADS" "$NOTE" "$@"`
+	line := joinCommand(vars, env, sh, []string{"-c", script, "sh", "--epochs", "30", "my run"})
+	cmd := exec.Command(sh, "-c", line)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s: %v", line, err)
+	}
+	if want := "2\x00\x001\x00it's a test\x00--epochs\x0030\x00my run\x00"; string(out) != want {
+		t.Errorf("%s\nprinted %q, want %q", line, out, want)
+	}
+	// A variable the shell can not assign reaches the program too (a
+	// shell drops it from its children's environment: env(1) shows it).
+	envProg, err := exec.LookPath("env")
+	if err != nil {
+		t.Skip("no env:", err)
+	}
+	line = joinCommand(vars, append(env, "A.B=x y"), envProg, nil)
+	cmd = exec.Command(sh, "-c", line)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	if out, err = cmd.Output(); err != nil {
+		t.Fatalf("%s: %v", line, err)
+	}
+	for _, v := range []string{"A.B=x y", "NOTE=it's a test", "GORUN_SIZE=2"} {
+		if !slices.Contains(strings.Split(string(out), "\n"), v) {
+			t.Errorf("%s\nprinted no %s:\n%s", line, v, out)
+		}
+	}
+}

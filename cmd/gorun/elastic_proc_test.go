@@ -102,37 +102,51 @@ func TestElasticFailsAfterFinish(t *testing.T) {
 	}
 }
 
-var handJoinRE = regexp.MustCompile(`(?m)^gorun: to add a rank by hand \(it joins at the next commit boundary, up to --max-np 3\): (GORUN_ELASTIC=1 GORUN_RANK=-1 GORUN_SIZE=2 GORUN_RENDEZVOUS=\S+ GORUN_JOB_KEY_FILE=(\S+) GORUN_HEARTBEAT_TIMEOUT=3s) (\S+)$`)
+var handJoinRE = regexp.MustCompile(`(?m)^gorun: to add a rank by hand \(it joins at the next commit boundary, up to --max-np 3\): (GORUN_ELASTIC=1 GORUN_RANK=-1 GORUN_SIZE=2 GORUN_RENDEZVOUS=\S+ GORUN_JOB_KEY_FILE=(.+) GORUN_HEARTBEAT_TIMEOUT=3s .*)$`)
 
 // With --job-key-file, gorun writes the job key to a 0600 file and prints
-// the environment with which a rank started by hand joins; one started so
-// is admitted, and the job (which gorun keeps at -np itself) grows to 3.
+// the command with which a rank started by hand joins: the environment it
+// needs, the job's -x variables, the program and its arguments, quoted for
+// a shell. That line, run by sh as printed, starts a rank that is
+// admitted (it stops with the others only if it got the job's
+// --until-file, whose name needs quoting), and the job (which gorun keeps
+// at -np itself) grows to 3.
 func TestElasticJoinerByHand(t *testing.T) {
-	keyFile := filepath.Join(t.TempDir(), "job.key")
-	j := startElastic(t, "-np", "2", "--min-np", "1", "--max-np", "3", "--job-key-file", keyFile)
+	dir := t.TempDir()
+	keyFile, stop := filepath.Join(dir, "job key"), filepath.Join(dir, "it's the stop")
+	j := &elasticJob{gorunProc: startGorun(t, dir, nil, "-np", "2", "--min-np", "1", "--max-np", "3", "--job-key-file", keyFile,
+		"-x", "ELASTICPROG_NOTE=it's a test", elasticprogBin, "--until-file", stop, "--step-time", "5ms"), dir: dir, stop: stop}
 	j.waitOutput(t, "elasticprog: epoch 0: ", 2, time.Minute)
 	m := handJoinRE.FindStringSubmatch(j.err.String())
 	if m == nil {
 		t.Fatalf("no line matching %s in:\n%s", handJoinRE, j.err)
 	}
-	if m[2] != keyFile || m[3] != elasticprogBin {
-		t.Errorf("key file %q, program %q", m[2], m[3])
+	line := m[1]
+	if q := `'` + keyFile + `'`; m[2] != q {
+		t.Errorf("key file %s, want %s", m[2], q)
+	}
+	if !strings.Contains(line, ` ELASTICPROG_NOTE='it'\''s a test' `) {
+		t.Errorf("the job's -x variable is not in %s", line)
+	}
+	if want := ` ` + elasticprogBin + ` --until-file '` + dir + `/it'\''s the stop' --step-time 5ms`; !strings.HasSuffix(line, want) {
+		t.Errorf("the program and its arguments: %s\ndo not end with %s", line, want)
 	}
 	if st, err := os.Stat(keyFile); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("key file: %v, %v", st, err)
 	}
-	cmd := exec.Command(elasticprogBin, "--until-file", j.stop)
-	cmd.Env = append(os.Environ(), strings.Fields(m[1])...)
+	cmd := exec.Command("sh", "-c", line)
+	cmd.Env = os.Environ()
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// Its own process group: the rank may be sh's child, and goes with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	var waitErr error
 	done := make(chan struct{})
 	go func() { waitErr = cmd.Wait(); close(done) }()
-	t.Cleanup(func() { cmd.Process.Kill(); <-done })
+	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); <-done })
 	j.waitErr(t, "gorun: membership epoch 1: 3 ranks (joined rank 2 on host ", 1, time.Minute)
 	j.waitOutput(t, "elasticprog: epoch 1: ", 2, 30*time.Second)
 	if code := j.finish(t); code != 0 {
