@@ -226,6 +226,9 @@ type ElasticError struct {
 	Started int      // processes started, joiners included
 	Lost    []string // "rank 2: killed by signal 9 (SIGKILL)", in order
 	Stopped int      // processes gorun stopped because their host left the discovery list
+	// Departed: "rank 2: SIGTERM", the ranks that left gracefully at a
+	// commit (the job went on without them), in order.
+	Departed []string
 	// LastStderr: the last stderr lines of the last rank lost, when no
 	// rank was left.
 	LastStderr []string
@@ -244,8 +247,13 @@ func (e *ElasticError) Error() string {
 	case len(e.LateFailed) > 0:
 		fmt.Fprintf(&b, "%s failed after the job had begun to finish, when %d rank%s had exited 0: as in a fixed-size job, that fails the job",
 			strings.Join(e.LateFailed, " and "), e.Finished, plural(e.Finished))
+	case len(e.Lost) == 0 && len(e.Departed) > 0:
+		fmt.Fprintf(&b, "every rank left the job before it finished (%s): nobody is left to train", strings.Join(e.Departed, "; "))
 	default:
 		fmt.Fprintf(&b, "no rank left: of the %d processes the elastic job started, %d were lost", e.Started, len(e.Lost))
+		if len(e.Departed) > 0 {
+			fmt.Fprintf(&b, " and %d left (%s)", len(e.Departed), strings.Join(e.Departed, "; "))
+		}
 		if e.Stopped > 0 {
 			fmt.Fprintf(&b, " and %d stopped because the discovery script no longer listed their hosts (or slots)", e.Stopped)
 		}
@@ -281,6 +289,10 @@ func plural(n int) string {
 func ChangeLine(c p2p.Change) string {
 	var parts []string
 	for _, l := range c.Lost {
+		if l.Left {
+			parts = append(parts, fmt.Sprintf("rank %d on host %s %s", l.Rank, hostOfID(l.Host), l.Cause))
+			continue
+		}
 		parts = append(parts, fmt.Sprintf("lost rank %d on host %s: %s", l.Rank, hostOfID(l.Host), l.Cause))
 	}
 	for _, j := range c.Joined {
@@ -352,6 +364,7 @@ type elasticRun struct {
 	finishing  bool
 	finished   int
 	lost       []string
+	departed   []string // "rank 2: SIGTERM", the ranks that left gracefully
 	lastLost   *rankProc
 	refill     *time.Timer
 	warned     map[string]bool // hosts gorun said it can not use
@@ -624,11 +637,14 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 	if e.finished == 0 {
 		return e.failed("")
 	}
-	if err := e.failed(""); len(err.Lost) > 0 || err.Stopped > 0 || len(e.procs) > job.NP {
+	if err := e.failed(""); len(err.Lost) > 0 || len(err.Departed) > 0 || err.Stopped > 0 || len(e.procs) > job.NP {
 		var b strings.Builder
 		fmt.Fprintf(&b, "elastic job done: %d rank%s finished; %d processes started in all", e.finished, plural(e.finished), len(e.procs))
 		if len(err.Lost) > 0 {
 			fmt.Fprintf(&b, ", %d lost (%s)", len(err.Lost), strings.Join(err.Lost, "; "))
+		}
+		if len(err.Departed) > 0 {
+			fmt.Fprintf(&b, ", %d left gracefully (%s)", len(err.Departed), strings.Join(err.Departed, "; "))
 		}
 		if err.Stopped > 0 {
 			fmt.Fprintf(&b, ", %d stopped as the discovery script dropped their hosts", err.Stopped)
@@ -756,9 +772,9 @@ func maxNPText(el Elastic) string {
 
 // failed is the job's failure as a whole; cause "" means no rank was left.
 func (e *elasticRun) failed(cause string) *ElasticError {
-	err := &ElasticError{Cause: cause, NP: e.job.NP, Started: len(e.procs), Lost: slices.Clone(e.lost)}
+	err := &ElasticError{Cause: cause, NP: e.job.NP, Started: len(e.procs), Lost: slices.Clone(e.lost), Departed: slices.Clone(e.departed)}
 	for _, p := range e.procs {
-		if p.stopReq.Load() {
+		if p.stopReq.Load() && p.departed == "" {
 			err.Stopped++
 		}
 	}
@@ -848,6 +864,21 @@ func (e *elasticRun) exitedRank(p *rankProc) {
 	defer e.endStragglers()
 	byGorun := p.frozen.Load() // ended by gorun: its exit status is gorun's doing
 	switch {
+	case p.departed != "":
+		// It left the job at a commit (said when the rendezvous let it
+		// go): neither finished nor lost, whatever its exit status.
+		if p.err != nil {
+			e.job.Logf("%s exited with %s after it left the job", e.name(p), errText(p))
+		}
+		why := p.departed
+		if p.stopReq.Load() {
+			why += ", as the discovery script dropped its slot"
+		} else if d, _, started := e.cd.failed(p.hostName, time.Now()); started && e.wouldRefill(p.hostName) {
+			// Its host is probably going away (a drain, a spot VM): no
+			// new rank there for a while, as after a failure.
+			e.job.Logf("no new rank on host %s for %v (a rank left it; --blacklist-cooldown)", p.hostName, d.Round(time.Millisecond))
+		}
+		e.departed = append(e.departed, fmt.Sprintf("%s: %s", strings.TrimSuffix(e.name(p), pidSuffix(p)), why))
 	case p.stopReq.Load():
 		// gorun stopped it (its host left the list): said when stopped.
 		if e.job.Verbose {
@@ -919,7 +950,7 @@ func stopping(p *rankProc) bool { return p.stopReq.Load() || p.frozen.Load() }
 func (e *elasticRun) membersRunning() int {
 	n := 0
 	for _, p := range e.procs {
-		if !isDone(p) && !stopping(p) && !p.rdvLost && (!p.joiner || p.admitted) {
+		if !isDone(p) && !stopping(p) && !p.rdvLost && p.departed == "" && (!p.joiner || p.admitted) {
 			n++
 		}
 	}
@@ -1000,7 +1031,15 @@ func (e *elasticRun) handleRdv() {
 			// A member (maybe one started by hand) left cleanly.
 			e.finishing = true
 		}
+		if ev.Kind == p2p.ProcDeparted && ev.Members == 0 {
+			// The last member left: nobody would admit a joiner.
+			e.finishing = true
+		}
 		if p == nil {
+			if ev.Kind == p2p.ProcDeparted {
+				e.job.Logf("rank %d on host %s (started by hand) left the job (%s): the job goes on with %d rank%s; no step lost",
+					ev.Member.Rank, hostOfID(ev.Member.Host), ev.Cause, ev.Members, plural(ev.Members))
+			}
 			continue
 		}
 		switch {
@@ -1015,6 +1054,13 @@ func (e *elasticRun) handleRdv() {
 			}
 		case ev.Kind == p2p.ProcSentAway:
 			p.sentAway = true
+		case ev.Kind == p2p.ProcDeparted:
+			p.departed = ev.Cause
+			if ev.Members == 0 {
+				e.job.Logf("%s left the job (%s): it was the last member; the job ends", e.name(p), ev.Cause)
+			} else {
+				e.job.Logf("%s left the job (%s): the job goes on with %d rank%s; no step lost", e.name(p), ev.Cause, ev.Members, plural(ev.Members))
+			}
 		}
 	}
 	e.endStragglers()

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -602,5 +603,42 @@ func TestJoinCommand(t *testing.T) {
 		if !slices.Contains(strings.Split(string(out), "\n"), v) {
 			t.Errorf("%s\nprinted no %s:\n%s", line, v, out)
 		}
+	}
+}
+
+// A rank that left the job gracefully at a commit (ProcDeparted, as on
+// SIGTERM) and then exits 0 neither finishes the job nor counts as lost:
+// gorun says it left, the others go on (the job is not finishing), its
+// host cools down as after a failure (no joiner in its slot right away),
+// and the summary lists it.
+func TestDepartedRankIsNeitherFinishedNorLost(t *testing.T) {
+	var logs []string
+	e := finishingRun(t, &logs)
+	e.procs[1] = exited(t, 1, "exit 0")
+	e.procs[1].hostName = "localhost"
+	e.rdvMembers = func() int { return 2 }
+	e.report(rdvReport{proc: &p2p.ProcEvent{Kind: p2p.ProcDeparted, Member: p2p.Member{Proc: "1"}, Cause: "SIGTERM", Members: 2}})
+	p := e.procs[1]
+	e.handleRdv()
+	e.running--
+	e.perHost[p.hostName]--
+	e.exitedRank(p)
+	if e.finishing || e.finished != 0 || len(e.lost) != 0 || len(e.lateFailed) != 0 {
+		t.Errorf("finishing %v, finished %d, lost %q, failed %q: want none of them", e.finishing, e.finished, e.lost, e.lateFailed)
+	}
+	if len(e.procs) != 3 {
+		t.Errorf("started a joiner in the slot of the rank that left (its host should cool down): logs %q", logs)
+	}
+	if want := []string{"rank 1: SIGTERM"}; !slices.Equal(e.departed, want) {
+		t.Errorf("departed %q, want %q", e.departed, want)
+	}
+	want := regexp.MustCompile(`^rank 1 \(pid \d+\) left the job \(SIGTERM\): the job goes on with 2 ranks; no step lost$`)
+	if len(logs) < 1 || !want.MatchString(logs[0]) {
+		t.Errorf("logs %q, want the first to match %s", logs, want)
+	}
+	// Every rank leaving ends the job with a failure that says so.
+	all := &ElasticError{NP: 3, Started: 3, Departed: []string{"rank 0: SIGTERM", "rank 1: SIGTERM", "rank 2: SIGTERM"}}
+	if want := "every rank left the job before it finished (rank 0: SIGTERM; rank 1: SIGTERM; rank 2: SIGTERM): nobody is left to train (it started with 3 ranks)"; all.Error() != want {
+		t.Errorf("got  %s\nwant %s", all.Error(), want)
 	}
 }

@@ -525,6 +525,7 @@ type rankProc struct {
 	sentAway       bool   // a joiner refused, or sent away before admission
 	admitted       bool   // a joiner admitted to an established epoch
 	left           bool   // left the job cleanly (its Close): it ends on its own
+	departed       string // left the job gracefully at a commit (SIGTERM): why; the others went on
 	cmd            *exec.Cmd
 	stdin          *os.File // remote ranks: the ssh session's stdin
 	tail           *tail

@@ -23,6 +23,7 @@
 //	interrupted rank=<r> mepoch=<m> steps=<steps done here>: <error>   a step failed: membership change
 //	reset rank=<r> mepoch=<m> size=<old>-><new> lost=<ranks> joined=<ranks> commit=<commits> took=<ms>ms
 //	final rank=<r> params=<sha256> samples=<per-epoch counts> dup=<n> miss=<n> steps=<n> size=<n> mepoch=<m>
+//	left rank=<r> steps=<steps done> why=<why>   it left the job gracefully (SIGTERM) at that commit; exit 0
 //
 // With -gate-file and -gate-step the job stops before that step and waits,
 // committing (so joiners are admitted), until every rank sees the file: a
@@ -52,6 +53,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gorun/gorun/checkpoint"
@@ -255,6 +257,8 @@ func train(o options) error {
 		return err
 	}
 	defer comm.Close()
+	// SIGTERM (a deleted pod, gorun scaling down): leave at the next commit.
+	defer comm.LeaveOnSignal(syscall.SIGTERM)()
 	say("start pid=%d rank=%d size=%d joiner=%v gen=%s", os.Getpid(), comm.Rank(), comm.Size(), joiner, gen)
 	if o.ckptDir != "" && comm.Elastic() {
 		return errors.New("-ckpt-dir is for the restart path (gorun --max-restarts), not for an elastic job")
@@ -339,6 +343,11 @@ func train(o options) error {
 		}
 		return err
 	})
+	var left *collective.LeftError
+	if errors.As(err, &left) {
+		say("left rank=%d steps=%d why=%s", left.Rank, md.steps, left.Why)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
