@@ -131,7 +131,10 @@ type heldUnique struct {
 	own     []byte // this rank's unique bytes
 	buddy   []byte // the predecessor's unique bytes at that commit
 	buddyOf string // the predecessor's peer ID then
-	size    int    // the job's size at that commit
+	// all: every rank's unique bytes at that commit, by peer ID, when
+	// members left there (their successors may leave with them).
+	all  map[string][]byte
+	size int // the job's size at that commit
 	// peers: the members at that commit (re-read once per epoch), which
 	// give the lost members of an event their ranks then.
 	peers      []p2p.Peer
@@ -333,9 +336,16 @@ func (s *ElasticState) Commit(ctx context.Context) error {
 		return nil
 	}
 	start := time.Now()
+	if agree[2] > 0 {
+		// Members leave: everybody gets everybody's unique bytes, so
+		// that a leaver's buddy leaving with it takes nothing along.
+		if err := s.gatherAll(ctx, blob, int(agree[1])); err != nil {
+			return err
+		}
+	}
 	if why != "" {
-		// Every rank holds this commit, and its buddy this rank's unique
-		// state of it: the others go on from here without it.
+		// Every rank holds this commit, and the others this rank's unique
+		// state of it: they go on from here without it.
 		return c.depart(ctx, why)
 	}
 	old, now, err := c.grow(ctx)
@@ -347,6 +357,54 @@ func (s *ElasticState) Commit(ctx context.Context) error {
 	}
 	s.lost = append(s.lost, now.lost...)
 	return s.reset(ctx, false, start)
+}
+
+// gatherAll copies every rank's unique bytes (blob here, at most maxLen
+// long) to every rank, into the held commit's all.
+func (s *ElasticState) gatherAll(ctx context.Context, blob []byte, maxLen int) error {
+	c := s.comm
+	v := c.cur()
+	w := 1 + (maxLen+7)/8
+	rec := make([]int64, w)
+	rec[0] = int64(len(blob))
+	packBytes(rec[1:], blob)
+	out := make([]int64, w*v.size)
+	if err := c.Allgather(ctx, rec, out, Name("elastic commit: unique state of everyone")); err != nil {
+		return err
+	}
+	all := make(map[string][]byte, v.size)
+	for r, p := range s.held.peers {
+		if r >= v.size {
+			break
+		}
+		got := out[r*w : (r+1)*w]
+		if got[0] < 0 || got[0] > int64(maxLen) {
+			return fmt.Errorf("gorun: rank %d: rank %d sent unique bytes of length %d, more than the agreed %d", v.rank, r, got[0], maxLen)
+		}
+		all[p.ID.String()] = unpackBytes(got[1:], int(got[0]))
+	}
+	s.held.all = all
+	return nil
+}
+
+// packBytes copies b into words (little-endian), as far as they hold it.
+func packBytes(words []int64, b []byte) {
+	for i := range words {
+		var w [8]byte
+		if o := 8 * i; o < len(b) {
+			copy(w[:], b[o:])
+		}
+		words[i] = int64(binary.LittleEndian.Uint64(w[:]))
+	}
+}
+
+// unpackBytes is n bytes of words (a fresh slice).
+func unpackBytes(words []int64, n int) []byte {
+	b := make([]byte, 8*len(words))
+	for i, w := range words {
+		binary.LittleEndian.PutUint64(b[8*i:], uint64(w))
+	}
+	return b[:n]
 }
 
 // hook tells a test that Commit or reset reached stage.
@@ -614,7 +672,11 @@ func pick(adopted []map[string][]byte, name string) [][]byte {
 }
 
 // uniqueFor returns this rank's own unique bytes as of its commit (none on
-// a joiner) and those of its predecessor at that commit if it was lost.
+// a joiner) and those of the members lost or gone since that commit whose
+// nearest surviving successor this rank is (the chain of members right
+// before it that are gone), nearest first: from the copies of everyone's
+// bytes made when members left (all), or else from its buddy copy, which
+// only covers its immediate predecessor.
 func (s *ElasticState) uniqueFor(joiner bool) (own map[string][]byte, adopted []map[string][]byte, notes []string, err error) {
 	v := s.comm.cur()
 	if joiner {
@@ -624,24 +686,39 @@ func (s *ElasticState) uniqueFor(joiner bool) (own map[string][]byte, adopted []
 	if own, err = parseBlob(h.own); err != nil {
 		return nil, nil, nil, fmt.Errorf("gorun: rank %d: own unique state: %w", v.rank, err)
 	}
-	if h.buddyOf == "" {
+	n := len(h.peers)
+	if n <= 1 {
 		return own, nil, nil, nil
 	}
-	alive := false
+	alive := map[string]bool{}
 	for _, p := range s.comm.node.Peers() {
-		if p.ID.String() == h.buddyOf {
-			alive = true
-		}
+		alive[p.ID.String()] = true
 	}
-	if alive {
+	me := slices.IndexFunc(h.peers, func(p p2p.Peer) bool { return p.ID == s.comm.node.PeerID() })
+	if me < 0 {
 		return own, nil, nil, nil
 	}
-	pred, err := parseBlob(h.buddy)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("gorun: rank %d: the lost predecessor's unique state: %w", v.rank, err)
+	for k := 1; k < n; k++ {
+		id := h.peers[(me-k+n)%n].ID.String()
+		if alive[id] {
+			break
+		}
+		b, ok := h.all[id]
+		if !ok && k == 1 && id == h.buddyOf {
+			b, ok = h.buddy, true
+		}
+		if !ok {
+			notes = append(notes, fmt.Sprintf("the unique state of peer %s is gone: its buddy (the next rank) went with it", shortID(id)))
+			continue
+		}
+		m, err := parseBlob(b)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("gorun: rank %d: the unique state of peer %s: %w", v.rank, shortID(id), err)
+		}
+		adopted = append(adopted, m)
+		notes = append(notes, fmt.Sprintf("rank %d adopted the unique state of peer %s, gone since the commit", v.rank, shortID(id)))
 	}
-	notes = append(notes, fmt.Sprintf("rank %d adopted the unique state of its lost predecessor (peer %s)", v.rank, shortID(h.buddyOf)))
-	return own, []map[string][]byte{pred}, notes, nil
+	return own, adopted, notes, nil
 }
 
 func shortID(id string) string {
