@@ -92,6 +92,7 @@ type Config struct {
 	CheckpointEvery int
 	CheckpointSync  bool
 	FailAtStep      int
+	CommitEvery     int
 }
 
 func parseFlags(args []string) (*Config, error) {
@@ -119,6 +120,7 @@ func parseFlags(args []string) (*Config, error) {
 	fs.IntVar(&c.CheckpointEvery, "checkpoint-every", 100, "optimizer steps between checkpoints (with --checkpoint-dir); a save is asynchronous: training goes on while it is written, and it is committed a few steps later")
 	fs.BoolVar(&c.CheckpointSync, "checkpoint-sync", false, "wait for every checkpoint to be written and committed instead of saving in the background")
 	fs.IntVar(&c.FailAtStep, "fail-at-step", 0, "testing aid: the last rank fails after this optimizer step on the first launch (GORUN_RESTART_COUNT unset or 0); in an elastic job it kills itself with SIGKILL, as kill -9 would")
+	fs.IntVar(&c.CommitEvery, "commit-every", 1, "in an elastic job, optimizer steps between in-memory commits (0: only at the end of each epoch); a lost rank costs the steps since the last commit, and a rank leaves (SIGTERM) at the next one")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this rank to this file (rank N writes FILE.rankN when N > 0)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -148,6 +150,8 @@ func parseFlags(args []string) (*Config, error) {
 		return nil, fmt.Errorf("--batch %d must be positive", c.Batch)
 	case given["global-batch"] && c.GlobalBatch <= 0:
 		return nil, fmt.Errorf("--global-batch %d must be positive", c.GlobalBatch)
+	case c.CommitEvery < 0:
+		return nil, fmt.Errorf("--commit-every %d must not be negative (0: commit only at the end of each epoch)", c.CommitEvery)
 	case c.Accumulate < 0:
 		return nil, fmt.Errorf("--accumulate %d must not be negative", c.Accumulate)
 	}

@@ -434,7 +434,7 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 				return err
 			}
 		}
-		if st != nil {
+		if st != nil && cfg.CommitEvery > 0 && gstep%cfg.CommitEvery == 0 {
 			t1 := time.Now()
 			if err := st.Commit(ctx); err != nil {
 				return err
