@@ -361,16 +361,19 @@ type elasticRun struct {
 	registered bool // every rank of epoch 0 registered: joiners may come
 	// finishing: a rank exited 0, or a member left the job cleanly (see
 	// handleRdv): the job ends, no more joiners.
-	finishing  bool
-	finished   int
-	lost       []string
-	departed   []string // "rank 2: SIGTERM", the ranks that left gracefully
-	lastLost   *rankProc
-	refill     *time.Timer
-	warned     map[string]bool // hosts gorun said it can not use
-	departures *departureLog
-	stops      sync.WaitGroup // stops of single ranks under way
-	rdvMembers func() int     // the rendezvous' Members
+	finishing bool
+	finished  int
+	lost      []string
+	departed  []string // "rank 2: SIGTERM", the ranks that left gracefully
+	// byHand: what became of members gorun did not start (joiners
+	// started by hand), for the summary: "rank 3 on host a: disconnected".
+	byHandLost, byHandLeft []string
+	lastLost               *rankProc
+	refill                 *time.Timer
+	warned                 map[string]bool // hosts gorun said it can not use
+	departures             *departureLog
+	stops                  sync.WaitGroup // stops of single ranks under way
+	rdvMembers             func() int     // the rendezvous' Members
 	// The rendezvous' reports (OnProc, OnChange), queued by its
 	// goroutines for the run's goroutine, which handles them in order
 	// (handleRdv); rdvWake says there are some.
@@ -637,7 +640,7 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 	if e.finished == 0 {
 		return e.failed("")
 	}
-	if err := e.failed(""); len(err.Lost) > 0 || len(err.Departed) > 0 || err.Stopped > 0 || len(e.procs) > job.NP {
+	if err := e.failed(""); len(err.Lost) > 0 || len(err.Departed) > 0 || err.Stopped > 0 || len(e.procs) > job.NP || len(e.byHandLost)+len(e.byHandLeft) > 0 {
 		var b strings.Builder
 		fmt.Fprintf(&b, "elastic job done: %d rank%s finished; %d processes started in all", e.finished, plural(e.finished), len(e.procs))
 		if len(err.Lost) > 0 {
@@ -645,6 +648,12 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 		}
 		if len(err.Departed) > 0 {
 			fmt.Fprintf(&b, ", %d left gracefully (%s)", len(err.Departed), strings.Join(err.Departed, "; "))
+		}
+		if n := len(e.byHandLost); n > 0 {
+			fmt.Fprintf(&b, "; of the ranks started by hand, %d lost (%s)", n, strings.Join(e.byHandLost, "; "))
+		}
+		if n := len(e.byHandLeft); n > 0 {
+			fmt.Fprintf(&b, "; of the ranks started by hand, %d left gracefully (%s)", n, strings.Join(e.byHandLeft, "; "))
 		}
 		if err.Stopped > 0 {
 			fmt.Fprintf(&b, ", %d stopped as the discovery script dropped their hosts", err.Stopped)
@@ -914,6 +923,10 @@ func (e *elasticRun) exitedRank(p *rankProc) {
 			e.lastLost = p
 			e.job.Logf("%s failed after the job had begun to finish: %s; the job fails", e.name(p), how)
 		}
+	case p.sentAway:
+		// A joiner the rendezvous refused (or sent away before admitting
+		// it): not a member, so not lost, and no failure of its host.
+		e.job.Logf("%s ended (%s): the rendezvous sent it away: %s", e.name(p), cmp.Or(errText(p), "exit status 0"), p.sentAwayWhy)
 	default:
 		how := cmp.Or(errText(p), "exit status 0")
 		if byGorun {
@@ -1036,9 +1049,14 @@ func (e *elasticRun) handleRdv() {
 			e.finishing = true
 		}
 		if p == nil {
-			if ev.Kind == p2p.ProcDeparted {
-				e.job.Logf("rank %d on host %s (started by hand) left the job (%s): the job goes on with %d rank%s; no step lost",
-					ev.Member.Rank, hostOfID(ev.Member.Host), ev.Cause, ev.Members, plural(ev.Members))
+			who := fmt.Sprintf("rank %d on host %s (started by hand)", ev.Member.Rank, hostOfID(ev.Member.Host))
+			switch ev.Kind {
+			case p2p.ProcDeparted:
+				e.job.Logf("%s left the job (%s): the job goes on with %d rank%s; no step lost", who, ev.Cause, ev.Members, plural(ev.Members))
+				e.byHandLeft = append(e.byHandLeft, fmt.Sprintf("%s: %s", who, ev.Cause))
+			case p2p.ProcLost:
+				e.job.Logf("%s was lost: %s; the job goes on without it (%d members left)", who, ev.Cause, ev.Members)
+				e.byHandLost = append(e.byHandLost, fmt.Sprintf("%s: %s", who, ev.Cause))
 			}
 			continue
 		}
@@ -1053,7 +1071,7 @@ func (e *elasticRun) handleRdv() {
 				e.endIfStopped(p)
 			}
 		case ev.Kind == p2p.ProcSentAway:
-			p.sentAway = true
+			p.sentAway, p.sentAwayWhy = true, ev.Cause
 		case ev.Kind == p2p.ProcDeparted:
 			p.departed = ev.Cause
 			if ev.Members == 0 {

@@ -642,3 +642,34 @@ func TestDepartedRankIsNeitherFinishedNorLost(t *testing.T) {
 		t.Errorf("got  %s\nwant %s", all.Error(), want)
 	}
 }
+
+// A member started by hand (no GORUN_PROC_ID of gorun's) that is lost or
+// leaves is said and counted for the summary; a joiner the rendezvous sent
+// away is neither lost nor a failure of its host.
+func TestHandStartedAndSentAway(t *testing.T) {
+	var logs []string
+	e := finishingRun(t, &logs)
+	e.report(rdvReport{proc: &p2p.ProcEvent{Kind: p2p.ProcLost, Member: p2p.Member{Rank: 3, Host: "b/net:[1]/x"}, Cause: "disconnected", Members: 3}})
+	e.report(rdvReport{proc: &p2p.ProcEvent{Kind: p2p.ProcDeparted, Member: p2p.Member{Rank: 2, Host: "c/net:[1]/x"}, Cause: "SIGTERM", Members: 2}})
+	e.handleRdv()
+	if !slices.Equal(e.byHandLost, []string{"rank 3 on host b (started by hand): disconnected"}) ||
+		!slices.Equal(e.byHandLeft, []string{"rank 2 on host c (started by hand): SIGTERM"}) {
+		t.Errorf("by hand: lost %q, left %q; logs %q", e.byHandLost, e.byHandLeft, logs)
+	}
+	p := e.procs[1] // exited 3
+	p.joiner = true
+	e.registered = false // no joiner in its slot: the program does not exist
+	e.report(rdvReport{proc: &p2p.ProcEvent{Kind: p2p.ProcSentAway, Member: p2p.Member{Proc: "1"}, Cause: "its program arguments differ"}})
+	e.handleRdv()
+	e.running--
+	e.perHost[p.hostName]--
+	e.exitedRank(p)
+	if len(e.lost) != 0 || !e.cd.until("localhost").IsZero() {
+		t.Errorf("a joiner sent away counted as lost (%q) or cooled its host down; logs %q", e.lost, logs)
+	}
+	if !slices.ContainsFunc(logs, func(l string) bool {
+		return strings.Contains(l, "the rendezvous sent it away: its program arguments differ")
+	}) {
+		t.Errorf("logs %q lack why the joiner ended", logs)
+	}
+}

@@ -523,6 +523,7 @@ type rankProc struct {
 	rdvLostCause   string // why
 	lostAfterLeave bool   // lost after a member had left cleanly
 	sentAway       bool   // a joiner refused, or sent away before admission
+	sentAwayWhy    string
 	admitted       bool   // a joiner admitted to an established epoch
 	left           bool   // left the job cleanly (its Close): it ends on its own
 	departed       string // left the job gracefully at a commit (SIGTERM): why; the others went on

@@ -218,8 +218,14 @@ func (o *output) final(ctx context.Context, comm *collective.Comm, hist []EpochR
 			sum += h.Seconds
 		}
 		if trained {
-			o.printf("final: test accuracy %.2f%% after %d epochs; %.1f s total, %.2f s per epoch\n",
-				100*last.TestAcc, len(hist), total.Seconds(), sum/float64(len(hist)))
+			// The model's epochs, not this rank's: a joiner took part in
+			// the last ones only.
+			part := ""
+			if len(hist) < last.Epoch {
+				part = fmt.Sprintf(" (this rank took part in the last %d)", len(hist))
+			}
+			o.printf("final: test accuracy %.2f%% after %d epochs%s; %.1f s total, %.2f s per epoch\n",
+				100*last.TestAcc, last.Epoch, part, total.Seconds(), sum/float64(len(hist)))
 		} else {
 			o.printf("final: test accuracy %.2f%% after %d epochs; %.2f s per epoch (from the checkpoint)\n",
 				100*last.TestAcc, len(hist), sum/float64(len(hist)))
