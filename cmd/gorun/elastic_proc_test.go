@@ -162,3 +162,37 @@ func TestElasticJoinerByHand(t *testing.T) {
 	}
 	t.Logf("gorun said:\n%s", j.err)
 }
+
+// The command gorun prints to add a rank by hand, run with another
+// argument than the job's: the rendezvous refuses that joiner, which says
+// why and exits non-zero, and the job goes on and ends as usual.
+func TestElasticJoinerWithOtherArgsRefused(t *testing.T) {
+	dir := t.TempDir()
+	keyFile, stop := filepath.Join(dir, "key"), filepath.Join(dir, "stop")
+	j := &elasticJob{gorunProc: startGorun(t, dir, nil, "-np", "2", "--min-np", "1", "--max-np", "3", "--job-key-file", keyFile,
+		elasticprogBin, "--until-file", stop, "--step-time", "5ms"), dir: dir, stop: stop}
+	j.waitOutput(t, "elasticprog: epoch 0: ", 2, time.Minute)
+	m := handJoinRE.FindStringSubmatch(j.err.String())
+	if m == nil {
+		t.Fatalf("no line matching %s in:\n%s", handJoinRE, j.err)
+	}
+	line := strings.Replace(m[1], "--step-time 5ms", "--step-time 7ms", 1)
+	cmd := exec.Command("sh", "-c", line)
+	cmd.Env = os.Environ()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.CombinedOutput()
+	want := `its program arguments ["--until-file" "` + stop + `" "--step-time" "7ms"] differ from those the job's ranks started with, ["--until-file" "` + stop + `" "--step-time" "5ms"]`
+	if err == nil || !strings.Contains(string(out), want) {
+		t.Errorf("the joiner with other arguments: %v, output:\n%s\nwant it refused, saying %s", err, out, want)
+	}
+	if err := os.WriteFile(stop, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := j.finish(t); code != 0 {
+		t.Errorf("exit %d, want 0", code)
+	}
+	if strings.Contains(j.err.String(), "membership epoch 1") || !strings.Contains(j.err.String(), "refused joiner") {
+		t.Errorf("gorun's stderr: want the refusal and no change of membership:\n%s", j.err)
+	}
+	t.Logf("the joiner said:\n%s", out)
+}
