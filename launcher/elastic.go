@@ -283,20 +283,31 @@ func plural(n int) string {
 }
 
 // ChangeLine is how gorun reports a membership change of an elastic job:
-// "membership epoch 1: 3 ranks (lost rank 2 on host a: disconnected),
-// reset took 21ms". Ranks are those of the epoch before for the lost, of
-// the new epoch for the joined.
-func ChangeLine(c p2p.Change) string {
+// "membership epoch 1: 3 ranks (lost rank 2 on host a (proc 2, pid 7895):
+// disconnected), reset took 21ms". Ranks are those of the epoch before for
+// the lost, of the new epoch for the joined; proc, if not nil, names a
+// member's process as gorun's other lines do ("proc 2, pid 7895"; "" for
+// none of gorun's).
+func ChangeLine(c p2p.Change, proc func(p2p.Member) string) string {
 	var parts []string
+	who := func(m p2p.Member) string {
+		s := fmt.Sprintf("rank %d on host %s", m.Rank, hostOfID(m.Host))
+		if proc != nil {
+			if p := proc(m); p != "" {
+				s += " (" + p + ")"
+			}
+		}
+		return s
+	}
 	for _, l := range c.Lost {
 		if l.Left {
-			parts = append(parts, fmt.Sprintf("rank %d on host %s %s", l.Rank, hostOfID(l.Host), l.Cause))
+			parts = append(parts, fmt.Sprintf("%s %s", who(l.Member), l.Cause))
 			continue
 		}
-		parts = append(parts, fmt.Sprintf("lost rank %d on host %s: %s", l.Rank, hostOfID(l.Host), l.Cause))
+		parts = append(parts, fmt.Sprintf("lost %s: %s", who(l.Member), l.Cause))
 	}
 	for _, j := range c.Joined {
-		parts = append(parts, fmt.Sprintf("joined rank %d on host %s", j.Rank, hostOfID(j.Host)))
+		parts = append(parts, "joined "+who(j))
 	}
 	if len(parts) == 0 {
 		parts = []string{"same members, links set up again"}
@@ -1013,7 +1024,17 @@ func (e *elasticRun) handleRdv() {
 					p.admitted = true
 				}
 			}
-			line := ChangeLine(*c)
+			line := ChangeLine(*c, func(m p2p.Member) string {
+				p := e.procOf(m.Proc)
+				if p == nil {
+					return ""
+				}
+				s := "proc " + strconv.Itoa(p.rank)
+				if pid := pidSuffix(p); pid != "" {
+					s += ", pid " + strings.TrimSuffix(strings.TrimPrefix(pid, " (pid "), ")")
+				}
+				return s
+			})
 			if skipped := c.Epoch - e.lastEpoch - 1; skipped > 0 {
 				if skipped == 1 {
 					line += fmt.Sprintf(" (epoch %d was overtaken by a further change before it was established)", c.Epoch-1)

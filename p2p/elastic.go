@@ -75,8 +75,12 @@ type Member struct {
 	Rank int     // its rank in that epoch
 	ID   peer.ID // stable for the member's life
 	Host string  // its HostID
-	Addr string  // where the rendezvous saw its control connection come from
-	Proc string  // the launcher's id of its process (Config.ProcID), "" if none
+	// HostName is the name of its host in messages: the launcher's
+	// (gorun's -H or discovery name) when it set GORUN_HOST, else the OS
+	// host name; "" from an older peer.
+	HostName string
+	Addr     string // where the rendezvous saw its control connection come from
+	Proc     string // the launcher's id of its process (Config.ProcID), "" if none
 }
 
 // LostMember is a member that is no longer in the job: lost without a
@@ -90,7 +94,17 @@ type LostMember struct {
 }
 
 func (l LostMember) String() string {
-	return fmt.Sprintf("rank %d (host %s, %s) %s", l.Rank, l.Host, l.Addr, l.Cause)
+	return fmt.Sprintf("rank %d (host %s, %s) %s", l.Rank, l.HostLabel(), l.Addr, l.Cause)
+}
+
+// HostLabel is the name of m's host for messages: HostName, or else the
+// host name part of its HostID.
+func (m Member) HostLabel() string {
+	if m.HostName != "" {
+		return m.HostName
+	}
+	name, _, _ := strings.Cut(m.Host, "/")
+	return name
 }
 
 // View describes the epoch a Reconfigure (or Grow, or an elastic Join)
@@ -670,7 +684,7 @@ func lostFromWire(items []lostItem) []LostMember {
 	var out []LostMember
 	for _, it := range items {
 		id, _ := peer.Decode(it.ID)
-		out = append(out, LostMember{Member: Member{Rank: it.Rank, ID: id, Host: it.Host, Addr: it.Addr, Proc: it.Proc}, Cause: it.Cause, Left: it.Left})
+		out = append(out, LostMember{Member: Member{Rank: it.Rank, ID: id, Host: it.Host, HostName: it.Name, Addr: it.Addr, Proc: it.Proc}, Cause: it.Cause, Left: it.Left})
 	}
 	return out
 }

@@ -74,6 +74,10 @@ type Config struct {
 	// namespace, boot id). Ranks with equal HostIDs use unix sockets in
 	// "auto" mode. Mostly for tests.
 	HostID string
+	// HostName is the name this rank's host goes by in messages (a lost
+	// member's host): "" = $GORUN_HOST (the name the launcher knows it
+	// by, e.g. gorun's -H name), else the OS host name.
+	HostName string
 	// NoShm keeps links between ranks of one host on unix sockets instead
 	// of shared memory (shm.go), as GORUN_SHM=0 does. A pair of ranks uses
 	// shared memory only if both allow it.
@@ -275,6 +279,12 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if cfg.ProcID == "" {
 		cfg.ProcID = os.Getenv("GORUN_PROC_ID")
+	}
+	if cfg.HostName == "" {
+		cfg.HostName = os.Getenv("GORUN_HOST")
+	}
+	if cfg.HostName == "" {
+		cfg.HostName, _ = os.Hostname()
 	}
 	if cfg.Args == nil && len(os.Args) > 0 {
 		cfg.Args = os.Args[1:]
@@ -529,6 +539,7 @@ func (n *Node) register(ctx context.Context, rzAddrs []ma.Multiaddr) error {
 		HostID:  n.hostID, Unix: n.unixName, TCPPort: n.tcpPort, TLSPort: n.tlsPort, Proc: n.cfg.ProcID}
 	if n.cfg.Elastic {
 		hello.Args = helloArgs(n.cfg.Args)
+		hello.HostName = n.cfg.HostName
 	}
 	if err := writeMsg(s, hello); err != nil {
 		return fail(err)

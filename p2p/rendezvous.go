@@ -168,6 +168,7 @@ type rzConn struct {
 	quitWhy    string   // it said it quits now (tQuit): why
 	proc       string   // its hello's Proc (Config.ProcID)
 	args       []string // its hello's Args (Config.Args)
+	hostName   string   // its hello's HostName
 	// heard is when a message from the rank was last read (UnixNano).
 	heard atomic.Int64
 }
@@ -423,7 +424,7 @@ func (r *Rendezvous) handle(s network.Stream) {
 		s.Reset()
 		return
 	}
-	c := &rzConn{id: rank, rank: rank, s: s, addr: raddr, joiner: m.Joiner, stableRank: -1, ackEpoch: -1, proc: m.Proc, args: m.Args, item: tableItem{
+	c := &rzConn{id: rank, rank: rank, s: s, addr: raddr, joiner: m.Joiner, stableRank: -1, ackEpoch: -1, proc: m.Proc, args: m.Args, hostName: m.HostName, item: tableItem{
 		Rank: m.Rank, ID: remote.String(), Addrs: m.Addrs, HostID: m.HostID, Unix: m.Unix, TCPPort: m.TCPPort, TLSPort: m.TLSPort,
 	}}
 	// Hold c's write lock from the moment c becomes visible in regs until

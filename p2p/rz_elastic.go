@@ -297,7 +297,7 @@ func (r *Rendezvous) belowMinTextLocked() string {
 	el := &r.el
 	var left []string
 	for _, c := range el.members {
-		left = append(left, fmt.Sprintf("rank %d on %s", c.rank, c.item.HostID))
+		left = append(left, fmt.Sprintf("rank %d on %s", c.rank, cmp.Or(c.hostName, c.item.HostID)))
 	}
 	s := ""
 	if len(left) != 1 {
@@ -365,14 +365,14 @@ func (r *Rendezvous) elasticAck(c *rzConn, epoch int) {
 }
 
 func (r *Rendezvous) memberOf(c *rzConn, rank int) Member {
-	m := Member{Rank: rank, Host: c.item.HostID, Addr: c.addr, Proc: c.proc}
+	m := Member{Rank: rank, Host: c.item.HostID, HostName: c.hostName, Addr: c.addr, Proc: c.proc}
 	m.ID, _ = peerIDOf(c.item)
 	return m
 }
 
 // lostItemLocked describes c as lost (rank: in the newest epoch).
 func lostItemLocked(c *rzConn, cause string) lostItem {
-	return lostItem{Rank: c.rank, ID: c.item.ID, Host: c.item.HostID, Addr: c.addr, Cause: cause, Proc: c.proc}
+	return lostItem{Rank: c.rank, ID: c.item.ID, Host: c.item.HostID, Addr: c.addr, Cause: cause, Proc: c.proc, Name: c.hostName}
 }
 
 // dropLocked takes c out of the members and records it for the next View.

@@ -90,6 +90,9 @@ type msg struct {
 	Pending int        `json:"pending,omitempty"` // ping: joiners waiting to be admitted
 	Lost    []lostItem `json:"lost,omitempty"`    // reconfig, table: members that are gone
 	Joined  []int      `json:"joined,omitempty"`  // table: ranks (in the new epoch) of the members that joined
+	// HostName, in an elastic hello: the name of its host in messages
+	// (Config.HostName).
+	HostName string `json:"hostname,omitempty"`
 	// Args, in an elastic hello: the program's arguments (Config.Args).
 	Args []string `json:"args,omitempty"`
 	// Leave, in a grow: the member leaves the job at this commit boundary
@@ -114,6 +117,7 @@ type lostItem struct {
 	Cause string `json:"cause"`
 	Proc  string `json:"proc,omitempty"` // its hello's Proc
 	Left  bool   `json:"left,omitempty"` // it left gracefully at a commit boundary
+	Name  string `json:"name,omitempty"` // its host's name in messages (Config.HostName)
 }
 
 // tableItem is one rank's entry of the job table.

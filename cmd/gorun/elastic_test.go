@@ -106,7 +106,7 @@ func TestElasticRankKilled(t *testing.T) {
 	mustMatch(t, `(?m)^gorun: rank 2 \(pid `+strconv.Itoa(pid)+`\) was lost: killed by signal 9 \(SIGKILL\); the job goes on without it \(3 still running, --min-np 2\)$`, errOut)
 	mustMatch(t, `(?m)^gorun: no new rank on host localhost for 1m0s \(its 1st failure in a row; the cooldown doubles with each, up to 10m0s\)$`, errOut)
 	// The host is named as gorun names it (not by the host's own name).
-	mustMatch(t, `(?m)^gorun: membership epoch 1: 3 ranks \(lost rank 2 on host localhost: disconnected\), reset took [0-9.]+(µs|ms|s)$`, errOut)
+	mustMatch(t, `(?m)^gorun: membership epoch 1: 3 ranks \(lost rank 2 on host localhost \(proc 2, pid \d+\): disconnected\), reset took [0-9.]+(µs|ms|s)$`, errOut)
 	mustMatch(t, `(?m)^gorun: elastic job done: 3 ranks finished; 4 processes started in all, 1 lost \(rank 2: killed by signal 9 \(SIGKILL\)\)$`, errOut)
 	for _, r := range []int{0, 1, 3} {
 		mustMatch(t, `(?m)^\[`+strconv.Itoa(r)+`\] elasticprog: done at step \d+ in epoch 1 as rank \d of 3$`, out)
@@ -177,10 +177,10 @@ func TestElasticDiscoveryScript(t *testing.T) {
 	j := startElastic(t, "--min-np", "1", "--max-np", "3", "--host-discovery-script", scriptPath, "--discovery-interval", "100ms")
 	j.waitOutput(t, "elasticprog: epoch 0: ", 2, time.Minute)
 	setList("localhost:2\n127.0.0.1:1\n")
-	j.waitErr(t, "gorun: membership epoch 1: 3 ranks (joined rank 2 on host 127.0.0.1)", 1, 30*time.Second)
+	j.waitErr(t, "gorun: membership epoch 1: 3 ranks (joined rank 2 on host 127.0.0.1 (proc 2, pid ", 1, 30*time.Second)
 	j.waitOutput(t, "[127.0.0.1:2] elasticprog: epoch 1: rank 2 of 3", 1, 30*time.Second)
 	setList("localhost:2\n")
-	j.waitErr(t, "gorun: membership epoch 2: 2 ranks (lost rank 2 on host 127.0.0.1: ", 1, 30*time.Second)
+	j.waitErr(t, "gorun: membership epoch 2: 2 ranks (lost rank 2 on host 127.0.0.1 (proc 2, pid ", 1, 30*time.Second)
 	setList("localhost:two\n")
 	j.waitErr(t, "failed: line 1", 1, 30*time.Second)
 	j.waitOutput(t, "elasticprog: epoch 2: ", 2, 30*time.Second)
@@ -235,7 +235,7 @@ func TestElasticRankFrozen(t *testing.T) {
 		t.Errorf("exit %d, want 0", code)
 	}
 	errOut := j.err.String()
-	mustMatch(t, `(?m)^gorun: membership epoch 1: 2 ranks \(lost rank 1 on host \S+: stopped responding: no heartbeat within 1s\), reset took `, errOut)
+	mustMatch(t, `(?m)^gorun: membership epoch 1: 2 ranks \(lost rank 1 on host \S+ \(proc 1, pid \d+\): stopped responding: no heartbeat within 1s\), reset took `, errOut)
 	mustMatch(t, `(?m)^gorun: rank 1 \(pid `+strconv.Itoa(pid)+`\) is stopped \(SIGSTOP\) and the rendezvous went on without it: ending it$`, errOut)
 	t.Logf("lost %v after SIGSTOP (--heartbeat-timeout 1s); gorun said:\n%s", lostAfter.Round(time.Millisecond), errOut)
 }

@@ -118,7 +118,7 @@ func resetLines(ev collective.ElasticEvent, plan BatchPlan, gstep, epoch, steps,
 	// the job goes on from that commit.
 	for _, l := range lost {
 		if l.Left {
-			host, _, _ := strings.Cut(l.Host, "/")
+			host := l.HostLabel()
 			lines = append(lines, fmt.Sprintf("elastic: rank %d (host %s) %s at the commit of step %d: no step lost", l.Rank, host, l.Cause, gstep))
 		}
 	}
@@ -126,8 +126,7 @@ func resetLines(ev collective.ElasticEvent, plan BatchPlan, gstep, epoch, steps,
 	if len(lost) > 0 {
 		var who []string
 		for _, l := range lost {
-			// The host ID is "hostname/net:[namespace]/boot id".
-			host, _, _ := strings.Cut(l.Host, "/")
+			host := l.HostLabel()
 			who = append(who, fmt.Sprintf("%d (host %s, %s)", l.Rank, host, l.Cause))
 		}
 		s := "rank "
@@ -159,7 +158,7 @@ func resetLines(ev collective.ElasticEvent, plan BatchPlan, gstep, epoch, steps,
 func startLines(ev collective.ElasticEvent) []string {
 	var lines []string
 	for _, l := range ev.Lost {
-		host, _, _ := strings.Cut(l.Host, "/")
+		host := l.HostLabel()
 		lines = append(lines, fmt.Sprintf("elastic: lost rank %d (host %s, %s) during the start; restoring the checkpoint again with %d ranks", l.Rank, host, l.Cause, ev.NewSize))
 	}
 	if len(lines) == 0 {
