@@ -37,7 +37,9 @@ var (
 	etStepRE  = regexp.MustCompile(`(?m)^\[[^\]]+\] step (\d+) (\d+) (\d+) size=(\d+) mepoch=(\d+) gen=(\d+)$`)
 	etStartRE = regexp.MustCompile(`(?m)^\[[^\]]+\] start pid=(\d+) rank=(-?\d+) size=\d+ joiner=(\w+) gen=(\d+)$`)
 	etResetRE = regexp.MustCompile(`(?m)^\[[^\]]+\] reset rank=(\d+) mepoch=(\d+) size=(\d+)->(\d+) lost=\[([\d,]*)\] joined=\[([\d,]*)\] commit=\d+ took=([\d.]+)ms$`)
-	etFinalRE = regexp.MustCompile(`(?m)^(?:\[[^\]]+\] )?final rank=(\S+) params=([0-9a-f]{64}) samples=([\d,]+) dup=(\d+) miss=(\d+) steps=(\d+)`)
+	// etResumedRE finds the commit a reset resumed from.
+	etResumedRE = regexp.MustCompile(`(?m)^\[[^\]]+\] reset rank=\d+ mepoch=\d+ size=\d+->\d+ lost=\[[\d,]*\] joined=\[[\d,]*\] commit=(\d+) `)
+	etFinalRE   = regexp.MustCompile(`(?m)^(?:\[[^\]]+\] )?final rank=(\S+) params=([0-9a-f]{64}) samples=([\d,]+) dup=(\d+) miss=(\d+) steps=(\d+)`)
 )
 
 // etStep is one step line.
@@ -309,17 +311,24 @@ func (j *etJob) finish(want int) {
 		j.t.Errorf("final lines of ranks %v, want %v", ranks, wantRanks)
 	}
 	// Rank 0 (never a victim here) prints each step once it committed it,
-	// and a reset resumes from the newest commit of any survivor: so no
-	// step is printed twice. (A step may go unprinted: one whose commit
-	// succeeded on the others but failed on rank 0, which then resumes
-	// from their commit. The final lines' step counts prove it was done.)
+	// and a reset resumes from the newest commit every survivor holds: a
+	// step is printed again only when rank 0 had committed it and another
+	// survivor had not (its buddy copy never arrived), so that the job
+	// resumed from the commit before it. (A step may go unprinted: one
+	// whose commit failed on rank 0. The final lines' step counts prove
+	// every step was done.)
+	resumed := map[int]bool{}
+	for _, m := range etResumedRE.FindAllStringSubmatch(out, -1) {
+		c, _ := strconv.Atoi(m[1])
+		resumed[c] = true
+	}
 	steps := etSteps(out)
 	total := j.cfg.epochs * ((j.cfg.length + j.cfg.batch - 1) / j.cfg.batch)
 	var missing []int
 	next := 1
 	for _, st := range steps {
-		if st.steps < next {
-			j.t.Errorf("step %d printed again after step %d: a committed step was done twice", st.steps, next-1)
+		if st.steps < next && !(st.steps == next-1 && resumed[st.steps-1]) {
+			j.t.Errorf("step %d printed again after step %d, and no reset resumed from commit %d: a committed step was done twice", st.steps, next-1, st.steps-1)
 		}
 		for ; next < st.steps; next++ {
 			missing = append(missing, next)
