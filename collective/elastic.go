@@ -65,11 +65,14 @@ func (e ElasticEvent) String() string {
 
 // UniqueState is rank-unique state (an RNG, a data reader's position) that
 // an ElasticState commits and restores. Commit keeps SaveUnique's bytes on
-// this rank and on its buddy, the next rank, so they outlive the rank.
-// After a reset RestoreUnique gets own, this rank's bytes of the commit
-// the job resumes from (nil on a joiner, which starts fresh), and adopted,
-// the bytes of lost ranks whose buddy this rank was, of that same commit (usually none; a lost rank whose buddy was lost with it
-// leaves nothing): fold them in or ignore them. It is not called at the
+// this rank and on the others (every rank, when they are at most 4 KiB;
+// else on its buddy, the next rank), so they outlive the rank. After a
+// reset RestoreUnique gets own, this rank's bytes of the commit the job
+// resumes from (nil on a joiner, which starts fresh), and adopted, the
+// bytes of that same commit of the members gone since whose first
+// surviving successor this rank is, nearest first (usually none; a lost
+// rank's bytes over 4 KiB are gone if its buddy was lost with it): fold
+// them in or ignore them. It is not called at the
 // start of the job, where the live state is the state.
 //
 // RestoreUnique may be called more than once with the same arguments: a
@@ -100,10 +103,14 @@ type ElasticState struct {
 	// before it, kept from a Commit until every rank is known to hold
 	// the newer one (see Commit and reset).
 	held, prev heldUnique
-	lost       []LostMember
-	sendBuf    []byte
-	recvBufs   [2][]byte
-	words      []int64 // scalars packed for a broadcast
+	// slot is the room for each rank's unique bytes in the commit's
+	// allreduce (see Commit), agreed by every rank at the last commit or
+	// reset; -1: the commit takes the ring shift.
+	slot     int
+	lost     []LostMember
+	sendBuf  []byte
+	recvBufs [2][]byte
+	words    []int64 // scalars packed for a broadcast
 
 	testHook func(stage string) // tests: called at the stages of a commit and a reset
 }
@@ -125,6 +132,61 @@ type uniqueItem struct {
 	u    UniqueState
 }
 
+// The commit's allreduce (see Commit): two words of agreement, then a
+// slot per rank of its unique bytes' length and the bytes.
+const (
+	packJoiners = iota // joiners waiting, summed over the ranks that heard of them
+	packLeaving        // ranks that leave at this commit
+	packHeader
+)
+
+// maxPackedUnique is the largest slot of unique bytes a commit's
+// allreduce carries, and maxPackedWords the most words it carries: the
+// allreduce gives every rank every rank's bytes, right for RNG states,
+// counters and reader positions; larger unique state (compression
+// residuals), or many ranks, takes the ring shift, which sends each
+// rank's bytes once.
+const (
+	maxPackedUnique = 4 << 10
+	maxPackedWords  = 8 << 10
+)
+
+// slotFor is the slot for unique bytes of length n, with room to grow,
+// in whole words; -1 past maxPackedUnique.
+func slotFor(n int64) int {
+	if n > maxPackedUnique {
+		return -1
+	}
+	return int((n+n/4+7)/8) * 8
+}
+
+// packedBytes is rank r's unique bytes in a commit's allreduce of slots
+// of w words (false if they did not fit their slot).
+func packedBytes(packed []int64, w, r int) ([]byte, bool) {
+	rec := packed[packHeader+r*w:][:w]
+	if rec[0] < 0 || rec[0] > int64(8*(w-1)) {
+		return nil, false
+	}
+	return unpackBytes(rec[1:], int(rec[0])), true
+}
+
+// blobOf is the unique bytes at this commit of the member with peer ID
+// id, if this rank has them: from all, or the commit's allreduce.
+func (h heldUnique) blobOf(id string) ([]byte, bool) {
+	if b, ok := h.all[id]; ok {
+		return b, true
+	}
+	if h.packed == nil {
+		return nil, false
+	}
+	for r, p := range h.peers {
+		if p.ID.String() == id && packHeader+(r+1)*h.packW <= len(h.packed) {
+			return packedBytes(h.packed, h.packW, r)
+		}
+	}
+	return nil, false
+}
+
 // heldUnique is what a rank keeps of one commit's unique state.
 type heldUnique struct {
 	saved   bool   // own holds this rank's unique bytes (false at the start, where the live state is the state)
@@ -132,9 +194,13 @@ type heldUnique struct {
 	buddy   []byte // the predecessor's unique bytes at that commit
 	buddyOf string // the predecessor's peer ID then
 	// all: every rank's unique bytes at that commit, by peer ID, when
-	// members left there (their successors may leave with them).
-	all  map[string][]byte
-	size int // the job's size at that commit
+	// members left there (their successors may leave with them); or
+	// packed, the commit's allreduce, with every rank's bytes in a slot
+	// of packW words (see Commit).
+	all    map[string][]byte
+	packed []int64
+	packW  int
+	size   int // the job's size at that commit
 	// peers: the members at that commit (re-read once per epoch), which
 	// give the lost members of an event their ranks then.
 	peers      []p2p.Peer
@@ -145,7 +211,7 @@ type heldUnique struct {
 func NewElasticState(comm *Comm) *ElasticState {
 	// A member that started with the job holds commit 0, the state it
 	// registers; a joiner holds nothing until its first reset.
-	return &ElasticState{comm: comm, names: map[string]bool{}, has: !comm.joiner, held: heldUnique{size: comm.Size()}}
+	return &ElasticState{comm: comm, names: map[string]bool{}, has: !comm.joiner, held: heldUnique{size: comm.Size()}, slot: -1}
 }
 
 // Register adds replicated state as name, value pairs: *int, *int64,
@@ -275,8 +341,8 @@ func (s *ElasticState) restoreSnapshot() {
 }
 
 // Commit records the end of a step. It copies the replicated state (in
-// memory), saves the unique state and keeps a copy of it on the next rank
-// (the buddy), and, when joiners wait to join the job (agreed by every
+// memory), saves the unique state and gets a copy of it to the other
+// ranks (see UniqueState), and, when joiners wait to join the job (agreed by every
 // rank), admits them and gives them the state before it returns: Rank and
 // Size may then differ. Call it at the same point on every rank, outside
 // any step, and return its error from the loop: a *MembershipChangeError
@@ -287,8 +353,10 @@ func (s *ElasticState) restoreSnapshot() {
 // here, once the commit is taken everywhere: its Commit returns an error
 // matching ErrLeft, and the others go on from this commit without it.
 //
-// Its cost is a copy of the replicated state, one tiny allreduce, and, if
-// there is unique state, one ring shift of it.
+// Its cost is a copy of the replicated state and one small allreduce that
+// carries the agreement and every rank's unique state; unique state over
+// 4 KiB (compression residuals) takes a ring shift after a tiny
+// allreduce instead.
 func (s *ElasticState) Commit(ctx context.Context) error {
 	c := s.comm
 	if !c.Elastic() {
@@ -299,26 +367,67 @@ func (s *ElasticState) Commit(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// One tiny allreduce agrees on whether joiners wait (the ranks heard
-	// of them at different pings), on the largest unique blob, and on
-	// whether a rank leaves here (RequestLeave).
 	why := c.leaving()
-	agree := []int64{int64(c.node.PendingJoiners()), int64(len(blob)), 0}
-	if why != "" {
-		agree[2] = 1
-	}
-	if err := c.Allreduce(ctx, agree, Max, Name("elastic commit")); err != nil {
-		return err
-	}
-	s.hook("commit: agreed")
-	// Every rank entered this commit, so every rank holds the one before:
-	// a reset can no longer go back further than that (see reset).
-	s.prev = heldUnique{}
+	v := c.cur()
+	var joiners, leaving, maxLen int64
 	var got []byte
-	if agree[1] > 0 {
-		if got, err = s.shift(ctx, blob, int(agree[1])); err != nil {
+	var packed []int64
+	w := 1 + s.slot/8
+	if s.slot >= 0 && v.size*w <= maxPackedWords {
+		// One allreduce (a Sum: each rank fills only its own slot) agrees
+		// on whether joiners wait (the ranks heard of them at different
+		// pings) and whether a rank leaves here (RequestLeave), and gives
+		// every rank every rank's unique bytes.
+		packed = make([]int64, packHeader+v.size*w)
+		packed[packJoiners] = int64(c.node.PendingJoiners())
+		if why != "" {
+			packed[packLeaving] = 1
+		}
+		rec := packed[packHeader+v.rank*w:][:w]
+		rec[0] = int64(len(blob))
+		packBytes(rec[1:], blob) // as far as the slot holds it
+		if err := c.Allreduce(ctx, packed, Sum, Name("elastic commit")); err != nil {
 			return err
 		}
+		s.hook("commit: agreed")
+		// Every rank entered this commit, so every rank holds the one
+		// before: a reset can no longer go back further (see reset).
+		s.prev = heldUnique{}
+		joiners, leaving = packed[packJoiners], packed[packLeaving]
+		for r := range v.size {
+			maxLen = max(maxLen, packed[packHeader+r*w])
+		}
+		if maxLen > int64(s.slot) {
+			// Some rank's bytes outgrew the slot: the ring shift copies
+			// them all to their buddies.
+			packed = nil
+			if got, err = s.shift(ctx, blob, int(maxLen)); err != nil {
+				return err
+			}
+		} else if v.size > 1 {
+			got, _ = packedBytes(packed, w, (v.rank-1+v.size)%v.size)
+		}
+		s.slot = slotFor(maxLen)
+	} else {
+		// A tiny allreduce agrees on joiners, leaves and the largest
+		// unique bytes, and the ring shift copies each rank's to the
+		// next rank.
+		agree := []int64{int64(c.node.PendingJoiners()), int64(len(blob)), 0}
+		if why != "" {
+			agree[2] = 1
+		}
+		if err := c.Allreduce(ctx, agree, Max, Name("elastic commit")); err != nil {
+			return err
+		}
+		s.hook("commit: agreed")
+		s.prev = heldUnique{}
+		joiners, leaving, maxLen = agree[0], agree[2], agree[1]
+		if agree[1] > 0 {
+			if got, err = s.shift(ctx, blob, int(agree[1])); err != nil {
+				return err
+			}
+		}
+		s.slot = slotFor(agree[1])
 	}
 	s.hook("commit: shifted")
 	// Every collective of the commit succeeded here: take it. The commit
@@ -330,16 +439,19 @@ func (s *ElasticState) Commit(ctx context.Context) error {
 	s.has = true
 	s.prev = s.held
 	s.keepUnique(blob, got)
+	if packed != nil {
+		s.held.packed, s.held.packW = packed, w
+	}
 	s.lost = nil
 	s.hook("commit: taken")
-	if agree[0] == 0 && agree[2] == 0 {
+	if joiners == 0 && leaving == 0 {
 		return nil
 	}
 	start := time.Now()
-	if agree[2] > 0 {
+	if leaving > 0 && packed == nil {
 		// Members leave: everybody gets everybody's unique bytes, so
 		// that a leaver's buddy leaving with it takes nothing along.
-		if err := s.gatherAll(ctx, blob, int(agree[1])); err != nil {
+		if err := s.gatherAll(ctx, blob, int(maxLen)); err != nil {
 			return err
 		}
 	}
@@ -604,6 +716,7 @@ func (s *ElasticState) reset(ctx context.Context, initial bool, start time.Time)
 	if err := c.Allreduce(ctx, agree, Max, Name("elastic reset: unique size")); err != nil {
 		return err
 	}
+	s.slot = slotFor(agree[0])
 	var got []byte
 	if agree[0] > 0 {
 		if got, err = s.shift(ctx, blob, int(agree[0])); err != nil {
@@ -703,7 +816,7 @@ func (s *ElasticState) uniqueFor(joiner bool) (own map[string][]byte, adopted []
 		if alive[id] {
 			break
 		}
-		b, ok := h.all[id]
+		b, ok := h.blobOf(id)
 		if !ok && k == 1 && id == h.buddyOf {
 			b, ok = h.buddy, true
 		}
