@@ -10,9 +10,9 @@
 #
 # Usage: bash scripts/commit-overhead.sh [ROUNDS] [NP] [EPOCHS]   (from the repository root)
 set -euo pipefail
-rounds=${1:-7}
+rounds=${1:-9}
 np=${2:-4}
-epochs=${3:-3}
+epochs=${3:-10}
 bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT
 go build -o "$bin/gorun" ./cmd/gorun
