@@ -761,3 +761,69 @@ func TestElasticJoinerArgs(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestElasticEarlyJoinerArgs: a joiner that registers before the job's
+// ranks (its arguments could not be compared yet) is refused once they
+// have, when its arguments differ from theirs.
+func TestElasticEarlyJoinerArgs(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key, log := NewJobKey(), &logRec{}
+	rz, err := StartRendezvous(ctx, RendezvousConfig{ListenAddr: "127.0.0.1:0", Size: 2, JobKey: key, Logf: log.logf,
+		Elastic: &ElasticConfig{MinSize: 1, MaxSize: 3, HeartbeatTimeout: 2 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rz.Close()
+	cfg := func(rank int, args ...string) Config {
+		return Config{Rank: rank, Size: 2, JobKey: key, Rendezvous: rz.Addr(), Timeout: 20 * time.Second, Logf: log.logf,
+			Elastic: true, HeartbeatTimeout: 2 * time.Second, Args: args}
+	}
+	joined := make(chan error, 1)
+	go func() {
+		n, err := Join(ctx, cfg(-1, "--epochs", "10"))
+		if n != nil {
+			n.Close()
+		}
+		joined <- err
+	}()
+	eventually(t, 20*time.Second, "the joiner registered", func() bool {
+		rz.mu.Lock()
+		defer rz.mu.Unlock()
+		return len(rz.el.pending) == 1
+	})
+	nodes := make([]*Node, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Add(1)
+		go func() { defer wg.Done(); nodes[r], errs[r] = Join(ctx, cfg(r, "--epochs", "30")) }()
+	}
+	wg.Wait()
+	defer func() { // concurrently: a clean Close waits for its peers' side of the links
+		var cw sync.WaitGroup
+		for _, n := range nodes {
+			if n != nil {
+				cw.Add(1)
+				go func() { defer cw.Done(); n.Close() }()
+			}
+		}
+		cw.Wait()
+	}()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-joined:
+		if want := `its program arguments ["--epochs" "10"] differ from those the job's ranks started with, ["--epochs" "30"]`; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("the early joiner: %v, want it refused saying %s", err, want)
+		}
+	case <-ctx.Done():
+		t.Fatal("the early joiner was neither admitted nor refused")
+	}
+	for _, n := range nodes {
+		if n.PendingJoiners() != 0 {
+			t.Errorf("rank %d: %d pending joiners", n.Rank(), n.PendingJoiners())
+		}
+	}
+}

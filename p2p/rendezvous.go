@@ -639,6 +639,7 @@ func (r *Rendezvous) afterRegister() {
 	missing := r.missingLocked()
 	conns := r.connsLocked()
 	var table []tableItem
+	away := &outbox{}
 	if len(missing) == 0 && !r.tableSent {
 		r.tableSent = true
 		close(r.allReg)
@@ -647,12 +648,14 @@ func (r *Rendezvous) afterRegister() {
 		}
 		if r.cfg.Elastic != nil {
 			r.startElasticLocked()
+			r.refuseEarlyJoinersLocked(away)
 		}
 	}
 	if r.cfg.Elastic != nil {
 		conns = slices.DeleteFunc(conns, func(c *rzConn) bool { return c.joiner })
 	}
 	r.mu.Unlock()
+	r.deliver(away)
 	m := &msg{T: tPing, Missing: missing}
 	if table != nil {
 		r.cfg.Logf("rendezvous: all %d ranks registered, sending table", r.cfg.Size)

@@ -124,17 +124,43 @@ func (r *Rendezvous) registerJoinerLocked(c *rzConn) error {
 	case r.tableSent && len(r.el.members) == 0:
 		// Nobody could admit it, nor give it the job's state.
 		return errors.New("the job has no members left (its last member finished or was lost): there is nobody to join")
-	case r.tableSent && !r.el.argsVary && !slices.Equal(c.args, r.el.args):
+	case r.tableSent && r.argsRefusalLocked(c.args) != "":
 		// Admitted, it would train something else or call other
 		// collectives, and fail the job that ran fine before it came.
-		return fmt.Errorf("its program arguments %s differ from those the job's ranks started with, %s: start it with the job's arguments (gorun --job-key-file prints the whole command)",
-			quoteArgs(c.args), quoteArgs(r.el.args))
+		return errors.New(r.argsRefusalLocked(c.args))
 	}
 	c.id = r.el.nextID
 	r.el.nextID++
 	r.regs[c.id] = c
 	r.el.pending = append(r.el.pending, c)
 	return nil
+}
+
+// argsRefusalLocked is why a joiner with arguments args may not join, or
+// "" if it may.
+func (r *Rendezvous) argsRefusalLocked(args []string) string {
+	if r.el.argsVary || slices.Equal(args, r.el.args) {
+		return ""
+	}
+	return fmt.Sprintf("its program arguments %s differ from those the job's ranks started with, %s: start it with the job's arguments (gorun --job-key-file prints the whole command)",
+		quoteArgs(args), quoteArgs(r.el.args))
+}
+
+// refuseEarlyJoinersLocked sends away the joiners that registered before
+// the job's ranks did (their arguments could not be compared then) and
+// whose arguments differ from the ranks'.
+func (r *Rendezvous) refuseEarlyJoinersLocked(out *outbox) {
+	el := &r.el
+	el.pending = slices.DeleteFunc(el.pending, func(p *rzConn) bool {
+		why := r.argsRefusalLocked(p.args)
+		if why == "" {
+			return false
+		}
+		r.cfg.Logf("rendezvous: refused joiner %s from %s: %s", p.item.ID, p.addr, why)
+		out.add(p, &msg{T: tAbort, Text: why})
+		r.procEventLocked(ProcEvent{Kind: ProcSentAway, Member: r.memberOf(p, -1), Cause: why})
+		return true
+	})
 }
 
 // quoteArgs shows arguments as Go quotes them, in brackets: [] for none.
