@@ -507,7 +507,7 @@ func TestCheckpointHostEnvAndReplicasFlag(t *testing.T) {
 }
 
 // A negative --checkpoint-replicas is refused in one line before any rank
-// starts; --help documents the flag.
+// starts; --help lists the flag and gorun help checkpoints explains it.
 func TestCheckpointReplicasFlagRefused(t *testing.T) {
 	dir := t.TempDir()
 	marker := filepath.Join(dir, "started")
@@ -532,8 +532,12 @@ func TestCheckpointReplicasFlagRefused(t *testing.T) {
 		}
 	}
 	out, _, _ := run(t, nil, gorunBin, "--help")
-	if w := "--checkpoint-replicas k         keep each checkpoint file on k more hosts' checkpoint directories than its own (replicated local checkpoints, when hosts do not share the directory; see package checkpoint)"; !strings.Contains(strings.Join(strings.Fields(out), " "), strings.Join(strings.Fields(w), " ")) {
+	if w := "Checkpoint flags: --checkpoint-replicas k keep each checkpoint file on k more hosts than its own"; !strings.Contains(strings.Join(strings.Fields(out), " "), w) {
 		t.Errorf("--help lacks %q:\n%s", w, out)
+	}
+	out, _, _ = run(t, nil, gorunBin, "help", "checkpoints")
+	if w := "--checkpoint-replicas k keeps each checkpoint file on k more hosts' checkpoint directories than its own: replicated local checkpoints, when hosts do not share the directory (see package checkpoint)"; !strings.Contains(strings.Join(strings.Fields(out), " "), w) {
+		t.Errorf("gorun help checkpoints lacks %q:\n%s", w, out)
 	}
 }
 

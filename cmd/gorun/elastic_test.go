@@ -314,10 +314,17 @@ func TestElasticFlagsInHelpAndArgs(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	for _, want := range []string{"--min-np", "--max-np", "--host-discovery-script", "--discovery-interval", "--elastic-timeout",
-		"--heartbeat-timeout", "--blacklist-cooldown", "GORUN_ELASTIC=1", "grows back to -np", "never banned for good"} {
+	for _, want := range []string{"Elastic flags:", "--min-np", "--max-np", "--host-discovery-script", "--discovery-interval", "--elastic-timeout",
+		"--heartbeat-timeout", "--blacklist-cooldown", "--job-key-file"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("--help lacks %q", want)
+		}
+	}
+	out, _, code = run(t, nil, gorunBin, "help", "elastic")
+	for _, want := range []string{"GORUN_ELASTIC=1", "grows back to -np", "never banned for good", "room above is for ranks started by hand",
+		"GORUN_JOB_KEY_FILE=FILE", "10×MIN"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("gorun help elastic: exit %d, lacks %q", code, want)
 		}
 	}
 	in := []string{"--min-np", "2", "--elastic-timeout", "60s", "--host-discovery-script", "./h.sh", "-np", "4", "./train", "-np", "3"}

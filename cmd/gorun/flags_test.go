@@ -15,9 +15,18 @@ func TestGorunHelpDocumentsFlags(t *testing.T) {
 	}
 	for _, want := range []string{"-np", "-H, --hosts", "--hostfile", "--ssh-port", "--ssh-identity-file", "--network-interface",
 		"--start-timeout", "--timeout", "--output-dir", "-x, --env", "--verbose", "--config", "--max-restarts", "--grace",
-		"gorun -np 8 -H node1:4,node2:4", "GORUN_SSH_OPTS", "same path on every host"} {
+		"gorun -H node1:4,node2:4"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("--help lacks %q", want)
+		}
+	}
+	// What hosts need is in the manual's topic on hosts.
+	out, _, code = run(t, nil, gorunBin, "help", "hosts")
+	out = strings.Join(strings.Fields(out), " ")
+	for _, want := range []string{"gorun -np 8 -H node1:4,node2:4", "GORUN_SSH_OPTS", "same path on every host", "--ssh-identity-file",
+		"a host without :N has 1 slot", "one \"host slots=N\" per line"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("gorun help hosts: exit %d, lacks %q", code, want)
 		}
 	}
 }

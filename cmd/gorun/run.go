@@ -68,123 +68,17 @@ func newRootCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "gorun -np N [-H host:slots,...] [flags] [--] PROGRAM [ARGS...]",
 		Short: "Launch a data-parallel job: N ranks of PROGRAM, on one host or many, that meet over libp2p",
-		Long: `gorun starts N ranks of PROGRAM, gives each its identity and the job's secret
-key in the environment (GORUN_RANK, GORUN_SIZE, GORUN_LOCAL_RANK,
-GORUN_LOCAL_SIZE, GORUN_RENDEZVOUS, GORUN_JOB_KEY, GORUN_TIMEOUT,
-GORUN_RESTART_COUNT, GORUN_LISTEN_IP, and GORUN_HOST: its host's name as
--H, --hostfile or the discovery script gives it, localhost without them),
-hosts the rendezvous where they find each other, prefixes every output
-line with its rank ([rank], or [host:rank] when the job spans hosts), and
-fails the job as a whole: when a rank fails, the others are stopped
-(SIGTERM, then SIGKILL after --grace) on every host, and gorun exits
-non-zero naming the rank, its host and its exit status (ranks that failed
-the same way are named once). Ctrl-C stops every rank the same way, and
-gorun exits 130 (143 after SIGTERM, 141 when its output
-pipe closes, as in gorun ... | head).
-
-Identical lines that several ranks print at about the same time (a usage
-message, --help) are printed once, prefixed with the ranks: [0-3]. When
-gorun's stderr is a terminal, ranks get GORUN_TTY=1, and a status a rank
-draws with '\r' (a progress bar) is shown live on the last line of the
-screen, below the output lines.
-
-Hosts (-H or --hostfile) are filled in order: the first host takes as many
-ranks as it has slots, then the next. Without -np, the job has one rank per
-slot. Ranks on this host (localhost, its name or one of its addresses) run
-without ssh; the others run through the system ssh client (BatchMode, so keys
-or an agent, not passwords; ~/.ssh/config applies; extra ssh options can be
-given in GORUN_SSH_OPTS, e.g. GORUN_SSH_OPTS="-F ./ssh_config"). As with
-horovodrun, PROGRAM must exist at the same path on every host, and gorun's
-working directory must exist on every host: remote ranks start there. Remote
-hosts need a POSIX sh and setsid (util-linux); ip (iproute2) is used to find
-the address a remote rank listens on.
-
-Inside a Slurm allocation (an sbatch script or a salloc shell: SLURM_JOB_ID
-and SLURM_JOB_NODELIST set) and without -H or --hostfile, the hosts are the
-allocation's nodes with one slot per task Slurm gave each
-(SLURM_TASKS_PER_NODE), and remote ranks start with srun instead of ssh, as
-mpirun does there: one job step of one task per rank (srun --nodes=1
---ntasks=1 --nodelist=HOST --overlap --kill-on-bad-exit=1 --cpu-bind=none
---export=ALL --quiet --quiet, plus GORUN_SRUN_OPTS; -v there brings srun's
-own messages back). Such ranks see gorun's environment (and
-the -x variables and GORUN_* as always). --launcher ssh keeps ssh there;
---launcher srun uses srun for -H hosts too (in an allocation only).
-
-Before starting anything, gorun checks that every remote host can be reached
-(all at once); an unreachable host is named with ssh's error and nothing
-starts. The job key is sent to remote ranks over the ssh session's stdin,
-never on a command line. The rendezvous listens on the address from which
-the remote hosts reach this host (--verbose says which; --network-interface
-chooses), and every rank listens on its host's address on that network.
-Ranks on the same host talk over unix sockets, ranks on different hosts over
-TLS.
-
---checkpoint-replicas k hands every rank GORUN_CHECKPOINT_REPLICAS=k, which
-package checkpoint reads; unset, the library's default applies (2 when the
-job's checkpoint directories are per host: "{host}" in the directory, which
-each rank expands with its GORUN_HOST). A negative k is refused before
-anything starts.
-
---config FILE reads any of these flags from YAML (keys are the long flag
-names: np, hosts, hostfile, env: [A=1, B], start-timeout: 60s, ...); flags
-on the command line win.
-
-Elastic jobs (Horovod's grammar): with --min-np below -np, --max-np above
-it, or --host-discovery-script, a rank that fails (or is killed, or whose
-host goes silent for --heartbeat-timeout) does not fail the job: gorun says
-which rank was lost and how, the rendezvous forms a new membership epoch
-with the ranks left, and gorun says which ranks it has, whom it lost and how
-long the reset took. Every rank gets GORUN_ELASTIC=1 and
-GORUN_HEARTBEAT_TIMEOUT; the program must follow the membership changes (see
-the collective package's elastic API). A host on which a rank failed gets no
-new rank for --blacklist-cooldown (10s), doubled with each further failure
-in a row up to the maximum (100s), and forgiven after it ran that maximum
-without one: never banned for good. Then gorun starts a joiner there
-(GORUN_RANK=-1, GORUN_SIZE still -np) in the lost rank's place, so a job on
-fixed hosts (-H, --hostfile, or this host) grows back to -np. With
---host-discovery-script, the script is run at start (its hosts replace -H;
-without -np, one rank per slot it lists, at most --max-np) and then every
---discovery-interval (3s), each run bounded by 10s; it prints one
-host:slots line per host. New slots get joiners while the job has fewer
-than --max-np ranks (default: as many as the script lists); the ranks of a
-host it no longer lists, or beyond the slots it lists, are stopped (SIGTERM,
-then SIGKILL after --grace). A run that fails or prints no host is logged,
-and the last list kept. If its first list has only this host, give
---network-interface for remote hosts it may add later to reach the
-rendezvous. Below --min-np the job waits --elastic-timeout
-(600s) for ranks to join, then fails saying so; it also fails when no rank
-is left. Otherwise it succeeds when the ranks left exit 0; once one has,
-gorun starts no more joiners. Before every rank of the start has
-registered, a failure fails the job as usual. Output prefixes and gorun's
-messages number processes in the order gorun starts them (the starting
-ranks keep their rank; joiners come after), not by their rank in later
-epochs. --max-restarts with an elastic job relaunches it only when it
-fails as a whole (with --host-discovery-script, on the hosts the script
-lists then). Once a rank has exited 0, a rank that fails fails the job, as
-in a fixed-size job; once the rendezvous has no member left, what still
-runs is stopped after --grace. With --job-key-file FILE, gorun prints the
-environment with which a rank started by hand (GORUN_RANK=-1) joins the
-job, up to --max-np.
-
-If PROGRAM is a Go package directory (./examples/mnist, or .), gorun builds
-it once, in its own directory (so a package with its own go.mod builds too),
-into a cache reused from run to run (~/.cache/gorun/build), and runs the
-binary on every rank (on this host; for remote hosts, build it to a shared
-path yourself).`,
-		Example: `  gorun -np 4 ./examples/mnist
-  gorun -np 2 --timeout 30s ./train --epochs 3
-  gorun -np 4 -x OMP_NUM_THREADS=1 -x PATH -- ./train -v
-  gorun -np 8 -H node1:4,node2:4 /shared/bin/train
-  gorun -H node1:4,node2:4 --network-interface eth1 /shared/bin/train
-  gorun --hostfile hosts.txt --ssh-port 2222 --ssh-identity-file ~/.ssh/id_ed25519 ./train
-        (hosts.txt: one "host slots=N" per line, # comments)
-  gorun -np 8 -H node1:4,node2:4 --output-dir logs --max-restarts 2 ./train
-  gorun -np 4 --min-np 2 --max-np 6 ./train
-        (elastic: goes on with 2 to 6 ranks; a lost rank is replaced after its host's cooldown)
+		// gorun --help is one page: these few lines, the examples, and
+		// the flags in groups (help.go); the manual is in help topics.
+		Long: `gorun runs a data-parallel job: N ranks of PROGRAM on this host or on many
+(over ssh, or srun in a Slurm allocation). It hosts the rendezvous where the
+ranks meet, gives each its identity in GORUN_* variables, prefixes their output
+with their rank, and stops every rank when one fails, unless the job is elastic.`,
+		Example: `  gorun -np 4 ./train --epochs 10               # 4 ranks on this host
+  gorun -H node1:4,node2:4 /shared/bin/train    # 8 ranks on two hosts, over ssh
+  gorun -np 4 --min-np 2 ./train                # elastic: goes on with 2 to 4 ranks
   gorun --min-np 2 --max-np 8 --host-discovery-script ./hosts.sh /shared/bin/train
-        (hosts.sh prints "node1:4" lines; polled every 3s)
-  gorun --config job.yaml ./train
-  gorun bench -np 4 --sizes 4,1M,64M`,
+  gorun bench -np 4 --sizes 4,1M,64M            # allreduce bandwidth, like nccl-tests`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return errors.New("no program to run: write gorun -np N PROGRAM [ARGS...], e.g. gorun -np 4 ./examples/mnist; gorun --help lists gorun's flags")
@@ -210,34 +104,41 @@ path yourself).`,
 		return unknownFlagHint(err, os.Args[1:])
 	})
 	fl := cmd.Flags()
-	fl.IntVar(&f.np, "np", 1, "number of ranks, also -np N as in horovodrun and mpirun; with -H/--hostfile and no -np, one per slot")
-	fl.StringVarP(&f.hosts, "hosts", "H", "", "hosts and their slots: host1:2,host2:2 (a host without :N has 1 slot)")
-	fl.StringVar(&f.hostfile, "hostfile", "", "file listing hosts, one \"host slots=N\" per line, # comments")
-	fl.StringVar(&f.bindTo, "bind-to", "", "bind each rank to its share of its host's cores: auto (the default: when the host has at least as many cores as ranks, as mpirun's --bind-to core) or none")
-	fl.StringVar(&f.launcherKind, "launcher", "auto", "how remote ranks start: ssh, srun (a Slurm job step per rank; inside an allocation only), or auto: srun inside a Slurm allocation when the hosts are the allocation's (no -H or --hostfile), else ssh")
-	fl.IntVar(&f.sshPort, "ssh-port", 0, "ssh port of the remote hosts (default: ssh's, or ~/.ssh/config's)")
-	fl.StringVar(&f.sshIdentity, "ssh-identity-file", "", "ssh private key for the remote hosts (ssh -i)")
-	fl.StringVar(&f.netIf, "network-interface", "", "interface NAME or CIDR whose address the rendezvous and ranks on this host listen on and advertise (default: the address the remote hosts reach this host at)")
-	fl.DurationVar(&f.timeout, "timeout", 0, "collective timeout handed to the ranks as GORUN_TIMEOUT (default 60s)")
-	fl.DurationVar(&f.startTimeout, "start-timeout", 30*time.Second, "every rank must register with the rendezvous within this; also the ssh connect timeout (at most 30s)")
-	fl.DurationVar(&f.grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when stopping ranks")
-	fl.StringVar(&f.outputDir, "output-dir", "", "also write each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr")
-	fl.StringArrayVarP(&f.env, "env", "x", nil, "pass NAME=VALUE, or NAME from gorun's environment, to every rank (repeatable; remote ranks get only these, the GORUN_* gorun sets, and the tuning variables set in gorun's environment: GORUN_ALLREDUCE_ALGORITHMS, GORUN_CHUNK_BYTES, GORUN_DATA_PLANE, GORUN_POLL_US, GORUN_SHM, GORUN_SHM_BYTES)")
-	fl.IntVar(&f.maxRestarts, "max-restarts", 0, "relaunch the whole job after a failure, up to this many times (ranks see GORUN_RESTART_COUNT)")
-	fl.BoolVar(&f.verbose, "verbose", false, "say what gorun does: hosts checked, addresses chosen, rendezvous, stop times")
-	fl.StringVar(&f.config, "config", "", "YAML file of flag values (long flag names as keys); command-line flags win")
-	fl.StringVar(&f.timeline, "timeline", "", "write a Chrome trace of every rank's collectives to this file (GORUN_TIMELINE; open in chrome://tracing or Perfetto)")
-	fl.Var(&f.ckptReplicas, "checkpoint-replicas", "keep each checkpoint file on `k` more hosts' checkpoint directories than its own (replicated local checkpoints, when hosts do not share the directory; see package checkpoint)")
-	fl.IntVar(&f.minNP, "min-np", 0, "elastic: the fewest ranks the job goes on with (default: -np); below -np makes the job elastic")
-	fl.IntVar(&f.maxNP, "max-np", 0, "elastic: the most ranks the job runs with (default: -np, or the slots the discovery script lists); above -np makes the job elastic. Without --host-discovery-script gorun itself starts no more than -np ranks: the room above is for ranks started by hand (--job-key-file)")
-	fl.StringVar(&f.discovery, "host-discovery-script", "", "elastic: executable printing the job's hosts as host:slots lines, run at start (its hosts replace -H) and every --discovery-interval")
-	fl.DurationVar(&f.discoveryInterval, "discovery-interval", launcher.DefaultDiscoveryInterval, "elastic: how often the host discovery script is run")
-	fl.DurationVar(&f.elasticTimeout, "elastic-timeout", launcher.DefaultElasticTimeout, "elastic: how long the job may wait below --min-np for ranks to join before it fails")
-	fl.DurationVar(&f.heartbeatTimeout, "heartbeat-timeout", launcher.DefaultHeartbeatTimeout, "elastic: a rank (or host) silent this long is lost (GORUN_HEARTBEAT_TIMEOUT)")
-	fl.StringVar(&f.jobKeyFile, "job-key-file", "", "elastic: keep the job key in FILE (created mode 0600 if missing) and print the environment with which a rank started by hand joins the job (GORUN_RANK=-1 GORUN_JOB_KEY_FILE=FILE ...)")
-	fl.StringVar(&f.cooldown, "blacklist-cooldown", defaultCooldown, "elastic: MIN[,MAX]: a host where a rank failed gets no new rank for MIN, doubled per further failure in a row up to MAX (default MAX: 10×MIN); never a permanent ban")
+	// One line each in gorun --help, under the headings of flagGroups
+	// (help.go); the rest of what a flag does is in a help topic.
+	fl.IntVar(&f.np, "np", 1, "run `N` ranks (also written -np N)")
+	fl.StringArrayVarP(&f.env, "env", "x", nil, "pass `NAME[=VALUE]` to every rank (repeatable)")
+	fl.StringVar(&f.bindTo, "bind-to", "", "bind each rank to its share of its host's cores: auto or none")
+	fl.DurationVar(&f.timeout, "timeout", 0, "collective timeout, GORUN_TIMEOUT (default 60s)")
+	fl.DurationVar(&f.startTimeout, "start-timeout", 30*time.Second, "time for every rank to reach the rendezvous")
+	fl.DurationVar(&f.grace, "grace", 5*time.Second, "time from SIGTERM to SIGKILL when stopping ranks")
+	fl.IntVar(&f.maxRestarts, "max-restarts", 0, "relaunch the whole job after a failure, up to `K` times")
+	fl.StringVar(&f.config, "config", "", "read flag values from a YAML `FILE`; the command line wins")
+
+	fl.StringVarP(&f.hosts, "hosts", "H", "", "hosts and their slots, e.g. node1:4,node2:4")
+	fl.StringVar(&f.hostfile, "hostfile", "", "hosts from a `FILE` of \"host slots=N\" lines (# comments)")
+	fl.StringVar(&f.launcherKind, "launcher", "auto", "how remote ranks start: ssh, srun or auto")
+	fl.IntVar(&f.sshPort, "ssh-port", 0, "ssh `PORT` of the remote hosts (default: ssh's)")
+	fl.StringVar(&f.sshIdentity, "ssh-identity-file", "", "ssh private key `FILE` for the remote hosts (ssh -i)")
+	fl.StringVar(&f.netIf, "network-interface", "", "interface `NAME|CIDR` the rendezvous and ranks listen on")
+
+	fl.IntVar(&f.minNP, "min-np", 0, "go on with at least `N` ranks (elastic when below -np)")
+	fl.IntVar(&f.maxNP, "max-np", 0, "run at most `N` ranks (elastic when above -np)")
+	fl.StringVar(&f.discovery, "host-discovery-script", "", "a `SCRIPT` printing the job's hosts as host:slots lines")
+	fl.DurationVar(&f.discoveryInterval, "discovery-interval", launcher.DefaultDiscoveryInterval, "how often the discovery script runs")
+	fl.DurationVar(&f.elasticTimeout, "elastic-timeout", launcher.DefaultElasticTimeout, "how long the job may wait below --min-np")
+	fl.DurationVar(&f.heartbeatTimeout, "heartbeat-timeout", launcher.DefaultHeartbeatTimeout, "a rank or host silent this long is lost")
+	fl.StringVar(&f.cooldown, "blacklist-cooldown", defaultCooldown, "no ranks on a failed host for `MIN[,MAX]`")
+	fl.StringVar(&f.jobKeyFile, "job-key-file", "", "keep the job key in `FILE`; print how to join by hand")
+
+	fl.StringVar(&f.outputDir, "output-dir", "", "also write each rank's output to `DIR`/rank.N/{stdout,stderr}")
+	fl.BoolVar(&f.verbose, "verbose", false, "say what gorun does: hosts, addresses, rendezvous, stops")
+	fl.StringVar(&f.timeline, "timeline", "", "write a Chrome trace of the ranks' collectives to `FILE`")
+
+	fl.Var(&f.ckptReplicas, "checkpoint-replicas", "keep each checkpoint file on `k` more hosts than its own")
 	cmd.AddCommand(newBenchCmd(), newBenchWorkerCmd())
 	cmd.AddCommand(newCheckpointCmd())
+	setUpHelp(cmd)
 	return cmd
 }
 
