@@ -247,13 +247,23 @@ Then gorun starts a joiner there (GORUN_RANK=-1, GORUN_SIZE still -np) in
 the lost rank's place, so a job on fixed hosts (-H, --hostfile, or this
 host) grows back to -np.
 
+A rank sent SIGTERM (a deleted pod, a preempted job, a slot the discovery
+script dropped) leaves gracefully when the program leaves on it
+(collective's Comm.LeaveOnSignal): it finishes its step and leaves at its
+commit, handing its state over, and the others go on from there without
+running a step again. gorun says "rank 2 (pid N) left the job (SIGTERM):
+the job goes on with 3 ranks; no step lost"; a rank that left is neither
+finished nor lost, and its host cools down as after a failure. A second
+SIGTERM, or SIGKILL after the grace period, is a loss like kill -9.
+
 With --host-discovery-script, the script is run at start (its hosts replace
 -H; without -np, one rank per slot it lists, at most --max-np) and then every
 --discovery-interval (3s), each run bounded by 10s; it prints one host:slots
 line per host. New slots get joiners while the job has fewer than --max-np
 ranks (default: as many as the script lists); the ranks of a host it no
 longer lists, or beyond the slots it lists, are stopped (SIGTERM, then
-SIGKILL after --grace). A run that fails or prints no host is logged, and
+SIGKILL after --grace): programs that leave on SIGTERM cost no step. A
+run that fails or prints no host is logged, and
 the last list kept. If its first list has only this host, give
 --network-interface for remote hosts it may add later to reach the
 rendezvous.
@@ -272,8 +282,9 @@ Output prefixes and gorun's messages number processes in the order gorun
 starts them (the starting ranks keep their rank; joiners come after), not by
 their rank in later epochs.
 
-With --job-key-file FILE, gorun prints the environment with which a rank
-started by hand (GORUN_RANK=-1) joins the job, up to --max-np.
+With --job-key-file FILE, gorun prints the whole command with which a rank
+started by hand (GORUN_RANK=-1) joins the job, up to --max-np; the
+rendezvous refuses a joiner whose arguments differ from the job's ranks'.
 
 Flags:
   --min-np N
