@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
-	"github.com/gorun/gorun/internal/s3test"
+	"github.com/gorun/gorun/internal/testenv/s3test"
 )
 
 // BenchmarkSave64MiB times a barrier checkpoint of 64 MiB of replicated
@@ -57,7 +57,7 @@ func BenchmarkSave64MiB(b *testing.B) {
 // per-rank int64 blob) by in-process ranks over collective's local
 // transport, and sets b.SetBytes(benchSize), so MB/s is the checkpoint's
 // bytes per second (10^6 bytes). Back ends: "dir", one directory shared by
-// every rank; "s3", a versitygw server on loopback (internal/s3test; the
+// every rank; "s3", a versitygw server on loopback (internal/testenv/s3test; the
 // s3 cases skip when versitygw is not installed); "repl", replicated local
 // directories, the first half of the ranks in one directory and the second
 // half in another (two storage domains), WithReplicas(1).

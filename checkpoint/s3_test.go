@@ -29,10 +29,10 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/gorun/gorun/collective"
-	"github.com/gorun/gorun/internal/s3test"
+	"github.com/gorun/gorun/internal/testenv/s3test"
 )
 
-// startVersity starts a versitygw server (internal/s3test), creates bucket
+// startVersity starts a versitygw server (internal/testenv/s3test), creates bucket
 // and points the standard AWS environment at it for the rest of the test.
 func startVersity(t *testing.T, bucket string) *s3test.Server {
 	v := s3test.Start(t)

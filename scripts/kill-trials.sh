@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # kill-trials.sh [TRIALS] [NP] [STEPS] [EVERY]: the kill/resume experiment of
-# issue 6. Trains internal/ckptprog (linear regression with momentum, a
+# issue 6. Trains internal/testenv/progs/ckptprog (linear regression with momentum, a
 # checkpoint every EVERY steps) under `gorun -np NP --max-restarts 3`, once
 # uninterrupted and then TRIALS times with a random rank sending itself
 # SIGKILL before a random step on the first launch, and counts the trials
@@ -15,7 +15,7 @@ trials=${1:-20} np=${2:-4} steps=${3:-200} every=${4:-10} seed=${SEED:-11} withi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 go build -o "$work/gorun" ./cmd/gorun
-go build -o "$work/ckptprog" ./internal/ckptprog
+go build -o "$work/ckptprog" ./internal/testenv/progs/ckptprog
 
 train() { # name [kill]
   local name=$1 kill=${2:-}

@@ -18,11 +18,11 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/gorun/gorun/internal/s3test"
+	"github.com/gorun/gorun/internal/testenv/s3test"
 )
 
 // These tests run ckptprog under gorun with its checkpoints in a real S3
-// server (versitygw on loopback, internal/s3test); the ranks get the AWS
+// server (versitygw on loopback, internal/testenv/s3test); the ranks get the AWS
 // configuration from gorun's environment, as a job on one host does.
 
 // ckptS3Steps and ckptS3Every are the length of the S3 jobs and their

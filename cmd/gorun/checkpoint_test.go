@@ -26,7 +26,7 @@ var (
 	ckptprogErr  error
 )
 
-// ckptprog builds internal/ckptprog next to gorunBin (TestMain removes it).
+// ckptprog builds internal/testenv/progs/ckptprog next to gorunBin (TestMain removes it).
 func ckptprog(t *testing.T) string {
 	t.Helper()
 	ckptprogOnce.Do(func() {
@@ -35,7 +35,7 @@ func ckptprog(t *testing.T) string {
 		if raceEnabled {
 			args = append(args, "-race")
 		}
-		out, err := exec.Command("go", append(args, "../../internal/ckptprog")...).CombinedOutput()
+		out, err := exec.Command("go", append(args, "../../internal/testenv/progs/ckptprog")...).CombinedOutput()
 		if err != nil {
 			ckptprogErr = err
 			t.Logf("%s", out)
@@ -44,7 +44,7 @@ func ckptprog(t *testing.T) string {
 		ckptprogBin = bin
 	})
 	if ckptprogErr != nil {
-		t.Fatalf("building internal/ckptprog: %v", ckptprogErr)
+		t.Fatalf("building internal/testenv/progs/ckptprog: %v", ckptprogErr)
 	}
 	return ckptprogBin
 }

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/internal/netns"
-	"github.com/gorun/gorun/internal/slurmtest"
+	"github.com/gorun/gorun/internal/testenv/netns"
+	"github.com/gorun/gorun/internal/testenv/slurmtest"
 )
 
 // doctorIn runs gorun doctor inside host h of cluster c, with the test's
@@ -321,7 +321,7 @@ func TestDoctorSlurmAllocationHosts(t *testing.T) {
 }
 
 // TestDoctorSlurm runs gorun doctor in an sbatch allocation of two nodes
-// (see internal/slurmtest), without -H: it checks the allocation's nodes,
+// (see internal/testenv/slurmtest), without -H: it checks the allocation's nodes,
 // reaching node2 with srun (the nodes' sshd does not know a key of
 // gorun's), which sends it the agent and runs it as a job step.
 func TestDoctorSlurm(t *testing.T) {

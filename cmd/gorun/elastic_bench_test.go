@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/internal/netns"
+	"github.com/gorun/gorun/internal/testenv/netns"
 )
 
 // BenchmarkElasticRecovery measures what a lost rank costs a running
-// 4-rank job of internal/elastictrain (10 ms of compute per step): the
+// 4-rank job of internal/testenv/progs/elastictrain (10 ms of compute per step): the
 // time from the fault (kill -9, or SIGSTOP, of rank 2) to the job's next
 // completed step, on one host and on 2 namespace hosts (2 ranks each, the
 // victim on the remote one), elastic (gorun --min-np 2, default 3 s

@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// Graceful leaves with real processes (internal/elastictrain leaves on
+// Graceful leaves with real processes (internal/testenv/progs/elastictrain leaves on
 // SIGTERM at its next commit, as collective.Comm.LeaveOnSignal does): the
 // others go on from that commit, and no collective of theirs fails, so no
 // step is run again.

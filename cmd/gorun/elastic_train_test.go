@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/internal/netns"
+	"github.com/gorun/gorun/internal/testenv/netns"
 )
 
-// Elastic training with real processes: gorun runs internal/elastictrain,
+// Elastic training with real processes: gorun runs internal/testenv/progs/elastictrain,
 // a training loop on collective.RunElastic with an exact (int64) model, and
 // the tests kill, freeze, cut off and add ranks and hosts under it. Every
 // test checks that each rank left ends with the parameters of an
@@ -28,7 +28,7 @@ import (
 // elastictrain -gate-file) until the test has done what it came for: so a
 // kill always lands in a running job, and the test never sleeps to wait.
 
-// etTrainBin is internal/elastictrain, built by TestMain.
+// etTrainBin is internal/testenv/progs/elastictrain, built by TestMain.
 func etTrainBin(t testing.TB) string { return elastictrainBin }
 
 // The rank program's lines, as gorun prints them (after its "[label] "
@@ -582,7 +582,7 @@ func TestElasticTrainHostJoins(t *testing.T) {
 }
 
 // The multi-host tests: gorun and its rendezvous on host 0, ranks on 2 or
-// 3 namespace hosts (internal/netns; skipped without root and namespaces).
+// 3 namespace hosts (internal/testenv/netns; skipped without root and namespaces).
 
 // etRemotePIDs lists the elastictrain processes in host h.
 func etRemotePIDs(c *netns.Cluster, h *netns.Host, bin string) []int {

@@ -33,8 +33,8 @@ func TestMain(m *testing.M) {
 	os.Setenv(p2p.EnvHangDir, dir)
 	gorunBin, testprogBin, rankprogBin = filepath.Join(dir, "gorun"), filepath.Join(dir, "testprog"), filepath.Join(dir, "rankprog")
 	elasticprogBin, elastictrainBin = filepath.Join(dir, "elasticprog"), filepath.Join(dir, "elastictrain")
-	for bin, pkg := range map[string]string{gorunBin: ".", testprogBin: "../../internal/testprog", rankprogBin: "./testdata/rankprog",
-		elasticprogBin: "../../internal/elasticprog", elastictrainBin: "../../internal/elastictrain"} {
+	for bin, pkg := range map[string]string{gorunBin: ".", testprogBin: "../../internal/testenv/progs/testprog", rankprogBin: "../../internal/testenv/progs/rankprog",
+		elasticprogBin: "../../internal/testenv/progs/elasticprog", elastictrainBin: "../../internal/testenv/progs/elastictrain"} {
 		args := []string{"build", "-o", bin}
 		// rankprog has nothing to race, and starts faster without.
 		if raceEnabled && bin != rankprogBin {
@@ -128,7 +128,7 @@ func TestGorunBadFlags(t *testing.T) {
 func TestGorunBuildsGoPackage(t *testing.T) {
 	// The binary goes to the build cache: the test's own, not the user's.
 	w := newBuildWorld(t)
-	out, errOut, code := run(t, append(w.env, "TESTPROG_MODE=ok", "TESTPROG_SOURCE=built"), gorunBin, "-np", "2", "../../internal/testprog")
+	out, errOut, code := run(t, append(w.env, "TESTPROG_MODE=ok", "TESTPROG_SOURCE=built"), gorunBin, "-np", "2", "../../internal/testenv/progs/testprog")
 	if code != 0 || !strings.Contains(out, "[1] rank 1 of 2 ok (source built)") {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}

@@ -27,7 +27,7 @@ var hangprogBin = sync.OnceValues(func() (string, error) {
 	if raceEnabled {
 		args = append(args, "-race")
 	}
-	if out, err := exec.Command("go", append(args, "../../internal/hangprog")...).CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", append(args, "../../internal/testenv/progs/hangprog")...).CombinedOutput(); err != nil {
 		return "", &buildError{err, out}
 	}
 	return bin, nil
@@ -39,7 +39,7 @@ type buildError struct {
 }
 
 func (e *buildError) Error() string {
-	return "building internal/hangprog: " + e.err.Error() + "\n" + string(e.out)
+	return "building internal/testenv/progs/hangprog: " + e.err.Error() + "\n" + string(e.out)
 }
 
 // A rank that hangs makes the ranks waiting for it warn after the stall

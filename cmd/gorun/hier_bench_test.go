@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/internal/netns"
+	"github.com/gorun/gorun/internal/testenv/netns"
 )
 
 // BenchmarkHierarchicalSlowLink compares the flat ring allreduce with the
@@ -241,7 +241,7 @@ func hierTx(b *testing.B, cl *netns.Cluster) int64 {
 
 // hierShape shapes both ends of every host's veth to rate: eth0 in the host
 // (its uplink) and its peer in the switch namespace (its downlink). The
-// names follow internal/netns: host i is <id>h<i> with eth0, its peer
+// names follow internal/testenv/netns: host i is <id>h<i> with eth0, its peer
 // <id>b<i> in <id>sw. The namespaces go with the cluster, and the qdiscs
 // with them.
 func hierShape(b *testing.B, cl *netns.Cluster, rate string) {

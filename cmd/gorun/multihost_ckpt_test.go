@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/internal/netns"
+	"github.com/gorun/gorun/internal/testenv/netns"
 )
 
 // readStepFiles returns the files of one checkpoint step in dir, by name.

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/internal/netns"
+	"github.com/gorun/gorun/internal/testenv/netns"
 )
 
 // A frozen rank on a remote host (SIGSTOP) is stopped as soon as the job

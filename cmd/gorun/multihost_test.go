@@ -15,11 +15,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/internal/netns"
+	"github.com/gorun/gorun/internal/testenv/netns"
 )
 
 // These tests run gorun -H across "hosts" that are network namespaces with
-// their own address and sshd (see internal/netns). gorun runs in the first
+// their own address and sshd (see internal/testenv/netns). gorun runs in the first
 // one; the binaries are at the same path on every host since the namespaces
 // share the file system.
 

@@ -15,13 +15,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/internal/netns"
-	"github.com/gorun/gorun/internal/slurmtest"
+	"github.com/gorun/gorun/internal/testenv/netns"
+	"github.com/gorun/gorun/internal/testenv/slurmtest"
 	"github.com/gorun/gorun/p2p"
 )
 
 // These tests run jobs on a real Slurm cluster of two nodes, node1 and
-// node2 (see internal/slurmtest), with two CPUs each: srun starting the
+// node2 (see internal/testenv/slurmtest), with two CPUs each: srun starting the
 // ranks itself, and gorun inside an sbatch allocation starting them with
 // srun. Binaries are at the same path on every node (the nodes share the
 // file system).
@@ -32,7 +32,7 @@ var (
 	slurmprogErr  error
 )
 
-// slurmprog builds internal/slurmprog next to gorunBin (TestMain removes it).
+// slurmprog builds internal/testenv/progs/slurmprog next to gorunBin (TestMain removes it).
 func slurmprog(t *testing.T) string {
 	t.Helper()
 	slurmprogOnce.Do(func() {
@@ -41,7 +41,7 @@ func slurmprog(t *testing.T) string {
 		if raceEnabled {
 			args = append(args, "-race")
 		}
-		out, err := exec.Command("go", append(args, "../../internal/slurmprog")...).CombinedOutput()
+		out, err := exec.Command("go", append(args, "../../internal/testenv/progs/slurmprog")...).CombinedOutput()
 		if err != nil {
 			slurmprogErr = fmt.Errorf("%v\n%s", err, out)
 			return
@@ -49,7 +49,7 @@ func slurmprog(t *testing.T) string {
 		slurmprogBin = bin
 	})
 	if slurmprogErr != nil {
-		t.Fatalf("building internal/slurmprog: %v", slurmprogErr)
+		t.Fatalf("building internal/testenv/progs/slurmprog: %v", slurmprogErr)
 	}
 	return slurmprogBin
 }

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/checkpoint"
-	"github.com/gorun/gorun/internal/s3test"
+	"github.com/gorun/gorun/internal/testenv/s3test"
 )
 
 // rankPrefix is what gorun puts before a rank's line ("[0] ", "[0-1] ");

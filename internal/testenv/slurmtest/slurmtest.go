@@ -1,6 +1,6 @@
 // Package slurmtest starts a small, real Slurm cluster for gorun's tests:
 // one munged, one slurmctld and one slurmd per node, the nodes being the
-// network namespace hosts of internal/netns (10.213.0.1, 10.213.0.2, ...).
+// network namespace hosts of internal/testenv/netns (10.213.0.1, 10.213.0.2, ...).
 // Every daemon runs in a UTS and mount namespace of its own with the node's
 // host name (node1, node2, ...) and a hosts file made by the test bound over
 // /etc/hosts, so node names resolve on every node and nothing of the
@@ -32,7 +32,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/internal/netns"
+	"github.com/gorun/gorun/internal/testenv/netns"
 )
 
 // Cluster is a running Slurm cluster on namespace hosts.
