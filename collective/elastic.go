@@ -171,11 +171,8 @@ func packedBytes(packed []int64, w, r int) ([]byte, bool) {
 }
 
 // blobOf is the unique bytes at this commit of the member with peer ID
-// id, if this rank has them: from all, or the commit's allreduce.
+// id, if this rank has them (packed).
 func (h heldUnique) blobOf(id string) ([]byte, bool) {
-	if b, ok := h.all[id]; ok {
-		return b, true
-	}
 	if h.packed == nil {
 		return nil, false
 	}
@@ -193,11 +190,9 @@ type heldUnique struct {
 	own     []byte // this rank's unique bytes
 	buddy   []byte // the predecessor's unique bytes at that commit
 	buddyOf string // the predecessor's peer ID then
-	// all: every rank's unique bytes at that commit, by peer ID, when
-	// members left there (their successors may leave with them); or
-	// packed, the commit's allreduce, with every rank's bytes in a slot
-	// of packW words (see Commit).
-	all    map[string][]byte
+	// packed: every rank's unique bytes at that commit in slots of packW
+	// words, in rank order after packHeader words: the commit's allreduce,
+	// or when members left there, gatherAll's allgather (see Commit).
 	packed []int64
 	packW  int
 	size   int // the job's size at that commit
@@ -472,7 +467,7 @@ func (s *ElasticState) Commit(ctx context.Context) error {
 }
 
 // gatherAll copies every rank's unique bytes (blob here, at most maxLen
-// long) to every rank, into the held commit's all.
+// long) to every rank, into the held commit's packed slots.
 func (s *ElasticState) gatherAll(ctx context.Context, blob []byte, maxLen int) error {
 	c := s.comm
 	v := c.cur()
@@ -480,22 +475,11 @@ func (s *ElasticState) gatherAll(ctx context.Context, blob []byte, maxLen int) e
 	rec := make([]int64, w)
 	rec[0] = int64(len(blob))
 	packBytes(rec[1:], blob)
-	out := make([]int64, w*v.size)
-	if err := c.Allgather(ctx, rec, out, Name("elastic commit: unique state of everyone")); err != nil {
+	packed := make([]int64, packHeader+w*v.size)
+	if err := c.Allgather(ctx, rec, packed[packHeader:], Name("elastic commit: unique state of everyone")); err != nil {
 		return err
 	}
-	all := make(map[string][]byte, v.size)
-	for r, p := range s.held.peers {
-		if r >= v.size {
-			break
-		}
-		got := out[r*w : (r+1)*w]
-		if got[0] < 0 || got[0] > int64(maxLen) {
-			return fmt.Errorf("gorun: rank %d: rank %d sent unique bytes of length %d, more than the agreed %d", v.rank, r, got[0], maxLen)
-		}
-		all[p.ID.String()] = unpackBytes(got[1:], int(got[0]))
-	}
-	s.held.all = all
+	s.held.packed, s.held.packW = packed, w
 	return nil
 }
 
@@ -641,7 +625,7 @@ func (s *ElasticState) reset(ctx context.Context, initial bool, start time.Time)
 			minC, src = c, r
 		}
 	}
-	if err := s.checkLayouts(ctx, v, all, src); err != nil {
+	if err := s.checkLayouts(v, all, src); err != nil {
 		return err
 	}
 	for r := range v.size {
@@ -746,7 +730,7 @@ func (s *ElasticState) reset(ctx context.Context, initial bool, start time.Time)
 // joiner that differs (started with another program or version) must not
 // fail the job that ran fine before it came: it leaves, and the others
 // wait for that membership change and reset without it.
-func (s *ElasticState) checkLayouts(ctx context.Context, v *commView, all []int64, src int) error {
+func (s *ElasticState) checkLayouts(v *commView, all []int64, src int) error {
 	ref := all[3*src+2]
 	var joiners []int
 	for r := range v.size {
@@ -788,8 +772,8 @@ func pick(adopted []map[string][]byte, name string) [][]byte {
 // a joiner) and those of the members lost or gone since that commit whose
 // nearest surviving successor this rank is (the chain of members right
 // before it that are gone), nearest first: from the copies of everyone's
-// bytes made when members left (all), or else from its buddy copy, which
-// only covers its immediate predecessor.
+// bytes (packed), or else from its buddy copy, which only covers its
+// immediate predecessor.
 func (s *ElasticState) uniqueFor(joiner bool) (own map[string][]byte, adopted []map[string][]byte, notes []string, err error) {
 	v := s.comm.cur()
 	if joiner {

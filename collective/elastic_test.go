@@ -232,6 +232,34 @@ func (tj *toyJob) loop(ctx context.Context, m *member, index int) error {
 	return nil
 }
 
+// joinAtStep2 starts a joiner; its Comm arrives on the returned channel
+// (closed if Join failed). The members wait at step 2 until the rendezvous
+// has told them of it, so it is admitted at that commit (bounded by the
+// job's ctx).
+func (tj *toyJob) joinAtStep2() <-chan *Comm {
+	joined := make(chan *Comm, 1)
+	go func() {
+		c, err := tj.j.Join(tj.ctx)
+		if err != nil {
+			tj.t.Errorf("joiner: %v", err)
+			close(joined)
+			return
+		}
+		joined <- c
+	}()
+	tj.hook = func(m *member, index int) error {
+		for m.toy.steps == 2 && m.c.Epoch() == 0 && m.c.node.PendingJoiners() == 0 {
+			select {
+			case <-tj.ctx.Done():
+				return fmt.Errorf("no joiner announced: %w", context.Cause(tj.ctx))
+			case <-time.After(20 * time.Millisecond): // polling a counter the pings update
+			}
+		}
+		return nil
+	}
+	return joined
+}
+
 // checkGoroutines fails the test if goroutines started by it are still
 // running some seconds after everything was closed (crashed ranks
 // included).
@@ -592,31 +620,7 @@ func TestElasticCrashDuringReset(t *testing.T) {
 // parameters are wrong on purpose) and the job ends exact with 3 ranks.
 func TestElasticJoinerGetsState(t *testing.T) {
 	tj := startToyJob(t, 2, 2, 30, 6, WithElasticLimits(1, 3))
-	joined := make(chan *Comm, 1)
-	go func() {
-		c, err := tj.j.Join(tj.ctx)
-		if err != nil {
-			t.Errorf("joiner: %v", err)
-			close(joined)
-			return
-		}
-		joined <- c
-	}()
-	// The members wait at step 2 until the rendezvous has told them of the
-	// joiner, so it is admitted at that commit (bounded by the job's ctx).
-	tj.hook = func(m *member, index int) error {
-		if m.toy.steps != 2 || m.c.Epoch() != 0 {
-			return nil
-		}
-		for m.c.node.PendingJoiners() == 0 {
-			select {
-			case <-tj.ctx.Done():
-				return fmt.Errorf("no joiner announced: %w", context.Cause(tj.ctx))
-			case <-time.After(20 * time.Millisecond): // polling a counter the pings update
-			}
-		}
-		return nil
-	}
+	joined := tj.joinAtStep2()
 	for i, c := range tj.j.Comms {
 		tj.run(c, 1, int64(1000*(i+1)))
 	}
@@ -1490,26 +1494,7 @@ func TestElasticCancelledContextLeaves(t *testing.T) {
 func TestElasticJoinerWithOtherStateSentAway(t *testing.T) {
 	tj := startToyJob(t, 2, 2, 30, 6, WithElasticLimits(1, 3))
 	tj.quitter = 2
-	joined := make(chan *Comm, 1)
-	go func() {
-		c, err := tj.j.Join(tj.ctx)
-		if err != nil {
-			t.Errorf("joiner: %v", err)
-			close(joined)
-			return
-		}
-		joined <- c
-	}()
-	tj.hook = func(m *member, index int) error {
-		for m.toy.steps == 2 && m.c.Epoch() == 0 && m.c.node.PendingJoiners() == 0 {
-			select {
-			case <-tj.ctx.Done():
-				return fmt.Errorf("no joiner announced: %w", context.Cause(tj.ctx))
-			case <-time.After(20 * time.Millisecond): // polling a counter the pings update
-			}
-		}
-		return nil
-	}
+	joined := tj.joinAtStep2()
 	var extra int64
 	tj.prepare = func(m *member, index int) {
 		if index == 2 {

@@ -7,6 +7,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gorun/gorun/p2p"
 )
 
@@ -102,17 +104,8 @@ func (c *Comm) LeaveOnSignal(sigs ...os.Signal) (stop func()) {
 // signalName is "SIGTERM" for syscall.SIGTERM, else the signal's text.
 func signalName(sig os.Signal) string {
 	if s, ok := sig.(syscall.Signal); ok {
-		switch s {
-		case syscall.SIGTERM:
-			return "SIGTERM"
-		case syscall.SIGINT:
-			return "SIGINT"
-		case syscall.SIGHUP:
-			return "SIGHUP"
-		case syscall.SIGUSR1:
-			return "SIGUSR1"
-		case syscall.SIGUSR2:
-			return "SIGUSR2"
+		if name := unix.SignalName(s); name != "" {
+			return name
 		}
 	}
 	return sig.String()

@@ -1030,8 +1030,8 @@ func (e *elasticRun) handleRdv() {
 					return ""
 				}
 				s := "proc " + strconv.Itoa(p.rank)
-				if pid := pidSuffix(p); pid != "" {
-					s += ", pid " + strings.TrimSuffix(strings.TrimPrefix(pid, " (pid "), ")")
+				if !p.remote && p.cmd != nil && p.cmd.Process != nil {
+					s += ", pid " + strconv.Itoa(p.cmd.Process.Pid)
 				}
 				return s
 			})

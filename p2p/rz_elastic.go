@@ -403,11 +403,16 @@ func lostItemLocked(c *rzConn, cause string) lostItem {
 
 // dropLocked takes c out of the members and records it for the next View.
 func (r *Rendezvous) dropLocked(c *rzConn, cause string) lostItem {
+	return r.removeLocked(c, lostItemLocked(c, cause), ProcLost, cause)
+}
+
+// removeLocked takes c out of the members, tells OnProc (kind, cause) and
+// records li for the next View.
+func (r *Rendezvous) removeLocked(c *rzConn, li lostItem, kind ProcEventKind, cause string) lostItem {
 	el := &r.el
 	c.member = false
 	el.members = slices.DeleteFunc(el.members, func(o *rzConn) bool { return o == c })
-	li := lostItemLocked(c, cause)
-	r.procEventLocked(ProcEvent{Kind: ProcLost, Member: r.memberOf(c, li.Rank), Cause: cause})
+	r.procEventLocked(ProcEvent{Kind: kind, Member: r.memberOf(c, li.Rank), Cause: cause})
 	if c.stableRank >= 0 {
 		v := li
 		v.Rank = c.stableRank
@@ -605,17 +610,9 @@ func (r *Rendezvous) departLocked(leavers []*rzConn) *outbox {
 		why := cmp.Or(c.leaveWhy, "asked to")
 		cause := "left the job (" + why + ")"
 		c.departed = true
-		c.member = false
-		el.members = slices.DeleteFunc(el.members, func(o *rzConn) bool { return o == c })
 		li := lostItemLocked(c, cause)
 		li.Left = true
-		r.procEventLocked(ProcEvent{Kind: ProcDeparted, Member: r.memberOf(c, li.Rank), Cause: why})
-		if c.stableRank >= 0 {
-			v := li
-			v.Rank = c.stableRank
-			el.lostView = append(el.lostView, v)
-		}
-		lost = append(lost, li)
+		lost = append(lost, r.removeLocked(c, li, ProcDeparted, why))
 		names = append(names, fmt.Sprintf("rank %d", li.Rank))
 		pre.add(c, &msg{T: tDeparted, Epoch: el.epoch, Text: cause})
 	}
