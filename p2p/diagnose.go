@@ -703,7 +703,7 @@ type hangGather struct {
 // hangKeyLocked names call seq of the current epoch. r.mu is held.
 func (r *Rendezvous) hangKeyLocked(seq uint64) hangKey {
 	if r.cfg.Elastic != nil {
-		return hangKey{epoch: r.el.epoch, seq: seq}
+		return hangKey{epoch: r.m.Epoch(), seq: seq}
 	}
 	return hangKey{seq: seq}
 }
@@ -712,7 +712,7 @@ func (r *Rendezvous) hangKeyLocked(seq uint64) hangKey {
 // that has ended: its call fails with the epoch, and the ranks' states now
 // describe another call with the same number.
 func (r *Rendezvous) staleHangAskLocked(epoch int) bool {
-	return r.cfg.Elastic != nil && epoch != r.el.epoch
+	return r.cfg.Elastic != nil && epoch != r.m.Epoch()
 }
 
 // hangAsked handles c's request for a hang diagnosis of call seq: it joins
@@ -720,7 +720,7 @@ func (r *Rendezvous) staleHangAskLocked(epoch int) bool {
 // starts a gathering.
 func (r *Rendezvous) hangAsked(c *rzConn, seq uint64, epoch int) {
 	r.mu.Lock()
-	if r.closed || !r.tableSent || r.staleHangAskLocked(epoch) {
+	if r.closed || !r.m.Started() || r.staleHangAskLocked(epoch) {
 		r.mu.Unlock()
 		return
 	}
@@ -742,11 +742,11 @@ func (r *Rendezvous) hangAsked(c *rzConn, seq uint64, epoch int) {
 		}
 	}
 	r.hangIDs++
-	g := &hangGather{id: r.hangIDs, key: key, requester: c.rank, askers: []*rzConn{c}, want: map[*rzConn]bool{},
+	g := &hangGather{id: r.hangIDs, key: key, requester: r.m.Rank(c.mid), askers: []*rzConn{c}, want: map[*rzConn]bool{},
 		answers: map[*rzConn]*RankState{}, allAnswers: make(chan struct{})}
 	var conns []*rzConn
 	for _, o := range r.connsLocked() {
-		if o.joiner && !o.member || o.left {
+		if !r.m.InJob(o.mid) {
 			continue
 		}
 		conns = append(conns, o)
@@ -758,7 +758,7 @@ func (r *Rendezvous) hangAsked(c *rzConn, seq uint64, epoch int) {
 	r.hangs[key] = g
 	r.wg.Add(1) // under mu and !closed: never races with Close's Wait
 	r.mu.Unlock()
-	r.cfg.Logf("rendezvous: rank %d waits past the stall threshold in call #%d; asking every rank for its state", c.rank, seq)
+	r.cfg.Logf("rendezvous: rank %d waits past the stall threshold in call #%d; asking every rank for its state", g.requester, seq)
 	go r.gatherHang(g, conns)
 }
 
@@ -781,7 +781,7 @@ func (r *Rendezvous) hangAnswered(c *rzConn, text string) {
 		return // late: the diagnosis went out without it
 	}
 	st := ans.RankState
-	st.Rank = c.rank // the rank this stream registered as, whatever it says
+	st.Rank = r.m.Rank(c.mid) // the rank this stream registered as, whatever it says
 	g.answers[c] = &st
 	if len(g.answers) == len(g.want) {
 		close(g.allAnswers)
@@ -817,12 +817,12 @@ func (r *Rendezvous) gatherHang(g *hangGather, conns []*rzConn) {
 	t.Stop()
 	rep := &HangReport{Time: time.Now(), Requester: g.requester, Epoch: g.key.epoch, Seq: g.key.seq}
 	r.mu.Lock()
-	aborted := r.aborted || r.closed
+	aborted := r.m.Aborted() || r.closed
 	for _, c := range conns {
 		if st := g.answers[c]; st != nil {
 			rep.Ranks = append(rep.Ranks, *st)
 		} else {
-			rep.Ranks = append(rep.Ranks, RankState{Rank: c.rank,
+			rep.Ranks = append(rep.Ranks, RankState{Rank: r.m.Rank(c.mid),
 				NoAnswer: fmt.Sprintf("no answer within %v (the process is stopped, or its control path is stuck)", bound)})
 		}
 	}

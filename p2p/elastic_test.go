@@ -348,13 +348,7 @@ func TestElasticCrashDuringReconfigure(t *testing.T) {
 	eventually(t, 20*time.Second, "ranks 0 and 1 acked epoch 1", func() bool {
 		j.rz.mu.Lock()
 		defer j.rz.mu.Unlock()
-		acked := 0
-		for _, c := range j.rz.el.members {
-			if c.ackEpoch == 1 {
-				acked++
-			}
-		}
-		return j.rz.el.epoch == 1 && acked == 2
+		return j.rz.m.Epoch() == 1 && j.rz.m.Acked(1) == 2
 	})
 	j.nodes[2].crash()
 	v := <-views
@@ -790,7 +784,7 @@ func TestElasticEarlyJoinerArgs(t *testing.T) {
 	eventually(t, 20*time.Second, "the joiner registered", func() bool {
 		rz.mu.Lock()
 		defer rz.mu.Unlock()
-		return len(rz.el.pending) == 1
+		return rz.m.PendingJoiners() == 1
 	})
 	nodes := make([]*Node, 2)
 	errs := make([]error, 2)

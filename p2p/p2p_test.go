@@ -572,7 +572,7 @@ func TestRegistrationErrors(t *testing.T) {
 		n, err := Join(ctx, cfg(0, 2))
 		first <- res{n, err}
 	}()
-	for !func() bool { rz.mu.Lock(); defer rz.mu.Unlock(); return rz.regs[0] != nil }() {
+	for !func() bool { rz.mu.Lock(); defer rz.mu.Unlock(); return rz.m.Registered() == 1 }() {
 		time.Sleep(5 * time.Millisecond)
 	}
 	if _, err := Join(ctx, cfg(0, 2)); err == nil || !strings.Contains(err.Error(), "already registered") {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,6 +17,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+
+	"github.com/gorun/gorun/membership"
 )
 
 const rendezvousProto protocol.ID = "/gorun/rendezvous/1"
@@ -101,7 +102,10 @@ type ProcEvent struct {
 	Members    int // members left after it
 }
 
-// Rendezvous is the membership and control service of one job.
+// Rendezvous is the membership and control service of one job: a driver
+// of its membership.Machine. It turns what happens on the ranks' control
+// streams and on its timers into the machine's events, and the machine's
+// actions into messages and callbacks (rz_actions.go).
 type Rendezvous struct {
 	cfg  RendezvousConfig
 	h    host.Host
@@ -109,11 +113,10 @@ type Rendezvous struct {
 	addr string
 
 	mu             sync.Mutex
+	m              *membership.Machine // under mu; Stepped with relayMu held too
+	conns          map[membership.ID]*rzConn
+	nextConn       membership.ID
 	progress       map[int]uint64 // last collective each rank reported entering
-	regs           map[int]*rzConn
-	tableSent      bool
-	goSent         bool
-	aborted        bool
 	allReg         chan struct{}
 	allGone        chan struct{} // closed when every registered rank left or died (after table)
 	abortDelivered chan struct{} // closed once the ranks waited for read the abort or are gone (abortWith)
@@ -126,12 +129,12 @@ type Rendezvous struct {
 	closeCh     chan struct{}
 	wg          sync.WaitGroup
 	closeOnce   sync.Once
-	// relayMu orders broadcasts (departures, aborts, epochs): a rank that
-	// fails because of a departure can not have its consequences reach
-	// another rank before the departure itself.
+	// relayMu orders the membership's steps and what they send
+	// (departures, aborts, epochs): a rank that fails because of a
+	// departure can not have its consequences reach another rank before
+	// the departure itself.
 	relayMu sync.Mutex
 	hb      time.Duration // heartbeat bound: Timeout, or Elastic.HeartbeatTimeout
-	el      rzElastic     // elastic mode, under mu
 	// Hang diagnoses (diagnose.go), under mu: those being gathered, the
 	// reports of the last diagnosed calls, the last gathering's id.
 	hangs    map[hangKey]*hangGather
@@ -139,36 +142,14 @@ type Rendezvous struct {
 	hangIDs  uint64
 }
 
-// rzConn is the server side of one rank's control stream.
+// rzConn is the server side of one rank's control stream. What the rank
+// is in the job (its rank, membership, leave) is the machine's, under mid.
 type rzConn struct {
-	id    int // key in regs: the rank it registered with, or a serial number for a joiner
-	rank  int // its rank (in the current epoch, in elastic mode: under Rendezvous.mu)
-	s     network.Stream
-	addr  string // remote multiaddr, for messages
-	item  tableItem
-	wmu   sync.Mutex
-	acked bool
-	left  bool
-	gone  bool
-	// leaving: the rank announced it leaves after call lastCall.
-	leaving  bool
-	lastCall uint64
-	// behind: the rank reported being in a later call than a rank that
-	// left, so its own end is a consequence of that departure.
-	behind bool
-	// Elastic mode, under Rendezvous.mu.
-	joiner     bool // registered as a joiner
-	member     bool // in the current epoch's table (or a survivor waiting for one)
-	ackEpoch   int  // the last epoch whose table it acked
-	stableRank int  // its rank in the last established epoch, -1 if none
-	growReq    bool // asked to grow the current epoch
-	leaveReq   bool // with its grow request: it leaves the job (leaveWhy)
-	leaveWhy   string
-	departed   bool     // it left the job gracefully (at a grow)
-	quitWhy    string   // it said it quits now (tQuit): why
-	proc       string   // its hello's Proc (Config.ProcID)
-	args       []string // its hello's Args (Config.Args)
-	hostName   string   // its hello's HostName
+	mid  membership.ID
+	s    network.Stream
+	addr string // remote multiaddr, for messages
+	item tableItem
+	wmu  sync.Mutex
 	// heard is when a message from the rank was last read (UnixNano).
 	heard atomic.Int64
 }
@@ -176,6 +157,10 @@ type rzConn struct {
 func (c *rzConn) send(m *msg, timeout time.Duration) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	return c.sendLocked(m, timeout)
+}
+
+func (c *rzConn) sendLocked(m *msg, timeout time.Duration) error {
 	_ = c.s.SetWriteDeadline(time.Now().Add(timeout))
 	return writeMsg(c.s, m)
 }
@@ -255,15 +240,19 @@ func StartRendezvous(ctx context.Context, cfg RendezvousConfig) (*Rendezvous, er
 	if err != nil {
 		return nil, fmt.Errorf("p2p: rendezvous host: %w", err)
 	}
+	mc := membership.Config{Size: cfg.Size, Heartbeat: hb}
+	if e := cfg.Elastic; e != nil {
+		mc.Elastic, mc.MinSize, mc.MaxSize, mc.WaitTimeout = true, e.MinSize, e.MaxSize, e.WaitTimeout
+	}
 	r := &Rendezvous{
 		cfg: cfg, h: h, id: id,
-		regs:    map[int]*rzConn{},
+		m:       membership.New(mc),
+		conns:   map[membership.ID]*rzConn{},
 		allReg:  make(chan struct{}),
 		allGone: make(chan struct{}), abortDelivered: make(chan struct{}),
 		closeCh: make(chan struct{}),
 		hb:      hb,
 	}
-	r.el.nextID = cfg.Size
 	// Find the bound port.
 	for _, a := range h.Network().ListenAddresses() {
 		if p, err := a.ValueForProtocol(0x06); err == nil { // tcp
@@ -292,23 +281,7 @@ func (r *Rendezvous) PeerID() peer.ID { return r.id }
 func (r *Rendezvous) Members() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.cfg.Elastic == nil || !r.tableSent {
-		return r.cfg.Size
-	}
-	return len(r.el.members)
-}
-
-// procEventLocked tells OnProc about ev.
-func (r *Rendezvous) procEventLocked(ev ProcEvent) {
-	if r.cfg.OnProc == nil || r.cfg.Elastic == nil {
-		return
-	}
-	ev.AfterLeave = r.el.leftClean
-	ev.Members = len(r.el.members)
-	if !r.tableSent {
-		ev.Members = r.cfg.Size
-	}
-	r.cfg.OnProc(ev)
+	return r.m.Members()
 }
 
 // WaitRegistered waits until all Size ranks registered.
@@ -318,34 +291,14 @@ func (r *Rendezvous) WaitRegistered(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		r.mu.Lock()
-		missing := r.missingLocked()
-		n := len(r.regs)
+		missing := r.m.MissingRanks()
+		n := r.m.Registered()
 		r.mu.Unlock()
 		return fmt.Errorf("p2p: waiting for ranks to register: missing ranks %v (%d of %d registered): %w",
 			missing, n, r.cfg.Size, context.Cause(ctx))
 	case <-r.closeCh:
 		return errors.New("p2p: rendezvous closed")
 	}
-}
-
-func (r *Rendezvous) missingLocked() []int {
-	var m []int
-	for i := 0; i < r.cfg.Size; i++ {
-		if _, ok := r.regs[i]; !ok {
-			m = append(m, i)
-		}
-	}
-	return m
-}
-
-func (r *Rendezvous) unackedLocked() []int {
-	var m []int
-	for i := 0; i < r.cfg.Size; i++ {
-		if c, ok := r.regs[i]; !ok || !c.acked {
-			m = append(m, i)
-		}
-	}
-	return m
 }
 
 // Close stops the rendezvous. If the job is running (table sent, not
@@ -356,7 +309,7 @@ func (r *Rendezvous) Close() error {
 	var err error
 	r.closeOnce.Do(func() {
 		r.mu.Lock()
-		wait := r.tableSent && !r.aborted
+		wait := r.m.Started() && !r.m.Aborted()
 		r.mu.Unlock()
 		if wait {
 			t := time.NewTimer(r.cfg.Timeout)
@@ -370,8 +323,8 @@ func (r *Rendezvous) Close() error {
 		r.mu.Lock()
 		r.closed = true
 		close(r.closeCh)
-		conns := make([]*rzConn, 0, len(r.regs))
-		for _, c := range r.regs {
+		conns := make([]*rzConn, 0, len(r.conns))
+		for _, c := range r.conns {
 			conns = append(conns, c)
 		}
 		r.mu.Unlock()
@@ -424,26 +377,15 @@ func (r *Rendezvous) handle(s network.Stream) {
 		s.Reset()
 		return
 	}
-	c := &rzConn{id: rank, rank: rank, s: s, addr: raddr, joiner: m.Joiner, stableRank: -1, ackEpoch: -1, proc: m.Proc, args: m.Args, hostName: m.HostName, item: tableItem{
+	c := &rzConn{s: s, addr: raddr, item: tableItem{
 		Rank: m.Rank, ID: remote.String(), Addrs: m.Addrs, HostID: m.HostID, Unix: m.Unix, TCPPort: m.TCPPort, TLSPort: m.TLSPort,
 	}}
-	// Hold c's write lock from the moment c becomes visible in regs until
-	// the welcome is written: otherwise another rank's registration could
-	// send c the table (or a ping) before its welcome.
-	c.wmu.Lock()
-	if err := r.register(c, m.Elastic); err != nil {
-		c.wmu.Unlock()
-		who := fmt.Sprintf("rank %d", m.Rank)
-		if m.Joiner {
-			who = "joiner " + remote.String()
-		}
-		r.cfg.Logf("rendezvous: refused %s from %s: %v", who, raddr, err)
-		if m.Joiner {
-			r.mu.Lock()
-			r.procEventLocked(ProcEvent{Kind: ProcSentAway, Member: r.memberOf(c, -1), Cause: err.Error()})
-			r.mu.Unlock()
-		}
-		c.send(&msg{T: tError, Text: err.Error()}, to)
+	reg := membership.Register{Rank: m.Rank, Joiner: m.Joiner, Heartbeat: m.Elastic, Args: m.Args,
+		Info: membership.Info{PeerID: remote.String(), Host: m.HostID, HostName: m.HostName, Addr: raddr, Proc: m.Proc}}
+	welcome := &msg{T: tWelcome, Proof: welcomeProof(r.cfg.JobKey, m.Nonce, r.id.String())}
+	refused, err := r.register(c, reg, welcome)
+	if refused != "" {
+		c.send(&msg{T: tError, Text: refused}, to)
 		s.CloseWrite()
 		// Let the error reach the client before the reset (bounded).
 		s.SetReadDeadline(time.Now().Add(time.Second))
@@ -451,19 +393,9 @@ func (r *Rendezvous) handle(s network.Stream) {
 		s.Reset()
 		return
 	}
-	_ = s.SetWriteDeadline(time.Now().Add(to))
-	err = writeMsg(s, &msg{T: tWelcome, Proof: welcomeProof(r.cfg.JobKey, m.Nonce, r.id.String())})
-	c.wmu.Unlock()
 	if err != nil {
 		r.lost(c, err)
 		return
-	}
-	if c.joiner {
-		r.cfg.Logf("rendezvous: joiner %s registered from %s", remote, raddr)
-		r.joinerRegistered()
-	} else {
-		r.cfg.Logf("rendezvous: rank %d registered from %s", c.rank, raddr)
-		r.afterRegister()
 	}
 
 	// Heartbeat: a write every to/4 keeps the peer's read deadline fresh.
@@ -479,17 +411,9 @@ func (r *Rendezvous) handle(s network.Stream) {
 				return
 			case <-t.C:
 				r.mu.Lock()
-				p := &msg{T: tPing}
-				if !r.tableSent {
-					p.Missing = r.missingLocked()
-				} else if !r.goSent && r.cfg.Elastic == nil {
-					p.Missing = r.unackedLocked()
-				}
-				if r.cfg.Elastic != nil {
-					p.Epoch, p.Pending = r.el.epoch, r.admissibleLocked()
-				}
+				missing, epoch, pending := r.m.Ping()
 				r.mu.Unlock()
-				if c.send(p, to) != nil {
+				if c.send(&msg{T: tPing, Missing: missing, Epoch: epoch, Pending: pending}, to) != nil {
 					return
 				}
 			}
@@ -503,88 +427,85 @@ func (r *Rendezvous) handle(s network.Stream) {
 			return
 		}
 		c.heard.Store(time.Now().UnixNano())
-		switch m.T {
-		case tPing:
-		case tProgress, tState:
-			r.mu.Lock()
-			if r.progress == nil {
-				r.progress = map[int]uint64{}
-			}
-			r.progress[c.rank] = max(r.progress[c.rank], m.Seq)
-			r.mu.Unlock()
-			if m.T == tState {
-				r.hangAnswered(c, m.Text)
-			}
-		case tHangAsk:
-			r.hangAsked(c, m.Seq, m.Epoch)
-		case tProgQuery:
-			r.mu.Lock()
-			size := r.cfg.Size
-			if r.cfg.Elastic != nil && r.el.tableSent {
-				size = len(r.el.members)
-			}
-			p := make([]uint64, size)
-			for rank, seq := range r.progress {
-				if rank >= 0 && rank < len(p) {
-					p[rank] = seq
-				}
-			}
-			r.mu.Unlock()
-			if c.send(&msg{T: tProgress, Progress: p}, to) != nil {
-				r.lost(c, errors.New("progress reply failed"))
-				return
-			}
-		case tAck:
-			if r.cfg.Elastic != nil {
-				r.elasticAck(c, m.Epoch)
-			} else {
-				r.ack(c)
-			}
-		case tLinkFail:
-			r.linkFailed(c, m)
-		case tGrow:
-			r.growRequest(c, m.Epoch, m.Leave, m.Text)
-		case tQuit:
-			// A member that leaves outside a commit: a loss, with its
-			// own reason instead of "disconnected".
-			r.mu.Lock()
-			c.quitWhy = m.Text
-			r.mu.Unlock()
-			r.lost(c, errQuit)
+		if !r.serve(c, m) {
 			return
-		case tAbort:
-			r.abort(fmt.Sprintf("rank %d aborted: %s", r.rankOf(c), m.Text))
-		case tAbortOK:
-			r.abortRead(c)
-		case tLeaving:
-			r.leaving(c, m.Seq)
-		case tLate:
-			r.late(c, m.Seq)
-			if c.send(&msg{T: tLateOK}, to) != nil {
-				r.lost(c, errors.New("late report acknowledgement failed"))
-				return
-			}
-		case tLeave:
-			r.mu.Lock()
-			c.left = true
-			rank := c.rank
-			r.mu.Unlock()
-			r.cfg.Logf("rendezvous: rank %d left", rank)
-			c.send(&msg{T: tBye}, to)
-			s.CloseWrite()
-			// Wait for the client to close its side (bounded), then finish.
-			_ = s.SetReadDeadline(time.Now().Add(to))
-			for {
-				if _, err := readMsg(s); err != nil {
-					break
-				}
-			}
-			r.lost(c, nil)
-			return
-		default:
-			r.cfg.Logf("rendezvous: rank %d sent unexpected %q", r.rankOf(c), m.T)
 		}
 	}
+}
+
+// serve handles one message from c's rank; false: its stream is done.
+func (r *Rendezvous) serve(c *rzConn, m *msg) bool {
+	to := r.hb
+	switch m.T {
+	case tPing:
+	case tProgress, tState:
+		r.mu.Lock()
+		if r.progress == nil {
+			r.progress = map[int]uint64{}
+		}
+		rank := r.m.Rank(c.mid)
+		r.progress[rank] = max(r.progress[rank], m.Seq)
+		r.mu.Unlock()
+		if m.T == tState {
+			r.hangAnswered(c, m.Text)
+		}
+	case tHangAsk:
+		r.hangAsked(c, m.Seq, m.Epoch)
+	case tProgQuery:
+		r.mu.Lock()
+		p := make([]uint64, r.m.ProgressSize())
+		for rank, seq := range r.progress {
+			if rank >= 0 && rank < len(p) {
+				p[rank] = seq
+			}
+		}
+		r.mu.Unlock()
+		if c.send(&msg{T: tProgress, Progress: p}, to) != nil {
+			r.lost(c, errors.New("progress reply failed"))
+			return false
+		}
+	case tAck:
+		r.step(membership.Ack{ID: c.mid, Epoch: m.Epoch})
+	case tLinkFail:
+		r.step(membership.LinkFailed{ID: c.mid, Epoch: m.Epoch, Rank: m.Rank, Text: m.Text})
+	case tGrow:
+		r.step(membership.Grow{ID: c.mid, Epoch: m.Epoch, Leave: m.Leave, Why: m.Text})
+	case tQuit:
+		// A member that leaves outside a commit: a loss, with its own
+		// reason instead of "disconnected".
+		c.s.Reset()
+		r.abortRead(c)
+		r.step(membership.Disconnected{ID: c.mid, Quit: m.Text, Err: "the member quit"})
+		return false
+	case tAbort:
+		r.step(membership.AbortRequest{ID: c.mid, Text: m.Text})
+	case tAbortOK:
+		r.abortRead(c)
+	case tLeaving:
+		r.step(membership.Leaving{ID: c.mid, LastCall: m.Seq})
+	case tLate:
+		r.step(membership.Late{ID: c.mid, Call: m.Seq})
+		if c.send(&msg{T: tLateOK}, to) != nil {
+			r.lost(c, errors.New("late report acknowledgement failed"))
+			return false
+		}
+	case tLeave:
+		r.step(membership.Leave{ID: c.mid})
+		c.send(&msg{T: tBye}, to)
+		c.s.CloseWrite()
+		// Wait for the client to close its side (bounded), then finish.
+		_ = c.s.SetReadDeadline(time.Now().Add(to))
+		for {
+			if _, err := readMsg(c.s); err != nil {
+				break
+			}
+		}
+		r.lost(c, nil)
+		return false
+	default:
+		r.cfg.Logf("rendezvous: rank %d sent unexpected %q", r.rankOf(c), m.T)
+	}
+	return true
 }
 
 // rankOf returns c's rank (which changes with the epochs of an elastic
@@ -592,112 +513,69 @@ func (r *Rendezvous) handle(s network.Stream) {
 func (r *Rendezvous) rankOf(c *rzConn) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return c.rank
+	return r.m.Rank(c.mid)
 }
 
-func (r *Rendezvous) register(c *rzConn, elastic int64) error {
-	switch e := r.cfg.Elastic; {
-	case e == nil && elastic != 0:
-		return errors.New("this job is not elastic: join it without Config.Elastic (and not as a joiner)")
-	case e != nil && elastic == 0:
-		return errors.New("this job is elastic: join it with Config.Elastic")
-	case e != nil && elastic != max(e.HeartbeatTimeout.Milliseconds(), 1):
-		return fmt.Errorf("heartbeat bound %v differs from the job's %v (Config.HeartbeatTimeout)",
-			time.Duration(elastic)*time.Millisecond, e.HeartbeatTimeout)
-	}
+// register makes c known to the membership and carries out what that
+// changes; c's welcome goes before anything else sent to it. It returns
+// why c is refused, or the welcome's write error.
+func (r *Rendezvous) register(c *rzConn, reg membership.Register, welcome *msg) (refused string, err error) {
+	// Hold c's write lock from the moment c becomes visible until the
+	// welcome is written: otherwise a hang diagnosis could write to it
+	// first. Nothing the membership sends can: it goes out under relayMu,
+	// held here.
+	c.wmu.Lock()
+	r.relayMu.Lock()
+	defer r.relayMu.Unlock()
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if c.joiner {
-		return r.registerJoinerLocked(c)
+	if r.closed {
+		r.mu.Unlock()
+		c.wmu.Unlock()
+		return "rendezvous closed", nil
 	}
-	switch {
-	case r.aborted:
-		return errors.New("job already aborted")
-	case c.rank < 0 || c.rank >= r.cfg.Size:
-		return fmt.Errorf("rank %d out of range [0,%d)", c.rank, r.cfg.Size)
-	case r.regs[c.rank] != nil:
-		return fmt.Errorf("rank %d already registered from %s", c.rank, r.regs[c.rank].addr)
-	case r.tableSent:
-		if r.cfg.Elastic != nil {
-			return errors.New("registration closed: the job runs; join it as a joiner (rank -1)")
-		}
-		return errors.New("registration closed")
-	}
-	r.regs[c.rank] = c
-	return nil
-}
-
-// afterRegister tells everybody who is still missing and, once complete,
-// sends the table (phase 1 of the start).
-func (r *Rendezvous) afterRegister() {
-	if r.cfg.Elastic != nil {
-		// The table of epoch 0 goes out before any later epoch's.
-		r.relayMu.Lock()
-		defer r.relayMu.Unlock()
-	}
-	r.mu.Lock()
-	missing := r.missingLocked()
-	conns := r.connsLocked()
-	var table []tableItem
-	away := &outbox{}
-	if len(missing) == 0 && !r.tableSent {
-		r.tableSent = true
-		close(r.allReg)
-		for i := 0; i < r.cfg.Size; i++ {
-			table = append(table, r.regs[i].item)
-		}
-		if r.cfg.Elastic != nil {
-			r.startElasticLocked()
-			r.refuseEarlyJoinersLocked(away)
+	r.nextConn++
+	c.mid, reg.ID = r.nextConn, r.nextConn
+	acts := r.m.Step(time.Now(), reg)
+	for _, a := range acts {
+		if f, ok := a.(membership.Refuse); ok && f.To == c.mid {
+			refused = f.Why
 		}
 	}
-	if r.cfg.Elastic != nil {
-		conns = slices.DeleteFunc(conns, func(c *rzConn) bool { return c.joiner })
+	if refused == "" {
+		r.conns[c.mid] = c
 	}
 	r.mu.Unlock()
-	r.deliver(away)
-	m := &msg{T: tPing, Missing: missing}
-	if table != nil {
-		r.cfg.Logf("rendezvous: all %d ranks registered, sending table", r.cfg.Size)
-		m = &msg{T: tTable, Table: table}
+	if refused == "" {
+		err = c.sendLocked(welcome, r.hb)
 	}
-	for _, c := range conns {
-		if err := c.send(m, r.cfg.Timeout); err != nil {
-			c.s.Reset() // its reader will report it
-		}
-	}
+	c.wmu.Unlock()
+	r.do(acts)
+	return refused, err
 }
 
+// step applies ev to the membership and carries out what it says.
+func (r *Rendezvous) step(ev membership.Event) {
+	r.relayMu.Lock()
+	defer r.relayMu.Unlock()
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	acts := r.m.Step(time.Now(), ev)
+	r.mu.Unlock()
+	r.do(acts)
+}
+
+// connsLocked returns the connections of the processes still in the
+// membership, by rank.
 func (r *Rendezvous) connsLocked() []*rzConn {
-	out := make([]*rzConn, 0, len(r.regs))
-	for _, c := range r.regs {
-		if !c.gone {
-			out = append(out, c)
-		}
+	ids := r.m.Conns()
+	out := make([]*rzConn, 0, len(ids))
+	for _, id := range ids {
+		out = append(out, r.conns[id])
 	}
-	slices.SortFunc(out, func(a, b *rzConn) int { return a.rank - b.rank })
 	return out
-}
-
-// ack records that c installed the table; after the last ack: "go" (phase 2).
-func (r *Rendezvous) ack(c *rzConn) {
-	r.mu.Lock()
-	c.acked = true
-	send := false
-	if r.tableSent && !r.goSent && len(r.unackedLocked()) == 0 {
-		r.goSent = true
-		send = true
-	}
-	conns := r.connsLocked()
-	r.mu.Unlock()
-	if send {
-		r.cfg.Logf("rendezvous: all ranks acked the table, go")
-		for _, c := range conns {
-			if err := c.send(&msg{T: tGo}, r.cfg.Timeout); err != nil {
-				c.s.Reset()
-			}
-		}
-	}
 }
 
 // Abort is the cause of a job's first abort, as OnAbort is given it.
@@ -708,49 +586,6 @@ type Abort struct {
 	Unresponsive bool
 	Rank         int
 	Addr, Why    string
-}
-
-// abort relays the first abort of the job to every connected rank.
-func (r *Rendezvous) abort(text string) {
-	r.abortWith(&msg{T: tAbort, Text: text}, Abort{})
-}
-
-// abortWith relays the first abort of the job, m, to every connected rank;
-// a describes it to OnAbort (its Cause is m.Text).
-func (r *Rendezvous) abortWith(m *msg, a Abort) {
-	text := m.Text
-	r.mu.Lock()
-	if r.aborted || r.closed {
-		r.mu.Unlock()
-		return
-	}
-	r.aborted = true
-	r.mu.Unlock()
-	r.cfg.Logf("rendezvous: job aborted: %s", text)
-	if r.cfg.OnAbort != nil {
-		a.Cause = text
-		r.cfg.OnAbort(a)
-	}
-	r.relayMu.Lock()
-	r.mu.Lock()
-	conns := r.connsLocked()
-	// Acknowledgements may come before the broadcast ends: count every
-	// recipient as unread first. Only ranks heard from within half the
-	// heartbeat bound (two pings) are waited for: a rank on a host that
-	// died or froze would never answer, and under srun, which ends the
-	// step as soon as another rank exits, the rank hosting the rendezvous
-	// would be killed waiting, before it printed why the job failed.
-	recent := time.Now().Add(-r.hb / 2).UnixNano()
-	r.abortUnread = make(map[*rzConn]bool, len(conns))
-	for _, c := range conns {
-		if c.heard.Load() >= recent {
-			r.abortUnread[c] = true
-		}
-	}
-	r.mu.Unlock()
-	r.broadcast(conns, m)
-	r.relayMu.Unlock()
-	r.abortRead(nil)
 }
 
 // abortRead records that c (nil: nobody new) read the abort or is gone, and
@@ -788,71 +623,6 @@ func (r *Rendezvous) broadcast(conns []*rzConn, m *msg) {
 	wg.Wait()
 }
 
-// leaving records that c's rank leaves after call lastCall, tells OnLeave,
-// and tells every rank that may be behind it: all but those that announced
-// their own leave, which made no later call (it could not have completed).
-func (r *Rendezvous) leaving(c *rzConn, lastCall uint64) {
-	r.mu.Lock()
-	if !r.tableSent || c.leaving {
-		r.mu.Unlock()
-		return
-	}
-	if c.departed {
-		// It left the elastic job at a commit already; its Close says
-		// nothing the others must act on.
-		r.mu.Unlock()
-		return
-	}
-	c.leaving, c.lastCall = true, lastCall
-	if r.cfg.Elastic != nil && c.member {
-		r.el.leftClean = true // the job is finishing
-	}
-	aborted := r.aborted || r.closed
-	rank := c.rank
-	r.mu.Unlock()
-	r.cfg.Logf("rendezvous: rank %d leaves after call #%d", rank, lastCall)
-	if r.cfg.OnLeave != nil {
-		r.cfg.OnLeave(rank, lastCall)
-	}
-	if aborted {
-		return // every rank has been told why already
-	}
-	r.relayMu.Lock()
-	defer r.relayMu.Unlock()
-	r.mu.Lock()
-	var to []*rzConn
-	for _, o := range r.connsLocked() {
-		if o != c && !o.leaving {
-			to = append(to, o)
-		}
-	}
-	r.mu.Unlock()
-	r.broadcast(to, &msg{T: tLeaving, Rank: rank, Seq: lastCall})
-}
-
-// late passes on c's report that its rank is in call `call`, after ranks
-// left following earlier calls, to those ranks if they are still here: their
-// Close says whom they left behind. The caller acknowledges the report
-// after this returns, so it precedes the bye on the leaver's stream.
-func (r *Rendezvous) late(c *rzConn, call uint64) {
-	r.mu.Lock()
-	var to []*rzConn
-	var ranks []int
-	for _, o := range r.connsLocked() {
-		if o.leaving && !o.left && o.lastCall < call {
-			to = append(to, o)
-			ranks = append(ranks, o.rank)
-		}
-	}
-	rank := c.rank
-	c.behind = true
-	r.mu.Unlock()
-	for i, o := range to {
-		r.cfg.Logf("rendezvous: rank %d was in call #%d when rank %d left after call #%d", rank, call, ranks[i], o.lastCall)
-		o.send(&msg{T: tLate, Rank: rank, Seq: call}, r.cfg.Timeout)
-	}
-}
-
 // AbortDelivered is closed once the job has been aborted and every rank
 // still connected and heard from lately (abortWith) has acknowledged
 // reading the cause, or is gone. A rank
@@ -865,76 +635,7 @@ func (r *Rendezvous) AbortDelivered() <-chan struct{} { return r.abortDelivered 
 func (r *Rendezvous) lost(c *rzConn, err error) {
 	c.s.Reset()
 	r.abortRead(c)
-	r.mu.Lock()
-	c.gone = true
-	started := r.tableSent
-	left := c.left
-	closed := r.closed
-	if !started || c.joiner && !c.member {
-		// Before the table nobody depends on this rank yet (nor ever on a
-		// joiner not admitted yet): forget it so it can register again.
-		delete(r.regs, c.id)
-	}
-	allGone := started && len(r.connsLocked()) == 0
-	if allGone {
-		select {
-		case <-r.allGone:
-		default:
-			close(r.allGone)
-		}
-	}
-	r.mu.Unlock()
-	if closed {
-		return
-	}
-	if c.joiner && !started {
-		r.elasticLost(c, err, left)
-		return
-	}
-	if !started {
-		r.cfg.Logf("rendezvous: rank %d (%s) dropped before the job started: %v", c.rank, c.addr, err)
-		r.afterRegister()
-		return
-	}
-	if r.cfg.Elastic != nil {
-		r.elasticLost(c, err, left)
-		return
-	}
-	if !left {
-		var timeout interface{ Timeout() bool }
-		if errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &timeout) && timeout.Timeout()) {
-			// No heartbeat: the process is frozen, stopped or cut off.
-			why := fmt.Sprintf("no heartbeat within %v", r.cfg.Timeout)
-			r.abortWith(&msg{T: tAbort, Text: fmt.Sprintf("rank %d (%s) stopped responding: %s", c.rank, c.addr, why)},
-				Abort{Unresponsive: true, Rank: c.rank, Addr: c.addr, Why: why})
-			return
-		}
-		if d := r.departureBefore(c); d != nil {
-			// It failed because a rank left early: say that, so a rank
-			// that had not reached the later call yet blames the
-			// departure, not this rank's exit.
-			r.abortWith(&msg{T: tAbort, Left: true, Rank: d.rank, Seq: d.lastCall,
-				Text: fmt.Sprintf("rank %d closed its communicator after call #%d; rank %d (%s) was in a later call and exited", d.rank, d.lastCall, c.rank, c.addr)},
-				Abort{})
-			return
-		}
-		r.abort(fmt.Sprintf("rank %d (%s) disconnected", c.rank, c.addr))
-	}
-}
-
-// departureBefore returns the departure (earliest last call) that put c
-// behind, if c reported being behind one.
-func (r *Rendezvous) departureBefore(c *rzConn) *departure {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !c.behind {
-		return nil
-	}
-	var d *departure
-	for _, o := range r.regs {
-		if o.leaving && (d == nil || o.lastCall < d.lastCall) {
-			d = &departure{rank: o.rank, lastCall: o.lastCall}
-		}
-	}
-	return d
+	var timeout interface{ Timeout() bool }
+	to := errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &timeout) && timeout.Timeout())
+	r.step(membership.Disconnected{ID: c.mid, Timeout: to, Err: fmt.Sprint(err)})
 }
