@@ -307,6 +307,9 @@ func (c *Comm) execute(h *Handle) error {
 		return nil
 	}
 	if c.elastic && h.ctx.Err() == nil && c.life.Err() == nil {
+		if nerr := c.newcomerMismatch(v, err); nerr != nil {
+			return nerr
+		}
 		if mc := c.membershipCause(v, err); mc != nil {
 			return fmt.Errorf("gorun: rank %d: %s #%d: %w", v.rank, h.call.Kind, h.call.Seq, mc)
 		}

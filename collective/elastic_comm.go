@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gorun/gorun/p2p"
@@ -135,6 +136,13 @@ func (c *Comm) membershipCause(v *commView, err error) error {
 	if isMembershipChange(err) {
 		return err
 	}
+	return c.awaitEpochEnd(v)
+}
+
+// awaitEpochEnd waits, at most the heartbeat bound and a little more, for
+// the rendezvous to end epoch v, and returns the membership change, or nil
+// if none came.
+func (c *Comm) awaitEpochEnd(v *commView) error {
 	t := time.NewTimer(c.heartbeat + 2*time.Second)
 	defer t.Stop()
 	select {
@@ -146,6 +154,34 @@ func (c *Comm) membershipCause(v *commView, err error) error {
 	}
 	if end := v.endErr(); isMembershipChange(end) {
 		return end
+	}
+	return nil
+}
+
+// newcomerMismatch handles a call mismatch (err) between a member that
+// joined in epoch v and one that did not: the job ran fine before the
+// newcomer came, so the newcomer leaves, naming both calls, and the others
+// go on from their last commit instead of aborting. A newcomer that sees
+// the mismatch quits; a member that sees it waits for the newcomer's
+// departure to end the epoch. It returns nil when err is no such mismatch
+// (or the newcomer did not go in time): the job then aborts as for any
+// mismatch.
+func (c *Comm) newcomerMismatch(v *commView, err error) error {
+	var me *ring.MismatchError
+	if !errors.As(err, &me) || c.node == nil {
+		return nil
+	}
+	localNew, remoteNew := slices.Contains(v.joined, me.LocalRank), slices.Contains(v.joined, me.RemoteRank)
+	switch {
+	case localNew && !remoteNew:
+		c.node.Quit(fmt.Sprintf("it joined and called %s where rank %d, which ran before it came, called %s (another program, version or arguments?)", me.Local, me.RemoteRank, me.Remote))
+		lerr := fmt.Errorf("gorun: joiner (rank %d of membership epoch %d): %w: it leaves the job, which goes on without it; start the job's own program, with its arguments", v.rank, v.epoch, err)
+		c.cancel(lerr)
+		return lerr
+	case remoteNew && !localNew:
+		if mc := c.awaitEpochEnd(v); mc != nil {
+			return fmt.Errorf("gorun: rank %d: %s #%d: %w", v.rank, me.Local.Kind, me.Local.Seq, mc)
+		}
 	}
 	return nil
 }

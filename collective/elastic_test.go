@@ -1521,3 +1521,49 @@ func TestElasticJoinerWithOtherStateSentAway(t *testing.T) {
 		t.Errorf("joiner: %v, want an error saying it %s", jm.err, want)
 	}
 }
+
+// A joiner that calls something else than the job (another program or
+// version) leaves, naming both calls, and the job that ran fine before it
+// came goes on from its last commit with the same results, instead of
+// aborting.
+func TestElasticJoinerWithOtherCallsSentAway(t *testing.T) {
+	tj := startToyJob(t, 2, 2, 30, 6, WithElasticLimits(1, 3))
+	tj.quitter = 2
+	joined := tj.joinAtStep2()
+	admitted := tj.hook
+	tj.hook = func(m *member, index int) error {
+		if index == 2 && m.ran == 2 {
+			// What the joiner's other program does at its third step.
+			return m.c.Allreduce(tj.ctx, make([]float64, 6), Sum, Name("other program"))
+		}
+		return admitted(m, index)
+	}
+	for i, c := range tj.j.Comms {
+		tj.run(c, 1, int64(1000*(i+1)))
+	}
+	var jm *member
+	select {
+	case c, ok := <-joined:
+		if !ok {
+			t.FailNow()
+		}
+		jm = tj.run(c, -777, 0)
+	case <-tj.ctx.Done():
+		t.Fatal("the joiner was not admitted")
+	}
+	alive := tj.check(2)
+	if want := "leaves the job, which goes on without it"; jm.err == nil || !strings.Contains(jm.err.Error(), want) || !strings.Contains(jm.err.Error(), "float64[6]") {
+		t.Errorf("joiner: %v, want an error naming its call and saying it %s", jm.err, want)
+	}
+	for _, m := range alive {
+		var saw bool
+		for _, ev := range m.events {
+			for _, l := range ev.Lost {
+				saw = saw || strings.Contains(l.Cause, "float64[6]") && strings.Contains(l.Cause, "int64[")
+			}
+		}
+		if !saw {
+			t.Errorf("rank %d: no reset names the joiner's call and the job's: %+v", m.c.Rank(), m.events)
+		}
+	}
+}

@@ -285,6 +285,8 @@ their rank in later epochs.
 With --job-key-file FILE, gorun prints the whole command with which a rank
 started by hand (GORUN_RANK=-1) joins the job, up to --max-np; the
 rendezvous refuses a joiner whose arguments differ from the job's ranks'.
+A joiner that registers other state, or later calls a collective the job's
+ranks do not, leaves the job and the others go on from their last commit.
 
 Flags:
   --min-np N
