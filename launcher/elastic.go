@@ -451,8 +451,10 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 	rdvLog := job.Logf
 	if !job.Verbose {
 		rdvLog = func(format string, args ...any) {
-			if strings.Contains(format, "refused") {
-				job.Logf(format, args...)
+			// A refused process (a joiner with other arguments, say)
+			// learns why itself, but the job's owner should too.
+			if line := fmt.Sprintf(format, args...); strings.HasPrefix(line, "rendezvous: refused") {
+				job.Logf("%s", line)
 			}
 		}
 	}

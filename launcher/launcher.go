@@ -548,8 +548,8 @@ func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, atte
 	if !job.Verbose {
 		// A refused stranger is worth saying even when quiet.
 		rdvLog = func(format string, args ...any) {
-			if strings.Contains(format, "refused") {
-				job.Logf(format, args...)
+			if line := fmt.Sprintf(format, args...); strings.HasPrefix(line, "rendezvous: refused") {
+				job.Logf("%s", line)
 			}
 		}
 	}
