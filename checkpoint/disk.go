@@ -455,10 +455,10 @@ var _ hash.Hash = sha256.New()
 
 // piece is the most bytes hashed, copied or written in one call. SHA-256,
 // CRC-32 and memmove over a whole shard are each one assembly call that
-// the scheduler cannot preempt (tens of milliseconds for 64 MiB): the
-// background writes of in-process ranks would hold every P while the
-// ranks' Polls wait for a rank that cannot run. Between pieces the writer
-// yields (runtime.Gosched).
+// the scheduler cannot preempt, however big the shard: the background
+// writes of in-process ranks would hold every P while the ranks' Polls
+// wait for a rank that cannot run. Between pieces the writer yields
+// (runtime.Gosched).
 const piece = 1 << 20
 
 // hashPieces writes b into h a piece at a time.
