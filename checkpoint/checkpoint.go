@@ -2,7 +2,6 @@ package checkpoint
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -11,7 +10,6 @@ import (
 	"log"
 	"maps"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -115,29 +113,17 @@ func (m *Manager) ioCtx(ctx context.Context) context.Context {
 // $GORUN_HOST, else the host name (ExpandHost), so that one location names
 // a local directory on every host.
 func New(comm *collective.Comm, dir string, opts ...Option) (*Manager, error) {
-	m := &Manager{comm: comm, dir: dir, good: -1, keep: 2, margin: -1, replicas: -1, ioTimeout: 30 * time.Minute, logf: log.Printf}
+	m := &Manager{comm: comm, good: -1, keep: 2, margin: -1, replicas: -1, ioTimeout: 30 * time.Minute, logf: log.Printf}
 	for _, o := range opts {
 		o(m)
 	}
-	dir, err := ExpandHost(dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*s3CallTimeout)
+	defer cancel()
+	s, err := openForJob(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
-	m.dir = dir
-	if IsRemote(dir) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*s3CallTimeout)
-		defer cancel()
-		s, err := openS3(ctx, dir)
-		if err != nil {
-			return nil, err
-		}
-		m.store, m.dir = s, s.loc
-		return m, nil
-	}
-	if err := os.MkdirAll(m.dir, 0o755); err != nil {
-		return nil, fmt.Errorf("checkpoint: %w", err)
-	}
-	m.store = DirStore(m.dir)
+	m.store, m.dir = s, s.String()
 	return m, nil
 }
 
@@ -307,10 +293,10 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 	}
 	// 1. Agree on the step, the state and the settings, and check free
 	// space, in one allgather so that every rank takes the same decision.
-	var free uint64 = 1 << 62 // an object store reports no free space
+	var free uint64 = 1 << 62 // a store that reports no free space has no limit to check
 	var ferr error
-	if _, ok := m.store.(DirStore); ok {
-		free, ferr = freeSpace(m.dir)
+	if s, ok := m.store.(spaceReporter); ok {
+		free, ferr = s.freeSpace()
 	}
 	k := m.replicaCount(dom)
 	rec := make([]byte, 0, agreeLen)
@@ -551,8 +537,7 @@ func rankGroups(byValue map[int64][]int, unit string) string {
 }
 
 // prepare removes a stale, uncommitted step (its manifest first, so a crash
-// here leaves nothing that looks committed) and, in a directory, creates
-// the step directory durably.
+// here leaves nothing that looks committed).
 func (m *Manager) prepare(ctx context.Context, step int64) error {
 	if err := hook("prepare", m.comm.Rank()); err != nil { // an I/O error, not a crash
 		return err
@@ -561,20 +546,11 @@ func (m *Manager) prepare(ctx context.Context, step int64) error {
 	if err != nil {
 		return err
 	}
-	if len(keys) > 0 {
-		m.logf("checkpoint: replacing existing %s", m.StepLocation(step))
-		if err := storeDeleteStep(ctx, m.store, step, nil); err != nil {
-			return err
-		}
+	if len(keys) == 0 {
+		return nil
 	}
-	if d, ok := m.store.(DirStore); ok {
-		sdir := StepDir(string(d), step)
-		if err := os.MkdirAll(sdir, 0o755); err != nil {
-			return err
-		}
-		return syncDir(string(d))
-	}
-	return nil
+	m.logf("checkpoint: replacing existing %s", m.StepLocation(step))
+	return storeDeleteStep(ctx, m.store, step, nil)
 }
 
 // wrote is one file a rank wrote.
@@ -592,24 +568,15 @@ type writeResult struct {
 	err   error
 }
 
-// write puts this rank's files of p, with data giving each file's bytes.
-// It issues no collective, so that SaveAsync can run it in the background.
+// write puts this rank's files of p, with data giving each file's bytes,
+// and makes them durable before it returns (putHashed, then syncBatch). It
+// issues no collective, so that SaveAsync can run it in the background.
 func (m *Manager) write(ctx context.Context, p *plan, data func(f int) [][]byte) writeResult {
 	start := time.Now()
 	rank := m.comm.Rank()
 	var res writeResult
-	d, isDir := m.store.(DirStore)
 	for i, f := range p.mine {
-		chunks := data(f)
-		var size int64
-		var sum string
-		var err error
-		if isDir {
-			// Sync the directory once after the last file.
-			size, sum, err = writeDurable(StepDir(string(d), p.step), p.name(f), false, chunks...)
-		} else {
-			size, sum, err = m.storePut(ctx, p.step, p.name(f), chunks...)
-		}
+		size, sum, err := putHashed(ctx, m.store, stepKey(p.step)+"/"+p.name(f), data(f))
 		if err == nil && i == 0 {
 			err = hook("write", rank) // an I/O error, not a crash
 		}
@@ -617,12 +584,12 @@ func (m *Manager) write(ctx context.Context, p *plan, data func(f int) [][]byte)
 			res.err = objectErr(m.StepLocation(p.step)+"/"+p.name(f), err)
 			break
 		}
-		res.files = append(res.files, wrote{f, size, [32]byte(hexBytes(sum))})
+		res.files = append(res.files, wrote{f, size, sum})
 		res.bytes += size
 	}
-	if res.err == nil && isDir && len(p.mine) > 0 {
-		if err := syncDir(StepDir(string(d), p.step)); err != nil { // the renames durable
-			res.err = objectErr(StepDir(string(d), p.step), err)
+	if res.err == nil && len(p.mine) > 0 {
+		if err := syncBatch(m.store, stepKey(p.step)); err != nil {
+			res.err = objectErr(m.StepLocation(p.step), err)
 		}
 	}
 	res.dur = time.Since(start)
@@ -889,15 +856,7 @@ func (m *Manager) commit(ctx context.Context, man *Manifest) error {
 		return err
 	}
 	data = append(data, '\n')
-	rank := m.comm.Rank()
-	if d, ok := m.store.(DirStore); ok && testHook != nil {
-		// A crash during the manifest write leaves half a temp file.
-		tmp := filepath.Join(StepDir(string(d), man.Step), ManifestName+".tmp")
-		if err := os.WriteFile(tmp, data[:len(data)/2], 0o644); err != nil {
-			return err
-		}
-	}
-	if err := hook("manifest", rank); err != nil {
+	if err := hook("manifest", m.comm.Rank()); err != nil {
 		return err
 	}
 	if err := m.store.Put(ctx, stepKey(man.Step)+"/"+ManifestName, data); err != nil {
@@ -1025,14 +984,6 @@ func boolU64(b bool) uint64 {
 
 func boolI64(b bool) int64 { return int64(boolU64(b)) }
 
-func hexBytes(s string) []byte {
-	b, _ := hex.DecodeString(s)
-	if len(b) != 32 {
-		b = make([]byte, 32)
-	}
-	return b
-}
-
 func human(n int64) string {
 	switch {
 	case n >= 1<<30:
@@ -1049,22 +1000,5 @@ func human(n int64) string {
 // (StepDir of Dir), or for an s3:// location its prefix,
 // s3://bucket/prefix/step-<N>.
 func (m *Manager) StepLocation(step int64) string {
-	if d, ok := m.store.(DirStore); ok {
-		return StepDir(string(d), step)
-	}
-	return strings.TrimSuffix(m.dir, "/") + "/" + stepKey(step)
-}
-
-// storePut writes one object of a step and returns its size and sha256.
-func (m *Manager) storePut(ctx context.Context, step int64, name string, chunks ...[]byte) (int64, string, error) {
-	h := sha256.New()
-	var n int64
-	for _, c := range chunks {
-		hashPieces(h, c)
-		n += int64(len(c))
-	}
-	if err := m.store.Put(ctx, stepKey(step)+"/"+name, chunks...); err != nil {
-		return 0, "", err
-	}
-	return n, hex.EncodeToString(h.Sum(nil)), nil
+	return location(m.store, stepKey(step))
 }

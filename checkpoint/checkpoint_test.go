@@ -47,6 +47,12 @@ func readManifest(stepDir string) (*Manifest, error) {
 	return storeReadManifest(context.Background(), DirStore(filepath.Dir(stepDir)), stepOf(stepDir))
 }
 
+// listSteps returns the checkpoints under dir, newest first (a directory
+// that does not exist holds none).
+func listSteps(dir string) ([]Entry, error) {
+	return storeSteps(context.Background(), DirStore(dir))
+}
+
 func stepOf(stepDir string) int64 {
 	var step int64
 	fmt.Sscanf(filepath.Base(stepDir), "step-%d", &step)
@@ -280,6 +286,14 @@ func crash(t *testing.T, comms []*collective.Comm, dir string, step int64, v flo
 	t.Helper()
 	testHook = func(p string, rank int) error {
 		if p == point && rank == victim {
+			if point == "manifest" && !IsRemote(dir) {
+				// A crash during the manifest write leaves half a
+				// temporary file.
+				half := []byte(`{"format": 1, "step": `)
+				if err := os.WriteFile(filepath.Join(StepDir(dir, step), ManifestName+".tmp"), half, 0o644); err != nil {
+					return err
+				}
+			}
 			return errors.New("killed")
 		}
 		return nil

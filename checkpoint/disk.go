@@ -16,7 +16,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -165,12 +164,6 @@ type Report struct {
 	Reason  string  // why that one
 }
 
-// listSteps returns the checkpoints under dir, newest first: storeSteps
-// over a DirStore (a directory that does not exist holds none).
-func listSteps(dir string) ([]Entry, error) {
-	return storeSteps(context.Background(), DirStore(dir))
-}
-
 // Scan lists the checkpoints under dir and verifies every committed one
 // (manifest, file sizes, sha256), newest first, and says which one a restore
 // would pick: the newest committed checkpoint that verifies. A directory
@@ -191,18 +184,8 @@ func listSteps(dir string) ([]Entry, error) {
 func Scan(dir string) (*Report, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	dir, err := ExpandHost(dir)
+	s, err := openExisting(ctx, dir)
 	if err != nil {
-		return nil, err
-	}
-	var s Store = DirStore(dir)
-	if IsRemote(dir) {
-		s3, err := openS3(ctx, dir)
-		if err != nil {
-			return nil, err
-		}
-		s = s3
-	} else if err := checkScanDir(dir); err != nil {
 		return nil, err
 	}
 	entries, err := storeSteps(ctx, s)
@@ -359,26 +342,10 @@ func parseManifest(data []byte) (*Manifest, error) {
 	return &m, nil
 }
 
-var errSkip = errors.New("skip")
-
 // errWrongSize is wrapped by the error of a file whose size is not the
 // manifest's: a restore treats such a copy as missing (it sees the size
 // without reading the file), and writes it again from another host's.
 var errWrongSize = errors.New("wrong size")
-
-type sliceWriter struct {
-	buf []byte
-	n   int
-}
-
-func (w *sliceWriter) Write(p []byte) (int, error) {
-	n := copy(w.buf[w.n:], p)
-	w.n += n
-	if n < len(p) {
-		return n, io.ErrShortWrite
-	}
-	return n, nil
-}
 
 // checkStream copies a file of size bytes from r into w, checking its size
 // and sha256 against f.
@@ -408,51 +375,6 @@ func short(s string) string {
 	return s
 }
 
-// writeDurable writes the chunks to dir/name through a temporary name:
-// write, fsync, rename, and with syncD, fsync the directory (callers that
-// write several files sync it once after the last). It returns the size and
-// sha256.
-func writeDurable(dir, name string, syncD bool, chunks ...[]byte) (int64, string, error) {
-	tmp := filepath.Join(dir, name+".tmp")
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return 0, "", err
-	}
-	h := sha256.New()
-	var n int64
-	err = func() error {
-		for _, c := range chunks {
-			for len(c) > 0 {
-				b := c[:min(len(c), piece)]
-				if _, err := f.Write(b); err != nil {
-					return err
-				}
-				h.Write(b)
-				n += int64(len(b))
-				c = c[len(b):]
-				runtime.Gosched()
-			}
-		}
-		return f.Sync()
-	}()
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, name))
-	}
-	if err == nil && syncD {
-		err = syncDir(dir)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return 0, "", err
-	}
-	return n, hex.EncodeToString(h.Sum(nil)), nil
-}
-
-var _ hash.Hash = sha256.New()
-
 // piece is the most bytes hashed, copied or written in one call. SHA-256,
 // CRC-32 and memmove over a whole shard are each one assembly call that
 // the scheduler cannot preempt, however big the shard: the background
@@ -481,26 +403,4 @@ func copyPieces(dst, src []byte) int {
 		n += copy(dst[n:], src[n:min(len(src), n+piece)])
 	}
 	return n
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
-		return err
-	}
-	return nil
-}
-
-// freeSpace is the bytes available to this user on dir's filesystem; tests
-// replace it.
-var freeSpace = func(dir string) (uint64, error) {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
-		return 0, err
-	}
-	return st.Bavail * uint64(st.Bsize), nil
 }

@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 
 	"github.com/gorun/gorun/collective"
@@ -56,22 +54,19 @@ func (d *domains) writer(r, dom int) int {
 	return mem[r%len(mem)]
 }
 
-// tokenDir holds the files by which ranks find out who shares their
-// directory.
-const tokenDir = ".gorun-tokens"
-
 // domains finds the storage domains, once per comm size and membership
-// epoch: every rank creates a file with a random name in its directory,
-// the names are allgathered, every rank says which of them it sees, and
-// ranks that see each other's files share a directory. An object store is
-// one domain: every rank sees the same bucket.
+// epoch: every rank creates a token with a random name in its store (a
+// perHostStore: a directory), the names are allgathered, every rank says
+// which of them it sees, and ranks that see each other's tokens share a
+// directory. Any other store (an object store) is one domain: every rank
+// sees the same bucket.
 func (m *Manager) domains(ctx context.Context) (*domains, error) {
 	n := m.comm.Size()
 	key := [2]int{n, m.comm.Epoch()}
 	if m.dom != nil && m.domKey == key {
 		return m.dom, nil
 	}
-	d, ok := m.store.(DirStore)
+	hs, ok := m.store.(perHostStore)
 	if !ok || n == 1 {
 		m.dom, m.domKey = oneDomain(n), key
 		return m.dom, nil
@@ -80,15 +75,8 @@ func (m *Manager) domains(ctx context.Context) (*domains, error) {
 	var tok [16]byte
 	rand.Read(tok[:])
 	name := hex.EncodeToString(tok[:])
-	tdir := filepath.Join(string(d), tokenDir)
-	terr := os.MkdirAll(tdir, 0o755)
-	if terr == nil {
-		terr = os.WriteFile(filepath.Join(tdir, name), nil, 0o644)
-	}
-	defer func() {
-		os.Remove(filepath.Join(tdir, name))
-		os.Remove(tdir) // fails while another rank's token is there
-	}()
+	terr := hs.putToken(name)
+	defer hs.dropToken(name)
 	rec := make([]byte, tokLen+1)
 	copy(rec, name)
 	rec[tokLen] = byte(boolU64(terr == nil))
@@ -104,18 +92,15 @@ func (m *Manager) domains(ctx context.Context) (*domains, error) {
 	}
 	if len(bad) > 0 {
 		if terr != nil {
-			return nil, fmt.Errorf("checkpoint: creating a file in %s: %w", tdir, terr)
+			return nil, fmt.Errorf("checkpoint: creating a file in %s: %w", location(m.store, tokenDir), terr)
 		}
 		return nil, fmt.Errorf("checkpoint: ranks %v could not create a file in their checkpoint directories (see their errors)", bad)
 	}
 	// Every token is created before the allgather returns anywhere, so a
-	// look-up sees every token of the directory. Each is looked up by name:
-	// on NFS a lookup revalidates the name with the server (close-to-open
-	// consistency), whereas a READDIR may be answered from a stale cache.
+	// look-up sees every token of the directory.
 	sees := make([]byte, n)
 	for r := range n {
-		tok := string(all[r*(tokLen+1) : r*(tokLen+1)+tokLen])
-		if _, err := os.Lstat(filepath.Join(tdir, tok)); err == nil {
+		if hs.hasToken(string(all[r*(tokLen+1) : r*(tokLen+1)+tokLen])) {
 			sees[r] = 1
 		}
 	}

@@ -12,8 +12,6 @@ import (
 	"io"
 	"io/fs"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -279,14 +277,14 @@ func (m *Manager) restoreStep(ctx context.Context, st *State, dom *domains, step
 	// no other copy is left (to say what is wrong), and written again
 	// from another host's copy.
 	bits := make([]byte, nf+1)
-	d, isDir := m.store.(DirStore)
+	sz, sized := m.store.(sizer)
 	for i, f := range files {
 		if !present[f.File] {
 			continue
 		}
 		bits[i] = 1
-		if isDir {
-			if fi, err := os.Stat(filepath.Join(StepDir(string(d), step), f.File)); err == nil && fi.Size() != f.Size {
+		if sized {
+			if size, err := sz.size(stepKey(step) + "/" + f.File); err == nil && size != f.Size {
 				bits[i] = 2
 			}
 		}

@@ -94,8 +94,8 @@ func (b *breakingBody) Read(p []byte) (int, error) {
 // restoreEach runs Restore on every rank with rank r's Manager in dirs[r]
 // (one directory for all when len(dirs) == 1), its store passed through
 // wrap when wrap is not nil, and its domains preset when hostOf is not
-// nil (a wrapped store is no DirStore, so the domains cannot be found
-// from token files). It returns each rank's state, step and error.
+// nil (a wrapped store is no perHostStore, so the domains cannot be
+// found from token files). It returns each rank's state, step and error.
 func restoreEach(t *testing.T, comms []*collective.Comm, dirs []string, wrap func(r int, s Store) Store, hostOf []int, mkState func(r int) *rankState, opts ...Option) ([]*rankState, []int64, []error) {
 	t.Helper()
 	n := len(comms)

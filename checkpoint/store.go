@@ -3,13 +3,13 @@ package checkpoint
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path"
-	"path/filepath"
 	"slices"
 	"strings"
 )
@@ -36,6 +36,85 @@ type Store interface {
 	String() string
 }
 
+// What a Store on a filesystem (DirStore) does beyond Store. A Manager
+// finds these optional interfaces by type assertion, as database/sql finds
+// a driver's; a Store without them (S3, or a Store wrapped by a test) takes
+// the general path: one Put per object, no free-space check, one storage
+// domain.
+
+// A batchWriter writes the files of a step with one fsync of their
+// directory after the last one (syncBatch) instead of one per file. A save
+// writes a rank's files with putUnsynced and calls syncBatch before the
+// barrier that precedes the commit, so that the manifest still commits only
+// durable files.
+type batchWriter interface {
+	// putUnsynced writes key as Put does (a temporary name, fsynced and
+	// renamed: visible whole or not at all), hashing the bytes as it
+	// writes them, but its name is durable only once syncBatch of its
+	// prefix returns. It returns the object's size and sha256.
+	putUnsynced(key string, data ...[]byte) (size int64, sum [32]byte, err error)
+	// syncBatch makes the names written under prefix durable.
+	syncBatch(prefix string) error
+}
+
+// A spaceReporter says how many bytes it can still take; a save checks
+// them before it writes anything. An object store reports none.
+type spaceReporter interface {
+	freeSpace() (uint64, error)
+}
+
+// A sizer tells an object's size without opening it: a restore finds the
+// copies of the wrong size (truncated, overwritten) before reading any.
+type sizer interface {
+	size(key string) (int64, error)
+}
+
+// A perHostStore may be a different store on each host under the same
+// name (a directory on each host's local disk), so the ranks find out
+// which of them share it (their storage domain) through tokens they leave
+// in it. Every rank sees the same object store: one domain.
+type perHostStore interface {
+	// putToken creates the token name; hasToken looks it up by name;
+	// dropToken removes it, and the tokens' place when it is empty.
+	putToken(name string) error
+	hasToken(name string) bool
+	dropToken(name string)
+}
+
+// A pather names its keys as file paths (cleaned, with the system's
+// separator) rather than as location + "/" + key.
+type pather interface {
+	path(key string) string
+}
+
+// putHashed writes key in s and returns its size and sha256: as part of a
+// batch when s is a batchWriter (durable once syncBatch returns), else with
+// Put (durable at once), hashed first.
+func putHashed(ctx context.Context, s Store, key string, chunks [][]byte) (int64, [32]byte, error) {
+	if b, ok := s.(batchWriter); ok {
+		return b.putUnsynced(key, chunks...)
+	}
+	h := sha256.New()
+	var n int64
+	for _, c := range chunks {
+		hashPieces(h, c)
+		n += int64(len(c))
+	}
+	if err := s.Put(ctx, key, chunks...); err != nil {
+		return 0, [32]byte{}, err
+	}
+	return n, [32]byte(h.Sum(nil)), nil
+}
+
+// syncBatch makes the objects putHashed wrote under prefix durable; a
+// Store that is no batchWriter made each durable in its Put.
+func syncBatch(s Store, prefix string) error {
+	if b, ok := s.(batchWriter); ok {
+		return b.syncBatch(prefix)
+	}
+	return nil
+}
+
 // IsRemote reports whether loc names an object store (s3://bucket/prefix)
 // rather than a directory.
 func IsRemote(loc string) bool { return strings.HasPrefix(loc, "s3://") }
@@ -54,100 +133,49 @@ func OpenStore(ctx context.Context, loc string) (Store, error) {
 	return DirStore(loc), nil
 }
 
-// DirStore is a Store in a local or shared directory: Put writes a temporary
-// file, fsyncs it, renames it and fsyncs the directory.
-type DirStore string
-
-func (d DirStore) path(key string) string { return filepath.Join(string(d), filepath.FromSlash(key)) }
-
-// Put implements Store. A directory it creates (a step directory in a
-// checkpoint directory that lost it) is made durable in its parent too, so
-// that the file's own fsync is not undone by a lost directory entry.
-func (d DirStore) Put(_ context.Context, key string, data ...[]byte) error {
-	p := d.path(key)
-	dir := filepath.Dir(p)
-	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
-		if err := syncDir(filepath.Dir(dir)); err != nil {
-			return err
-		}
-	}
-	_, _, err := writeDurable(dir, filepath.Base(p), true, data...)
-	return err
-}
-
-// Get implements Store.
-func (d DirStore) Get(_ context.Context, key string) (io.ReadCloser, int64, error) {
-	f, err := os.Open(d.path(key))
+// openForJob is OpenStore for a Manager: a directory is created when it is
+// missing (a new job's directory need not exist yet); a bucket must exist
+// (openS3 checks).
+func openForJob(ctx context.Context, loc string) (Store, error) {
+	loc, err := ExpandHost(loc)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	st, err := f.Stat()
+	if !IsRemote(loc) {
+		if err := os.MkdirAll(loc, 0o755); err != nil {
+			return nil, fmt.Errorf("checkpoint: %w", err)
+		}
+	}
+	return OpenStore(ctx, loc)
+}
+
+// openExisting is OpenStore for a location that must hold checkpoints
+// already (Scan, List, Remove): a directory must exist and be one, in
+// Scan's words; openS3 checks that a bucket exists.
+func openExisting(ctx context.Context, loc string) (Store, error) {
+	loc, err := ExpandHost(loc)
 	if err != nil {
-		f.Close()
-		return nil, 0, err
+		return nil, err
 	}
-	return f, st.Size(), nil
+	if !IsRemote(loc) {
+		if err := checkScanDir(loc); err != nil {
+			return nil, err
+		}
+	}
+	return OpenStore(ctx, loc)
 }
-
-// List implements Store. It walks only the directories that can hold keys
-// with prefix, and ignores entries that vanish while it walks (another rank
-// sharing the directory removing its domain token or a stale step).
-func (d DirStore) List(_ context.Context, prefix string) ([]string, error) {
-	var out []string
-	err := filepath.WalkDir(string(d), func(p string, de fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				if p == string(d) {
-					return fs.SkipAll
-				}
-				return nil
-			}
-			return err
-		}
-		rel, err := filepath.Rel(string(d), p)
-		if err != nil {
-			return err
-		}
-		k := filepath.ToSlash(rel)
-		if de.IsDir() {
-			if k != "." && !strings.HasPrefix(k+"/", prefix) && !strings.HasPrefix(prefix, k+"/") {
-				return fs.SkipDir
-			}
-			return nil
-		}
-		if strings.HasPrefix(k, prefix) {
-			out = append(out, k)
-		}
-		return nil
-	})
-	slices.Sort(out)
-	return out, err
-}
-
-// Delete implements Store; it also removes the directories it empties.
-func (d DirStore) Delete(_ context.Context, key string) error {
-	p := d.path(key)
-	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	if err := syncDir(filepath.Dir(p)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	for dir := filepath.Dir(p); dir != filepath.Clean(string(d)) && strings.HasPrefix(dir, string(d)); dir = filepath.Dir(dir) {
-		if os.Remove(dir) != nil {
-			break
-		}
-	}
-	return nil
-}
-
-func (d DirStore) String() string { return string(d) }
 
 // stepKey is the key prefix of a step's objects.
 func stepKey(step int64) string { return fmt.Sprintf("step-%012d", step) }
+
+// location names key in s for messages: its path in a directory, else
+// s3://bucket/prefix/key.
+func location(s Store, key string) string {
+	if p, ok := s.(pather); ok {
+		return p.path(key)
+	}
+	return strings.TrimSuffix(s.String(), "/") + "/" + key
+}
 
 // storeSteps lists the checkpoints in s, newest first.
 func storeSteps(ctx context.Context, s Store) ([]Entry, error) {
@@ -237,38 +265,6 @@ func storeCheckFile(ctx context.Context, s Store, step int64, f FileInfo, w io.W
 	}
 	defer rc.Close()
 	return checkStream(f, rc, size, w)
-}
-
-// storeVerify reads a step's manifest and checks every file's size and
-// sha256. With assemble non-nil it also copies the concatenated tensor bytes
-// into the buffer assemble returns (len m.TotalBytes, checked by the
-// caller); assemble returning nil skips the step (errSkip).
-func storeVerify(ctx context.Context, s Store, step int64, assemble func(*Manifest) []byte) (*Manifest, error) {
-	m, err := storeReadManifest(ctx, s, step)
-	if err != nil {
-		return m, err
-	}
-	var dst []byte
-	if assemble != nil {
-		if dst = assemble(m); dst == nil {
-			return m, errSkip
-		}
-	}
-	for _, f := range m.Shards {
-		var w io.Writer = io.Discard
-		if dst != nil {
-			w = &sliceWriter{buf: dst[f.Offset : f.Offset+f.Size]}
-		}
-		if err := storeCheckFile(ctx, s, step, f, w); err != nil {
-			return m, err
-		}
-	}
-	for _, f := range m.Blobs {
-		if err := storeCheckFile(ctx, s, step, f, io.Discard); err != nil {
-			return m, err
-		}
-	}
-	return m, nil
 }
 
 // fileError is an error about one file or object whose text names it once

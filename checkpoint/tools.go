@@ -77,16 +77,7 @@ const notCommitted = "not committed (no " + ManifestName + "): a save that did n
 // listLoc opens loc's Store and lists its steps, newest first. A directory
 // must exist and be one (in Scan's words).
 func listLoc(ctx context.Context, loc string) (Store, []Entry, error) {
-	loc, err := ExpandHost(loc)
-	if err != nil {
-		return nil, nil, err
-	}
-	if !IsRemote(loc) {
-		if err := checkScanDir(loc); err != nil {
-			return nil, nil, err
-		}
-	}
-	s, err := OpenStore(ctx, loc)
+	s, err := openExisting(ctx, loc)
 	if err != nil {
 		return nil, nil, err
 	}
