@@ -42,12 +42,13 @@
 //     hold plus a margin (10%, at least 1 MiB), every rank fails with the
 //     sizes and nothing is written;
 //  2. has the lowest rank of every storage domain (below; with a shared
-//     directory, rank 0) prepare DIR/step-<N>/, replacing a stale,
-//     uncommitted one;
+//     directory, rank 0) prepare DIR/step-<N>/: remove a stale, uncommitted
+//     one that an earlier attempt at the step left;
 //  3. has every rank write 1/N of the tensors' bytes (the concatenation of
 //     the registered tensors, in order) and its own per-rank blobs, each to a
-//     temporary name, fsynced, renamed and followed by an fsync of the
-//     directory;
+//     temporary name, fsynced and renamed, and then fsync the step's
+//     directory once, after its last file (on S3 every object is durable
+//     once its PutObject returns);
 //  4. allgathers every file's size and sha256: the barrier that confirms
 //     every file is durable;
 //  5. has the lowest rank of every domain write manifest.json (step, world

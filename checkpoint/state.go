@@ -208,3 +208,30 @@ func decodeBlobs(data []byte) (map[string][]byte, error) {
 	}
 	return m, nil
 }
+
+// slice returns the bytes [lo, hi) of the concatenated tensors, as views.
+func (s *State) slice(lo, hi int64) [][]byte {
+	var out [][]byte
+	var off int64
+	for _, t := range s.tensors {
+		b := t.bytes
+		end := off + int64(len(b))
+		if end > lo && off < hi {
+			out = append(out, b[max(lo-off, 0):min(hi, end)-off])
+		}
+		off = end
+	}
+	return out
+}
+
+// writeAt copies data into the concatenated tensors at byte off.
+func (s *State) writeAt(off int64, data []byte) {
+	var o int64
+	for _, t := range s.tensors {
+		end := o + int64(len(t.bytes))
+		if end > off && o < off+int64(len(data)) {
+			copy(t.bytes[max(off-o, 0):], data[max(o-off, 0):])
+		}
+		o = end
+	}
+}

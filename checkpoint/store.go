@@ -115,6 +115,33 @@ func syncBatch(s Store, prefix string) error {
 	return nil
 }
 
+// EnvHost is the environment variable whose value replaces "{host}" in a
+// directory location (gorun sets it to the host a rank runs on).
+const EnvHost = "GORUN_HOST"
+
+// ExpandHost returns loc with "{host}" replaced by $GORUN_HOST (EnvHost),
+// else the host name: the one expansion that New, OpenStore, Scan, List
+// and Remove apply to the location they are given (expanding twice is
+// harmless). An s3:// location is shared by every host, so "{host}" in it
+// is an error.
+func ExpandHost(loc string) (string, error) {
+	if !strings.Contains(loc, "{host}") {
+		return loc, nil
+	}
+	if IsRemote(loc) {
+		return "", fmt.Errorf("checkpoint: %s: {host} names a directory of each host's own, but an s3:// location is one store that every host shares: remove {host}", loc)
+	}
+	host := os.Getenv(EnvHost)
+	if host == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return "", fmt.Errorf("checkpoint: %s: naming the host for {host}: %w", loc, err)
+		}
+		host = h
+	}
+	return strings.ReplaceAll(loc, "{host}", host), nil
+}
+
 // IsRemote reports whether loc names an object store (s3://bucket/prefix)
 // rather than a directory.
 func IsRemote(loc string) bool { return strings.HasPrefix(loc, "s3://") }
