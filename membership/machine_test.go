@@ -527,3 +527,27 @@ func TestMembershipDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// Every event survives a replicated log's encoding unchanged.
+func TestMembershipEncoding(t *testing.T) {
+	at := t0.Add(1500 * time.Millisecond)
+	for _, ev := range []Event{
+		Register{ID: 3, Rank: 2, Joiner: true, Heartbeat: 3000, Args: []string{"--epochs", "3"}, Info: info(3)},
+		Ack{ID: 1, Epoch: 4}, Disconnected{ID: 2, Timeout: true, Quit: "SIGTERM", Err: "EOF"}, Leave{ID: 5},
+		Leaving{ID: 1, LastCall: 99}, Late{ID: 2, Call: 100}, AbortRequest{ID: 1, Text: "boom"},
+		LinkFailed{ID: 1, Epoch: 2, Rank: 3, Text: "dial"}, LinkCheck{CheckLinkLater{Epoch: 2, Reporter: 1, Peer: 4, Text: "dial"}},
+		Grow{ID: 1, Epoch: 3, Leave: true, Why: "SIGTERM"}, WaitTick{Since: t0}, WaitExpired{Since: t0},
+	} {
+		b, err := Encode(at, ev)
+		if err != nil {
+			t.Fatalf("%T: %v", ev, err)
+		}
+		gotAt, got, err := Decode(b)
+		if err != nil || !gotAt.Equal(at) || !reflect.DeepEqual(got, ev) {
+			t.Errorf("%T: decoded %v %#v (%v), want %v %#v", ev, gotAt, got, err, at, ev)
+		}
+	}
+	if _, _, err := Decode([]byte(`{"k":"reboot","ev":{}}`)); err == nil || !strings.Contains(err.Error(), `unknown kind "reboot"`) {
+		t.Errorf("unknown kind: %v", err)
+	}
+}

@@ -1,0 +1,168 @@
+package raftgroup
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gorun/gorun/membership"
+)
+
+// Config configures a Replica.
+type Config struct {
+	ID    uint64   // this replica's id, not 0
+	Peers []uint64 // every replica's id, this one's included
+	// ElectionTicks is how many Ticks without a leader's word start an
+	// election (at least 2×HeartbeatTicks); HeartbeatTicks how often a
+	// leader speaks. The caller picks the tick so that an election fits
+	// in the membership's heartbeat bound.
+	ElectionTicks, HeartbeatTicks int
+	Membership                    membership.Config
+}
+
+// Replica is one member of the rendezvous group.
+type Replica struct {
+	id      uint64
+	rn      *raft.RawNode
+	storage *raft.MemoryStorage
+	m       *membership.Machine
+}
+
+// Applied is what one committed event did: the actions its Step returned,
+// which the leader (Leader) carries out and the others only note.
+type Applied struct {
+	Index   uint64 // its place in the log
+	At      time.Time
+	Event   membership.Event
+	Actions []membership.Action
+}
+
+// Ready is what a Replica asks of its caller: send Messages to the other
+// replicas (in any order, unreliably), and, on the leader, carry out the
+// Applied events' actions in order.
+type Ready struct {
+	Messages []*raftpb.Message
+	Applied  []Applied
+	Leader   bool // this replica leads the group (as of this Ready)
+}
+
+// New starts a replica of a new group.
+func New(cfg Config) (*Replica, error) {
+	if cfg.ID == 0 {
+		return nil, errors.New("raftgroup: replica id 0")
+	}
+	cfg.HeartbeatTicks = max(cfg.HeartbeatTicks, 1)
+	cfg.ElectionTicks = max(cfg.ElectionTicks, 2*cfg.HeartbeatTicks, 10)
+	st := raft.NewMemoryStorage()
+	rn, err := raft.NewRawNode(&raft.Config{
+		ID: cfg.ID, ElectionTick: cfg.ElectionTicks, HeartbeatTick: cfg.HeartbeatTicks, Storage: st,
+		MaxSizePerMsg: 1 << 20, MaxInflightMsgs: 256,
+		// A leader cut off from the majority steps down, and a replica
+		// that was cut off does not disturb the group when it returns.
+		CheckQuorum: true, PreVote: true,
+		Logger: quietLogger{},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("raftgroup: replica %d: %w", cfg.ID, err)
+	}
+	peers := make([]raft.Peer, len(cfg.Peers))
+	for i, id := range cfg.Peers {
+		peers[i] = raft.Peer{ID: id}
+	}
+	if err := rn.Bootstrap(peers); err != nil {
+		return nil, fmt.Errorf("raftgroup: replica %d: %w", cfg.ID, err)
+	}
+	return &Replica{id: cfg.ID, rn: rn, storage: st, m: membership.New(cfg.Membership)}, nil
+}
+
+// Tick advances the replica's logical clock by one tick.
+func (r *Replica) Tick() { r.rn.Tick() }
+
+// Step gives the replica a message from another replica.
+func (r *Replica) Step(m *raftpb.Message) error { return r.rn.Step(m) }
+
+// Propose asks the group to apply ev, which happened at time at. Any
+// replica may propose: a follower forwards it to the leader. It is applied
+// once a majority has it, which Ready reports; a proposal made without a
+// leader, or lost with one, is dropped (ErrProposalDropped, or it never
+// shows in Ready): the proposer proposes again if it still matters.
+func (r *Replica) Propose(at time.Time, ev membership.Event) error {
+	b, err := membership.Encode(at, ev)
+	if err != nil {
+		return err
+	}
+	return r.rn.Propose(b)
+}
+
+// Leader returns the id of the group's leader as this replica knows it (0:
+// none).
+func (r *Replica) Leader() uint64 { return r.rn.BasicStatus().Lead }
+
+// Machine returns the replica's membership, to read (never Step) between
+// calls.
+func (r *Replica) Machine() *membership.Machine { return r.m }
+
+// HasReady says whether Ready has something.
+func (r *Replica) HasReady() bool { return r.rn.HasReady() }
+
+// Ready persists the new log entries (in memory), applies the committed
+// ones to the membership, and returns the messages to send and what the
+// applied events did.
+func (r *Replica) Ready() (Ready, error) {
+	if !r.rn.HasReady() {
+		return Ready{Leader: r.Leader() == r.id}, nil
+	}
+	rd := r.rn.Ready()
+	if rd.HardState != nil && !raft.IsEmptyHardState(rd.HardState) {
+		if err := r.storage.SetHardState(rd.HardState); err != nil {
+			return Ready{}, err
+		}
+	}
+	if err := r.storage.Append(rd.Entries); err != nil {
+		return Ready{}, err
+	}
+	out := Ready{Messages: rd.Messages}
+	for _, e := range rd.CommittedEntries {
+		switch e.GetType() {
+		case raftpb.EntryNormal:
+			if len(e.GetData()) == 0 {
+				continue // a new leader's empty entry
+			}
+			at, ev, err := membership.Decode(e.GetData())
+			if err != nil {
+				return Ready{}, fmt.Errorf("raftgroup: replica %d: entry %d: %w", r.id, e.GetIndex(), err)
+			}
+			out.Applied = append(out.Applied, Applied{Index: e.GetIndex(), At: at, Event: ev, Actions: r.m.Step(at, ev)})
+		case raftpb.EntryConfChange:
+			cc := &raftpb.ConfChange{}
+			if err := proto.Unmarshal(e.GetData(), cc); err != nil {
+				return Ready{}, err
+			}
+			r.rn.ApplyConfChange(cc)
+		}
+	}
+	r.rn.Advance(rd)
+	out.Leader = r.Leader() == r.id
+	return out, nil
+}
+
+// quietLogger keeps raft's own chatter (elections, term changes) out of the
+// job's output; the group's driver says what matters.
+type quietLogger struct{}
+
+func (quietLogger) Debug(...any)              {}
+func (quietLogger) Debugf(string, ...any)     {}
+func (quietLogger) Error(...any)              {}
+func (quietLogger) Errorf(string, ...any)     {}
+func (quietLogger) Info(...any)               {}
+func (quietLogger) Infof(string, ...any)      {}
+func (quietLogger) Warning(...any)            {}
+func (quietLogger) Warningf(string, ...any)   {}
+func (quietLogger) Fatal(v ...any)            { panic(fmt.Sprint(v...)) }
+func (quietLogger) Fatalf(f string, v ...any) { panic(fmt.Sprintf(f, v...)) }
+func (quietLogger) Panic(v ...any)            { panic(fmt.Sprint(v...)) }
+func (quietLogger) Panicf(f string, v ...any) { panic(fmt.Sprintf(f, v...)) }
