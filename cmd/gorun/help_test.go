@@ -13,10 +13,7 @@ import (
 // gorun --help is one page, its flags near the top, each flag once, on one
 // line, under its group's heading; the topics are named at its end.
 func TestHelpIsOnePage(t *testing.T) {
-	out, errOut, code := run(t, nil, gorunBin, "--help")
-	if code != 0 || errOut != "" {
-		t.Fatalf("exit %d, stderr %q", code, errOut)
-	}
+	out := gorunOutput(t, "--help")
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	if len(lines) > 60 {
 		t.Errorf("gorun --help is %d lines, want at most 60:\n%s", len(lines), out)
@@ -55,8 +52,8 @@ func TestHelpIsOnePage(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{{"-h"}, {"help"}} {
-		if o, _, code := run(t, nil, gorunBin, args...); code != 0 || o != out {
-			t.Errorf("gorun %v: exit %d, and not what gorun --help prints:\n%s", args, code, o)
+		if o := gorunOutput(t, args...); o != out {
+			t.Errorf("gorun %v is not what gorun --help prints:\n%s", args, o)
 		}
 	}
 }
@@ -116,23 +113,21 @@ func TestHelpTopics(t *testing.T) {
 			}
 		}
 	}
-	// The binary too, which main gives its arguments through horovodArgs.
-	if out, errOut, code := run(t, nil, gorunBin, "help", "hosts"); code != 0 || errOut != "" || strings.TrimSpace(out) != helpHosts {
-		t.Errorf("gorun help hosts: exit %d, stderr %q, stdout:\n%s", code, errOut, out)
-	}
 }
 
-// gorunOutput runs gorun's commands in this process with args and returns
-// what they print.
+// gorunOutput runs gorun's commands in this process with args, as main
+// gives them (through horovodArgs), and returns what they print; it fails
+// the test unless they succeed with nothing on stderr. (That the binary
+// prints the same is e2e's TestGorunHelpFromTheBinary.)
 func gorunOutput(t *testing.T, args ...string) string {
 	t.Helper()
 	root := newGorunCmd()
-	var out bytes.Buffer
+	var out, errOut bytes.Buffer
 	root.SetOut(&out)
-	root.SetErr(&out)
+	root.SetErr(&errOut)
 	root.SetArgs(horovodArgs(args))
-	if err := root.Execute(); err != nil {
-		t.Fatalf("gorun %v: %v\n%s", args, err, out.String())
+	if err := root.Execute(); err != nil || errOut.Len() > 0 {
+		t.Fatalf("gorun %v: %v\nstdout:\n%s\nstderr:\n%s", args, err, out.String(), errOut.String())
 	}
 	return out.String()
 }
@@ -157,6 +152,27 @@ func TestHelpTopicIsNotACommand(t *testing.T) {
 	for _, tp := range helpTopics {
 		if c, args, err := root.Find([]string{tp.name, "--epochs", "3"}); err != nil || c != root || len(args) != 3 {
 			t.Errorf("gorun %s --epochs 3 finds %q %q %v, want gorun itself to run PROGRAM %s", tp.name, c.CommandPath(), args, err, tp.name)
+		}
+	}
+}
+
+// --help names the flags of a job on many hosts; the topic on hosts says
+// what those hosts need.
+func TestGorunHelpDocumentsFlags(t *testing.T) {
+	out := gorunOutput(t, "--help")
+	for _, want := range []string{"-np", "-H, --hosts", "--hostfile", "--ssh-port", "--ssh-identity-file", "--network-interface",
+		"--start-timeout", "--timeout", "--output-dir", "-x, --env", "--verbose", "--config", "--max-restarts", "--grace",
+		"gorun -H node1:4,node2:4"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--help lacks %q", want)
+		}
+	}
+	// What hosts need is in the manual's topic on hosts.
+	out = strings.Join(strings.Fields(gorunOutput(t, "help", "hosts")), " ")
+	for _, want := range []string{"gorun -np 8 -H node1:4,node2:4", "GORUN_SSH_OPTS", "same path on every host", "--ssh-identity-file",
+		"a host without :N has 1 slot", "one \"host slots=N\" per line"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("gorun help hosts lacks %q", want)
 		}
 	}
 }

@@ -1,5 +1,5 @@
 // Command elastictrain is the rank program of gorun's elastic training
-// tests and recovery benchmark (cmd/gorun/elastic_*_test.go). Unlike
+// tests and recovery benchmark (e2e/elastic_*_test.go). Unlike
 // internal/testenv/progs/elasticprog, which drives p2p directly, it is a training loop
 // written against the collective package's elastic API, as a user would:
 // collective.RunElastic, an ElasticState with replicated and rank-unique

@@ -1,9 +1,7 @@
-package main
+package e2e
 
 import (
-	"bufio"
 	"bytes"
-	"context"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -17,60 +15,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/internal/bench"
 	"github.com/gorun/gorun/p2p"
 )
 
-var gorunBin, testprogBin, rankprogBin, elasticprogBin, elastictrainBin string
-
-// TestMain builds gorun and the test rank programs once for every test here.
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "gorun-test-")
-	if err != nil {
-		panic(err)
-	}
-	// Hang dumps of the tests whose calls stall go with the binaries.
-	os.Setenv(p2p.EnvHangDir, dir)
-	gorunBin, testprogBin, rankprogBin = filepath.Join(dir, "gorun"), filepath.Join(dir, "testprog"), filepath.Join(dir, "rankprog")
-	elasticprogBin, elastictrainBin = filepath.Join(dir, "elasticprog"), filepath.Join(dir, "elastictrain")
-	for bin, pkg := range map[string]string{gorunBin: ".", testprogBin: "../../internal/testenv/progs/testprog", rankprogBin: "../../internal/testenv/progs/rankprog",
-		elasticprogBin: "../../internal/testenv/progs/elasticprog", elastictrainBin: "../../internal/testenv/progs/elastictrain"} {
-		args := []string{"build", "-o", bin}
-		// rankprog has nothing to race, and starts faster without.
-		if raceEnabled && bin != rankprogBin {
-			args = append(args, "-race")
-		}
-		if out, err := exec.Command("go", append(args, pkg)...).CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "building %s: %v\n%s", pkg, err, out)
-			os.RemoveAll(dir)
-			os.Exit(1)
-		}
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// run executes a command with a hard deadline, so a hung job fails the test
-// instead of the test binary.
-func run(t *testing.T, env []string, name string, args ...string) (stdout, stderr string, code int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Env = append(os.Environ(), env...)
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	if ctx.Err() != nil {
-		t.Fatalf("%s %v did not finish in time\nstdout:\n%s\nstderr:\n%s", name, args, o.String(), e.String())
-	}
-	code = cmd.ProcessState.ExitCode()
-	if err != nil && code < 0 {
-		t.Fatal(err)
-	}
-	return o.String(), e.String(), code
-}
+// Jobs on this host: gorun -np N starts their ranks, or (torchrunJob) the
+// test starts them by hand with torchrun's variables, without gorun.
 
 func TestGorunRunsRanks(t *testing.T) {
 	out, errOut, code := run(t, []string{"TESTPROG_MODE=ok", "TESTPROG_ITERS=3", "TESTPROG_SOURCE=gorun"}, gorunBin, "-np", "3", testprogBin)
@@ -99,73 +48,6 @@ func TestGorunFailsJobWhenRankFails(t *testing.T) {
 		t.Errorf("the rank's stderr line is printed %d times, want once (not again in the summary):\n%s", n, errOut)
 	}
 	t.Logf("failed after %v; gorun said:\n%s", time.Since(start).Round(time.Millisecond), errOut)
-}
-
-func TestGorunBadFlags(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"-np", "0", "true"}, "-np must be at least 1"},
-		{[]string{"-np", "2", "-H", "a:b", "true"}, "write host:slots"},
-		{[]string{"-np", "4", "-H", "localhost:2", "true"}, "needs 4 slots"},
-		{[]string{"-np", "2"}, "gorun: no program to run: write gorun -np N PROGRAM [ARGS...], e.g. gorun -np 4 ./examples/mnist; gorun --help lists gorun's flags"},
-		{nil, "gorun: no program to run: write gorun -np N PROGRAM [ARGS...]"},
-		{[]string{"-np", "4", "--epochs", "3", "./examples/mnist"}, "gorun: unknown flag --epochs: gorun's own flags come before PROGRAM, the program's after it: gorun -np 4 ./examples/mnist --epochs 3"},
-		{[]string{"-np", "2", "-x", "A=1", "--lr=0.1", "--", "./train", "-v"}, "gorun: unknown flag --lr: gorun's own flags come before PROGRAM, the program's after it: gorun -np 2 -x A=1 -- ./train --lr=0.1 -v"},
-		{[]string{"--epochs", "3"}, "gorun: unknown flag --epochs: gorun's own flags come before PROGRAM, the program's after it: gorun PROGRAM --epochs 3"},
-		{[]string{"-np", "4", "-e", "3", "./x"}, "gorun: unknown flag -e: gorun's own flags come before PROGRAM, the program's after it: gorun -np 4 ./x -e 3"},
-		{[]string{"bench", "--op", "alltoall"}, "use allreduce, broadcast"},
-		{[]string{"bench", "--sizes", "big"}, "not a positive byte count"},
-	} {
-		_, errOut, code := run(t, nil, gorunBin, tc.args...)
-		if code == 0 || !strings.Contains(errOut, tc.want) {
-			t.Errorf("gorun %v: exit %d, stderr %q; want an error containing %q", tc.args, code, errOut, tc.want)
-		}
-	}
-}
-
-func TestGorunBuildsGoPackage(t *testing.T) {
-	// The binary goes to the build cache: the test's own, not the user's.
-	w := newBuildWorld(t)
-	out, errOut, code := run(t, append(w.env, "TESTPROG_MODE=ok", "TESTPROG_SOURCE=built"), gorunBin, "-np", "2", "../../internal/testenv/progs/testprog")
-	if code != 0 || !strings.Contains(out, "[1] rank 1 of 2 ok (source built)") {
-		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
-	}
-}
-
-func TestBenchJSON(t *testing.T) {
-	out, errOut, code := run(t, nil, gorunBin, "bench", "-np", "3", "--sizes", "4,1K,1M", "--iters", "5", "--json")
-	if code != 0 {
-		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
-	}
-	var got []bench.Result
-	sc := bufio.NewScanner(strings.NewReader(out))
-	for sc.Scan() {
-		var r bench.Result
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("line %q is not JSON: %v", sc.Text(), err)
-		}
-		got = append(got, r)
-	}
-	if len(got) != 3 {
-		t.Fatalf("want 3 results, got %d:\n%s", len(got), out)
-	}
-	// The algorithms are ring's defaults for 3 ranks on shared memory
-	// (ring/policy.go): direct up to 4 KiB, Rabenseifner up to 4 MiB.
-	algos := []string{"direct", "direct", "rabenseifner"}
-	for i, want := range []int64{4, 1024, 1 << 20} {
-		r := got[i]
-		if r.Bytes != want || !r.Correct || r.NP != 3 || r.Op != "allreduce" || r.Iters != 5 || r.TimeUS <= 0 || r.BusBWGBps <= 0 {
-			t.Errorf("result %d: %+v", i, r)
-		}
-		if r.Algorithm != algos[i] {
-			t.Errorf("result %d (%d bytes): algorithm %q, want %q", i, r.Bytes, r.Algorithm, algos[i])
-		}
-		if bus := r.AlgBWGBps * 4 / 3; r.BusBWGBps < bus*0.99-0.001 || r.BusBWGBps > bus*1.01+0.001 {
-			t.Errorf("busbw %v is not algbw %v * 2(N-1)/N", r.BusBWGBps, r.AlgBWGBps)
-		}
-	}
 }
 
 // torchrunJob starts n ranks by hand with torchrun's variables: no gorun,

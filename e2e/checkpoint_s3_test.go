@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+
 	"github.com/gorun/gorun/internal/testenv/s3test"
 )
 
@@ -195,27 +196,6 @@ func TestCheckpointS3KillResumeBitwiseIdentical(t *testing.T) {
 	}
 }
 
-// watchBuf is a syncBuf that signals when a string first appears in it.
-type watchBuf struct {
-	syncBuf
-	mu    sync.Mutex
-	want  string
-	found chan struct{}
-}
-
-func newWatchBuf(want string) *watchBuf { return &watchBuf{want: want, found: make(chan struct{})} }
-
-func (w *watchBuf) Write(p []byte) (int, error) {
-	n, err := w.syncBuf.Write(p)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.want != "" && strings.Contains(w.syncBuf.String(), w.want) {
-		close(w.found)
-		w.want = ""
-	}
-	return n, err
-}
-
 // The S3 server dies (SIGKILL) in the middle of a job's checkpoints: with
 // Save, once the checkpoint of step 10 is committed, so that the save of
 // step 15 fails as it starts; with SaveAsync, once the save of step 10 is
@@ -253,7 +233,7 @@ func TestCheckpointS3ServerKilled(t *testing.T) {
 			out := filepath.Join(tmp, mode.name+".hex")
 			cmd := exec.Command(gorunBin, "-np", "3", ckptprog(t))
 			cmd.Env = append(os.Environ(), ckptS3Env(srv, loc, out, append(mode.env, fmt.Sprintf("CKPTPROG_PAUSE=%d:%s", pauseAt, fifo))...)...)
-			o, e := newWatchBuf(fmt.Sprintf("[0] ckptprog: paused after saving step %d\n", pauseAt)), new(syncBuf)
+			o, e := newWatchedBuffer(), new(syncBuf)
 			cmd.Stdout, cmd.Stderr = o, e
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
@@ -273,12 +253,8 @@ func TestCheckpointS3ServerKilled(t *testing.T) {
 					}
 				}
 			})
-			select {
-			case <-o.found:
-			case <-exited:
-				t.Fatalf("the job ended before pausing after step %d: exit %d\nstdout:\n%s\nstderr:\n%s", pauseAt, cmd.ProcessState.ExitCode(), o, e)
-			case <-time.After(2 * time.Minute):
-				t.Fatalf("the job did not pause after step %d\nstdout:\n%s\nstderr:\n%s", pauseAt, o, e)
+			if err := o.waitFor(fmt.Sprintf("[0] ckptprog: paused after saving step %d\n", pauseAt), 1, 2*time.Minute, exited); err != nil {
+				t.Fatalf("the job did not pause after step %d: stdout %v\nstderr:\n%s", pauseAt, err, e)
 			}
 			// The objects of the committed checkpoints, apart from what the
 			// save that is to fail may have written.

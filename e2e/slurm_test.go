@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,34 +24,6 @@ import (
 // ranks itself, and gorun inside an sbatch allocation starting them with
 // srun. Binaries are at the same path on every node (the nodes share the
 // file system).
-
-var (
-	slurmprogOnce sync.Once
-	slurmprogBin  string
-	slurmprogErr  error
-)
-
-// slurmprog builds internal/testenv/progs/slurmprog next to gorunBin (TestMain removes it).
-func slurmprog(t *testing.T) string {
-	t.Helper()
-	slurmprogOnce.Do(func() {
-		bin := filepath.Join(filepath.Dir(gorunBin), "slurmprog")
-		args := []string{"build", "-o", bin}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		out, err := exec.Command("go", append(args, "../../internal/testenv/progs/slurmprog")...).CombinedOutput()
-		if err != nil {
-			slurmprogErr = fmt.Errorf("%v\n%s", err, out)
-			return
-		}
-		slurmprogBin = bin
-	})
-	if slurmprogErr != nil {
-		t.Fatalf("building internal/testenv/progs/slurmprog: %v", slurmprogErr)
-	}
-	return slurmprogBin
-}
 
 // slurmJobKeyFile writes a fresh job key, hex, to a file only its owner can
 // read, as a user of srun would.

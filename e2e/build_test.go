@@ -1,14 +1,12 @@
-package main
+package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -107,6 +105,16 @@ func TestGorunBuildsDot(t *testing.T) {
 	out, errOut, code := w.gorun(t, w.pkg, "-np", "2", ".")
 	wantHellos(t, out, errOut, code, 2)
 	w.noneLeftIn(t)
+}
+
+// A package of this module, named by its directory from the test's.
+func TestGorunBuildsGoPackage(t *testing.T) {
+	// The binary goes to the build cache: the test's own, not the user's.
+	w := newBuildWorld(t)
+	out, errOut, code := run(t, append(w.env, "TESTPROG_MODE=ok", "TESTPROG_SOURCE=built"), gorunBin, "-np", "2", "../internal/testenv/progs/testprog")
+	if code != 0 || !strings.Contains(out, "[1] rank 1 of 2 ok (source built)") {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
 }
 
 // A package with a go.mod of its own, from a directory outside any module,
@@ -212,16 +220,6 @@ func TestGorunInterruptedWhileBuilding(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// processRunning says whether pid exists and is not a zombie.
-func processRunning(pid int) bool {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(stat, ')')
-	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
 }
 
 // gorun ... | head -1: gorun survives its output pipe closing, stops every

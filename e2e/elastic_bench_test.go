@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"fmt"
@@ -35,7 +35,7 @@ import (
 // completed without the victim.
 //
 // Run it with go test -run '^$' -bench ElasticRecovery -benchtime 3x
-// ./cmd/gorun/ (as root for the 2-host rows; they are skipped without
+// ./e2e/ (as root for the 2-host rows; they are skipped without
 // network namespaces). It prints a table at the end.
 func BenchmarkElasticRecovery(b *testing.B) {
 	type row struct {

@@ -1,16 +1,13 @@
-package main
+package e2e
 
 import (
-	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,85 +19,6 @@ import (
 // their own address and sshd (see internal/testenv/netns). gorun runs in the first
 // one; the binaries are at the same path on every host since the namespaces
 // share the file system.
-
-// syncBuf is a bytes.Buffer safe to read while a process writes it.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// gorunIn runs gorun inside host h of cluster c with the test's ssh key and
-// options; it returns once gorun exits, or fails the test after limit.
-func gorunIn(t *testing.T, c *netns.Cluster, h *netns.Host, env []string, limit time.Duration, args ...string) (stdout, stderr string, code int, took time.Duration) {
-	t.Helper()
-	cmd, o, e := startGorunIn(c, h, env, args...)
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	return waitGorun(t, cmd, o, e, start, limit)
-}
-
-func startGorunIn(c *netns.Cluster, h *netns.Host, env []string, args ...string) (*exec.Cmd, *syncBuf, *syncBuf) {
-	// Remote ranks see only what -x passes (and GORUN_*), as with mpirun.
-	full := []string{"--ssh-identity-file", c.Key}
-	for _, e := range env {
-		full = append(full, "-x", e)
-	}
-	cmd := c.Command(h, gorunBin, append(full, args...)...)
-	cmd.Env = append(os.Environ(), "GORUN_SSH_OPTS="+c.SSHOpts())
-	o, e := new(syncBuf), new(syncBuf)
-	cmd.Stdout, cmd.Stderr = o, e
-	return cmd, o, e
-}
-
-func waitGorun(t *testing.T, cmd *exec.Cmd, o, e *syncBuf, start time.Time, limit time.Duration) (string, string, int, time.Duration) {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(limit):
-		cmd.Process.Signal(syscall.SIGTERM)
-		<-done
-		t.Fatalf("gorun did not finish within %v\nstdout:\n%s\nstderr:\n%s", limit, o, e)
-	}
-	return o.String(), e.String(), cmd.ProcessState.ExitCode(), time.Since(start)
-}
-
-// noneLeft fails the test if any process other than sshd's listener is left
-// in any host of c, or any testprog anywhere, a few seconds after the job.
-func noneLeft(t *testing.T, c *netns.Cluster) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		var left []string
-		for _, h := range c.Hosts {
-			for _, pid := range c.PIDs(h) {
-				left = append(left, fmt.Sprintf("%s: pid %d %q", h.IP, pid, netns.Cmdline(pid)))
-			}
-		}
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("processes left after the job:\n%s", strings.Join(left, "\n"))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
 
 func TestMultiHostAllreduce(t *testing.T) {
 	c := netns.New(t, 3)
@@ -182,8 +100,6 @@ func TestMultiHostLaunchTime(t *testing.T) {
 	t.Logf("4 ranks on 2 hosts, command to first allreduce: median %v (runs: %v)", times[1].Round(time.Millisecond), times)
 	noneLeft(t, c)
 }
-
-var rankFailedRE = regexp.MustCompile(`gorun: job failed: rank (\d+) on host (\S+) failed: (.*)`)
 
 func TestMultiHostRankKilled(t *testing.T) {
 	c := netns.New(t, 2)

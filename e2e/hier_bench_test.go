@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"encoding/json"
@@ -30,7 +30,7 @@ import (
 //
 // Run as root (it skips without network namespaces), on a quiet machine:
 //
-//	go test -run '^$' -bench HierarchicalSlowLink -benchtime 1x ./cmd/gorun/
+//	go test -run '^$' -bench HierarchicalSlowLink -benchtime 1x ./e2e/
 //
 // GORUN_HIER_SIZES (default 64K,256K,512K,1M,4M,16M,64M), GORUN_HIER_BYTES_SIZES
 // (default 1M,16M,64M), GORUN_HIER_ROUNDS (default 3), GORUN_HIER_ITERS

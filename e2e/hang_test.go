@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"encoding/hex"
@@ -19,29 +19,6 @@ import (
 	"github.com/gorun/gorun/p2p"
 )
 
-// hangprogBin is built on first use, next to the other test programs
-// (TestMain removes their directory).
-var hangprogBin = sync.OnceValues(func() (string, error) {
-	bin := filepath.Join(filepath.Dir(gorunBin), "hangprog")
-	args := []string{"build", "-o", bin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	if out, err := exec.Command("go", append(args, "../../internal/testenv/progs/hangprog")...).CombinedOutput(); err != nil {
-		return "", &buildError{err, out}
-	}
-	return bin, nil
-})
-
-type buildError struct {
-	err error
-	out []byte
-}
-
-func (e *buildError) Error() string {
-	return "building internal/testenv/progs/hangprog: " + e.err.Error() + "\n" + string(e.out)
-}
-
 // A rank that hangs makes the ranks waiting for it warn after the stall
 // threshold; gorun, which hosts the rendezvous, then gathers every rank's
 // state and prints one diagnosis naming the rank, its last call and what
@@ -57,10 +34,7 @@ func TestHangDiagnosisByGorun(t *testing.T) {
 		{"syscall", `syscall\.\S+ <- .*syscall\.Read <- main\.blockInSyscall at hangprog/main\.go:\d+ \(goroutine 1, syscall\)`},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
-			prog, err := hangprogBin()
-			if err != nil {
-				t.Fatal(err)
-			}
+			prog := hangprog(t)
 			dir := t.TempDir()
 			start := time.Now()
 			g := startGorun(t, "", []string{"HANGPROG_MODE=" + tc.mode, "HANGPROG_VICTIM=1", "GORUN_STALL_THRESHOLD=1s", p2p.EnvHangDir + "=" + dir},
@@ -143,10 +117,7 @@ func TestHangDiagnosisByGorun(t *testing.T) {
 // rank 0's process, which hosts the rendezvous, writes every rank's flight
 // recorder to $GORUN_HANG_DIR; the other waiting rank says where both are.
 func TestHangDiagnosisWithoutGorun(t *testing.T) {
-	prog, err := hangprogBin()
-	if err != nil {
-		t.Fatal(err)
-	}
+	prog := hangprog(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

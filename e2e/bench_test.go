@@ -1,10 +1,12 @@
-package main
+package e2e
 
 import (
 	"bufio"
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/gorun/gorun/internal/bench"
 )
 
 // gorun bench --compression int8: a size below the compression threshold
@@ -50,5 +52,42 @@ func TestBenchCompressionBelowThreshold(t *testing.T) {
 	}
 	if ratio, _ := got[1]["wire_ratio"].(float64); got[1]["compression"] != "int8" || got[1]["compression_note"] != nil || ratio <= 0.2 || ratio >= 0.35 {
 		t.Errorf("256 KiB: %v; want int8 at a ratio of about 0.27", got[1])
+	}
+}
+
+// gorun bench --json: a JSON line per size, with the algorithm ring's
+// policy picks and a bus bandwidth that follows from the algorithm
+// bandwidth.
+func TestBenchJSON(t *testing.T) {
+	out, errOut, code := run(t, nil, gorunBin, "bench", "-np", "3", "--sizes", "4,1K,1M", "--iters", "5", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	var got []bench.Result
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		var r bench.Result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("line %q is not JSON: %v", sc.Text(), err)
+		}
+		got = append(got, r)
+	}
+	if len(got) != 3 {
+		t.Fatalf("want 3 results, got %d:\n%s", len(got), out)
+	}
+	// The algorithms are ring's defaults for 3 ranks on shared memory
+	// (ring/policy.go): direct up to 4 KiB, Rabenseifner up to 4 MiB.
+	algos := []string{"direct", "direct", "rabenseifner"}
+	for i, want := range []int64{4, 1024, 1 << 20} {
+		r := got[i]
+		if r.Bytes != want || !r.Correct || r.NP != 3 || r.Op != "allreduce" || r.Iters != 5 || r.TimeUS <= 0 || r.BusBWGBps <= 0 {
+			t.Errorf("result %d: %+v", i, r)
+		}
+		if r.Algorithm != algos[i] {
+			t.Errorf("result %d (%d bytes): algorithm %q, want %q", i, r.Bytes, r.Algorithm, algos[i])
+		}
+		if bus := r.AlgBWGBps * 4 / 3; r.BusBWGBps < bus*0.99-0.001 || r.BusBWGBps > bus*1.01+0.001 {
+			t.Errorf("busbw %v is not algbw %v * 2(N-1)/N", r.BusBWGBps, r.AlgBWGBps)
+		}
 	}
 }
