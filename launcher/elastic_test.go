@@ -429,7 +429,7 @@ func finishingRun(t *testing.T, logs *[]string) *elasticRun {
 // Three ranks finish, and rank 1 fails after it left the job cleanly: that
 // fails the job, and gorun starts no joiner, in whatever order it handles
 // the three exits (the processes' waits hand them over in any order).
-// TestElasticFailsAfterFinish (cmd/gorun) failed in fresh-clone CI when
+// TestElasticFailsAfterFinish (e2e) failed in fresh-clone CI when
 // rank 1's exit came first: rank 1 was a late failure, but the job was
 // not yet finishing for gorun, which started a joiner in its slot.
 func TestFinishingExitsInAnyOrder(t *testing.T) {

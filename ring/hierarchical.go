@@ -98,7 +98,7 @@ import (
 // runs hierarchically (on a Mesh, at least 2 hosts, the same L >= 2 ranks on
 // every host).
 //
-// Measured with BenchmarkHierarchicalSlowLink (cmd/gorun/hier_bench_test.go):
+// Measured with BenchmarkHierarchicalSlowLink (e2e/hier_bench_test.go):
 // gorun -H h0:2,h1:2 bench-worker on 2 namespace hosts x 2 ranks, each
 // host's link shaped to 1 Gbit/s (tc tbf, burst 256 KB), tcp-tls between
 // hosts, shm within; median over interleaved rounds of bench's median time

@@ -625,7 +625,7 @@ func TestHierThroughAllreduce(t *testing.T) {
 // BenchmarkHierMem compares the flat ring with the hierarchical schedule on
 // 2 hosts x 2 ranks over the in-memory mesh, where every link is equally
 // fast: it shows the schedule's own cost (extra hops, goroutines), not its
-// gain, which needs slow links between hosts (cmd/gorun's
+// gain, which needs slow links between hosts (e2e's
 // BenchmarkHierarchicalSlowLink).
 func BenchmarkHierMem(b *testing.B) {
 	hosts := []int{0, 0, 1, 1}
