@@ -20,23 +20,22 @@ import (
 // memory, and a rank the kernel moves between cores, or that two ranks
 // contend for, waits for its peer far longer than the copy takes. Binding
 // each rank to its own slice of CPUs is what mpirun does by default (its
-// --bind-to core); measured here, a 1 MiB allreduce of 2 ranks on 2 cores
-// took 225–326 µs bound against 372–431 µs unbound. A rank gets whole
-// cores, cores/ranks-per-host of them with all their hardware threads, so
-// a host with more cores than ranks still gives each rank several for its
-// own compute and no two ranks share a core's threads; with more ranks
-// than cores, single hardware threads, siblings side by side.
+// --bind-to core), and it shortens the allreduces of ranks that share a
+// host (see BENCHMARKS.md, "CPU binding"). A rank gets whole cores,
+// cores/ranks-per-host of them with all their hardware threads, so a host
+// with more cores than ranks still gives each rank several for its own
+// compute and no two ranks share a core's threads; with more ranks than
+// cores, single hardware threads, siblings side by side.
 //
 // GOMAXPROCS stays as Go set it from all the host's CPUs (and Go stops
 // lowering it to the bound CPUs, as Go 1.25 on would a second later): with
 // one P per bound CPU, a goroutine that spins waiting for a peer holds the
-// P its sender needs until Go preempts it, and a 1 MiB allreduce of 2
-// bound ranks took 2–4 ms instead of 0.4 ms; with more Ps than CPUs the
-// kernel time-slices them. A binding that fails (a seccomp profile, a
-// cpuset changed under the rank) is a warning, not an error. mpirun,
-// Slurm and containers place ranks themselves: a rank they started, or
-// one whose allowed CPUs are fewer than the ranks of its host, is left as
-// it is.
+// P its sender needs until Go preempts it, so every hand-off waits for a
+// preemption; with more Ps than CPUs the kernel time-slices them. A
+// binding that fails (a seccomp profile, a cpuset changed under the rank)
+// is a warning, not an error. mpirun, Slurm and containers place ranks
+// themselves: a rank they started, or one whose allowed CPUs are fewer
+// than the ranks of its host, is left as it is.
 const EnvCPUBind = "GORUN_CPU_BIND"
 
 // cpuBinding is the CPUs a rank should run on, or nil to leave it alone;

@@ -55,10 +55,10 @@ type Comm struct {
 	cancel context.CancelCauseFunc
 	// callCancel ends the context of the collective running now (nil
 	// between calls); life's end calls it (cancelCall), which spares every
-	// call a context.AfterFunc of its own on life. With that, a Handle's
-	// channel made only for queued calls and no closure per call,
-	// BenchmarkCallOverhead went 2.3-2.5 -> 1.7-1.9 us per call (14 -> 9
-	// allocations).
+	// call a context.AfterFunc of its own on life. Like a Handle's channel
+	// made only for queued calls, and no closure per call, it keeps down
+	// what every collective pays however small it is (BenchmarkCallOverhead;
+	// see BENCHMARKS.md, "Per-call overhead").
 	callMu     sync.Mutex
 	callCancel context.CancelFunc
 

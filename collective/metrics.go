@@ -53,9 +53,9 @@ const (
 	metricReasonLabel  = "reason"
 )
 
-// callDurationBuckets bound the latency histogram: 10 µs (a tiny allreduce
-// on shared memory) doubling up to 84 s, past the default 60 s collective
-// timeout, in 24 buckets.
+// callDurationBuckets bound the latency histogram: from 10 µs, the order of
+// a tiny allreduce on shared memory, doubling up to 84 s, past the default
+// 60 s collective timeout, in 24 buckets.
 var callDurationBuckets = prometheus.ExponentialBuckets(10e-6, 2, 24)
 
 // sizeClasses split calls by the bytes of their user buffer (as

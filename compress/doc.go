@@ -49,7 +49,8 @@
 //
 // Accuracy trade-off of int8: quantisation noise is about
 // (absmax/127)/sqrt(12) per value, and absmax of a block of B Gaussian
-// values grows like sqrt(2 ln B). Measured on N(0,1) data:
+// values grows like sqrt(2 ln B). On N(0,1) data (a property of the
+// format, the same on every machine):
 //
 //	B      16      32      64      128     256
 //	ratio  0.3125  0.2812  0.2656  0.2578  0.2539
@@ -106,9 +107,10 @@
 // The EncodeFeedbackAdd kernels add the residual as they load the values
 // (int8 keeps a block's 64 sums in registers through the absmax and the
 // quantization) and never store the sums: on gradients far larger than
-// the caches, encoded 4096 values at a time as the ring does, they run
-// 2 to 2.7 times as fast as adding the residual into a buffer and then
-// calling EncodeFeedback (BenchmarkEncodeFeedbackAdd measures both).
+// the caches, encoded 4096 values at a time as the ring does, that saves
+// writing the sums to memory and reading them back, a pass over a buffer
+// the size of the gradient (BenchmarkEncodeFeedbackAdd compares the two;
+// see BENCHMARKS.md, "Compression kernels").
 //
 // The Go loops are branch-free in the common case (selects compile to
 // conditional moves), unrolled, and written so that the compiler can drop

@@ -98,39 +98,15 @@ import (
 // runs hierarchically (on a Mesh, at least 2 hosts, the same L >= 2 ranks on
 // every host).
 //
-// Measured with BenchmarkHierarchicalSlowLink (e2e/hier_bench_test.go):
-// gorun -H h0:2,h1:2 bench-worker on 2 namespace hosts x 2 ranks, each
-// host's link shaped to 1 Gbit/s (tc tbf, burst 256 KB), tcp-tls between
-// hosts, shm within; median over interleaved rounds of bench's median time
-// per op, ms; a shared 2-core machine under other people's load, so runs
-// differ by up to 2x at the small sizes. Four runs (- : size not in
-// that run):
-//
-//	bytes   ring                        scatter-gather    hierarchical
-//	 64K    6.1 / - / 3.9 / -           - / - / 4.9 / -   16.6 / - / 6.9 / -
-//	256K    11.9 / 10.9 / 3.2 / 13.1    - / 12.4 / 7.7    16.9 / 8.5 / 5.0 / 16.0
-//	512K    - / 6.3 / 5.6 / 5.6         - / 9.8 / 7.8     - / 5.8 / 4.6 / 4.5
-//	  1M    13.3 / 14.5 / 13.0 / 13.1   - / 18.4 / 17.3   10.7 / 9.9 / 10.5 / 9.3
-//	  2M    36.1 / 32.9                 - / 41.2          31.3 / 28.2
-//	  4M    67.1 / 67.9                 - / 82.0          45.6 / 46.8
-//	 16M    265 / - / - / 285           -                 201 / - / - / 185
-//	 64M    1202 / - / - / 1132         -                 811 / - / - / 758
-//
-// Bytes that left the two hosts per op (eth0 tx_bytes, with TCP/IP/TLS
-// framing; payload in parentheses): 1M ring 3.16 MB (3.15), hierarchical
-// 2.11 MB (2.10); 64M ring 202.1 MB (201.3), hierarchical 134.7 MB
-// (134.2).
-//
-// Without shaping (veth at memory speed): 64K ring 4.9, scatter-gather
-// 5.4, hierarchical 7.7; 256K 4.5, 7.6, 6.8; 1M 5.7, 7.3, 5.6.
-//
-// Up to 256 KiB the hierarchical schedule loses in most runs: the op is
-// latency-bound (four dependent hops, two of them on the slow link, plus
-// its goroutine hand-offs), and the tbf bucket lets the ring's few hundred
-// KB through at once. From 512 KiB it wins in every run, against the ring
-// and scatter-gather alike (1.1-1.5x, tending to the 1.5x of moving S instead
-// of 1.5 S across each host's link); unshaped it is level with the ring
-// at 1 MiB. Hence 512 KiB.
+// Below it the hierarchical schedule mostly loses: a small allreduce is
+// bound by latency, and the schedule has four dependent hops, two of them
+// across hosts, plus its goroutine hand-offs, while a token-bucket-shaped
+// link lets the ring's few hundred KB through in one burst. From 512 KiB
+// it wins on slow links between hosts, against the ring and scatter-gather
+// alike, tending to the ratio of the bytes each host sends across (S
+// instead of 1.5 S for 2 hosts of 2 ranks); on links as fast as memory it
+// is level with the ring at 1 MiB (BenchmarkHierarchicalSlowLink in e2e;
+// see BENCHMARKS.md, "Hierarchical allreduce").
 const HierarchicalMinBytes = 512 << 10
 
 // preferHierarchical reports whether an allreduce of n bytes should run

@@ -8,12 +8,13 @@ import "unsafe"
 // reduces in place) and b is the chunk just received from the previous rank.
 // The kernels are the hot path of Allreduce, so on amd64 with AVX2,
 // reduceBytes runs the assembly kernels in kernels_amd64.s (256-bit vector
-// ops, 2.5-3.5x the Go kernels on L2-resident chunks; Go does not
-// vectorise) for Sum/Avg of every type, Prod of float32, float64 and int32,
-// and Min/Max of int32. Their results are bitwise identical to the Go
-// kernels (element-wise IEEE add/mul in the same rounding mode, wrapping
-// integer add/mul), so ranks with and without AVX2 agree; TestKernelsAVX2
-// checks this on NaNs, infinities, signed zeros, subnormals and overflow.
+// ops, eight float32 at a time; the Go compiler does not vectorise; see
+// BENCHMARKS.md, "Reduction kernels") for Sum/Avg of every type, Prod of
+// float32, float64 and int32, and Min/Max of int32. Their results are
+// bitwise identical to the Go kernels (element-wise IEEE add/mul in the
+// same rounding mode, wrapping integer add/mul), so ranks with and without
+// AVX2 agree; TestKernelsAVX2 checks this on NaNs, infinities, signed
+// zeros, subnormals and overflow.
 // The one thing neither IEEE 754 nor Go fixes is the payload of NaN op NaN:
 // x86 returns the first operand's, the assembly always makes that a, and
 // so does a normal build of the Go kernels (a -race build makes it b).

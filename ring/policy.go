@@ -200,81 +200,44 @@ func (a Algorithm) needsMesh() bool {
 //	Mesh, N = 3:      direct:4K,rabenseifner:4M,ring
 //	Mesh, N >= 4:     recursive-doubling:16K,rabenseifner:4M,ring
 //
-// Measured 2026-11-23 on the shared 2-core machine, end to end, with
+// Why these thresholds (every algorithm was timed end to end with gorun
+// bench at N = 2, 3 and 4; the figures, and how to reproduce them, are in
+// BENCHMARKS.md, "Allreduce algorithms"):
 //
-//	go build -o /tmp/gorun-algo ./cmd/gorun
-//	GORUN_ALLREDUCE_ALGORITHMS=<algo> /tmp/gorun-algo bench -np <N> --sizes 4M,1M,4,1K,4K,16K,64K,256K
-//
-// every algorithm in turn, interleaved, two rounds at N = 2, 3 and 4 (the
-// 4M and 1M first warm the job up: the first seconds of a job are 2-10x
-// slower for every algorithm, which skewed a first sweep that started with
-// the small sizes), over p2p's shared-memory links (the default between
-// ranks of one host; with N > 2 ranks on 2 cores nothing spins, every wait
-// parks). Other jobs kept the load average at 2..12, so single figures vary
-// by up to 2x; the 16M column is from that first sweep (--sizes
-// 4,1K,16K,64K,256K,1M,4M,16M, three rounds). Median µs per allreduce, per
-// round:
-//
-//	N=2       4         1K        4K        16K       64K       256K      1M        4M          16M (cold)
-//	ring      240/318   239/336   172/224   135/200   207/243   324/504   751/1182  2517/4072   12281/10953/14411
-//	direct    221/144   216/154   232/146   217/152   330/443   455/589   935/1124  3336/4397   18182/14893/14648
-//	scat-gath 189/227   147/184   154/138   149/190   471/449   523/526   928/904   3184/3499   19783/11514/32985
-//	rec-doubl 198/4     191/5     183/5     142/10    252/237   319/301   729/604   3008/2717   20616/16700/16702
-//	rabenseif 213/247   257/248   5/228     8/196     145/200   444/344   692/784   2722/2836   14910/10517/12477
-//
-//	N=3       4         1K        4K        16K       64K       256K      1M        4M
-//	ring      242/148   298/154   243/178   228/126   157/222   743/736   1490/1522 4210/3316
-//	direct    123/128   133/127   157/148   126/156   802/1336  1304/1749 2854/3389 8694/9225
-//	scat-gath 67/126    28/169    29/184    38/128    84/198    1704/2616 2324/5580 14954/16221
-//	rec-doubl 124/136   137/115   123/139   121/122   254/294   360/489   1186/1241 4423/5716
-//	rabenseif 180/122   190/122   124/140   76/88     141/113   467/510   1224/1214 2996/3667
-//
-//	N=4       4         1K        4K        16K       64K       256K      1M        4M          16M (cold)
-//	ring      277/310   224/444   241/394   206/383   153/319   1500/1300 2023/2994 6028/8103   41696/33816/27070
-//	direct    179/181   228/224   190/277   292/222   1182/687  1737/1068 5757/3247 27116/25363 81631/70807/71743
-//	scat-gath 272/61    205/133   276/58    288/115   507/265   2552/2840 5214/3790 15778/15812 65031/67077/41558
-//	rec-doubl 233/164   281/156   478/143   360/95    636/574   1206/854  2986/2743 10438/10141 78562/76005/69224
-//	rabenseif 268/312   252/383   272/411   161/247   259/339   1082/1710 1973/2510 5738/6140   52420/34397/39388
-//
-// Reading: below 16 KiB one exchange wins: direct or recursive doubling
-// (at N = 2 they are the same exchange). Above 16 KiB at N = 2 the ring:
-// the loaded rounds above show recursive doubling level with it to 1 MiB,
-// but on a quiet machine (load 2.7, where shm links spin) a 64 KiB
-// exchange, too large to send before receiving (SmallBytes), needs a
-// sender goroutine and took 218/226 µs against the ring's 22/25 (whose
-// 32 KiB halves still go without one). At N = 4 recursive
-// doubling's two rounds match direct's three-way fan-out and scale as
-// log2 N. From 16-64 KiB to 4 MiB Rabenseifner (2 log2 N hops,
-// bandwidth-optimal) is as fast as the ring or faster (over unix sockets,
-// GORUN_SHM=0, clearly: N = 4, 64K..16M: 742/1941/3137/12392/35126 µs vs
-// the ring's 1275/2665/4102/14139/44475); above 4 MiB the pipelined ring is
-// as good and steadier. Scatter-gather never won on this machine: with N
-// ranks on 2 cores its 2(N-1) concurrent transfers per rank cost more
-// wake-ups than its two hops save, above 64 KiB it is the slowest; it
-// stays available (GORUN_ALLREDUCE_ALGORITHMS) for hosts with a core per
-// rank. N > 4 was not measured (more ranks than cores here) and uses the
-// N = 4 rules, whose latency terms scale as log2 N. A plain Transport
-// keeps the thresholds measured before (direct, i.e. a ring allgather of
-// whole buffers, to 4 KiB).
+//   - Below 16 KiB a call is bound by latency, and one exchange wins:
+//     direct or recursive doubling (at N = 2 they are the same exchange).
+//     At N = 4 recursive doubling's two rounds match direct's three-way
+//     fan-out and, unlike it, scale as log2 N. At N = 3, not a power of
+//     two, recursive doubling adds a fold before and after its round, and
+//     direct's single hop does at least as well to 4 KiB.
+//   - Above 16 KiB at N = 2, the ring: recursive doubling is level with it
+//     at best, and from 64 KiB its whole-buffer exchange, too large to send
+//     before receiving (SmallBytes), needs a sender goroutine, whose
+//     hand-offs cost more than the exchange saves, while the ring's 32 KiB
+//     halves still go without one.
+//   - From 16 KiB (4 KiB at N = 3) to 4 MiB, Rabenseifner (2 log2 N hops,
+//     bandwidth-optimal) is as fast as the ring or faster, clearly so over
+//     unix sockets; above 4 MiB the pipelined ring is as good and steadier.
+//   - Scatter-gather is no default: with more ranks than cores its 2(N-1)
+//     concurrent transfers per rank cost more wake-ups than its two hops
+//     save, and above 64 KiB it is the slowest. It stays available
+//     (GORUN_ALLREDUCE_ALGORITHMS) for hosts with a core per rank.
+//   - N > 4 was not measured (it means more ranks than cores on the
+//     machine the defaults come from) and uses the N = 4 rules, whose
+//     latency terms scale as log2 N.
+//   - A plain Transport keeps the thresholds measured before the Mesh
+//     algorithms existed: direct, i.e. a ring allgather of whole buffers,
+//     to 4 KiB.
 //
 // Two ranks on one host (Config.Hosts says so) run recursive doubling to
 // 512 KiB: their shared-memory link takes a whole exchange of that size
 // before it is read (LinkBuffers: half of its 2 MiB), so the one exchange
-// goes without a sender goroutine. First measured to 64 KiB (gorun bench
-// -np 2, 3 interleaved rounds on 2 CPUs, recursive doubling / ring /
-// Rabenseifner: 16 KiB 9.1/11.0/11.0 us, 32 KiB 12.1/13.2/13.3, 64 KiB
-// 20.0/22.8/23.5, 128 KiB 33.7/30.8/33.3); after the REP MOVSB copies
-// (p2p/copy.go), medians of 9 interleaved runs, recursive doubling / ring:
-// 96 KiB 24.7/26.5 us, 128 KiB 29.0/33.8 (27.3/26.3 in another series),
-// 192 KiB 41.9/47.3 (33.5/28.9), 256 KiB 53.0/58.2 (34.6/37.2,
-// 40.9/44.1), 384 KiB 73.6/82.7, 400 KiB 54.3/62.1, 512 KiB 76.6/98.7
-// (99.2/101.6, 71.1/69.8); 768 KiB level (153/146), and 1 MiB 342/191,
-// where the exchange no longer fits half the link and needs the sender
-// goroutine. Over unix sockets (GORUN_SHM=0),
-// where every such exchange needs the sender goroutine, recursive
-// doubling still won (medians of 5: 128 KiB 235/409 us, 256 KiB 273/421,
-// 512 KiB 429/571). Between hosts a large exchange is not promised to fit
-// the socket, and the limit stays 16 KiB. The host layout is the same on
+// goes without a sender goroutine and beats the ring's two steps; at
+// 1 MiB the exchange no longer fits half the link and needs the sender
+// goroutine, and the ring wins. Over unix sockets, where every such
+// exchange needs the sender goroutine, recursive doubling still won up to
+// 512 KiB. Between hosts a large exchange is not promised to fit the
+// socket, and the limit stays 16 KiB. The host layout is the same on
 // every rank, so they choose alike.
 func defaultRules(size int, mesh, oneHost bool) []AllreduceRule {
 	switch {

@@ -13,18 +13,16 @@ import (
 
 // DefaultChunkBytes is the chunk size used when Config.ChunkBytes is 0.
 //
-// Chosen by measurement (BenchmarkChunk: N=4 allreduce of 4 and 32 MiB over
-// the in-memory transport and over loopback TCP, chunks 16 KiB..4 MiB, on a
-// shared 2-core machine, so numbers varied by +-30% between runs):
-//   - 16-64 KiB lose over TCP (up to 2x slower at 16 KiB): per-message cost
-//     (header, two syscalls per message, a goroutine wake-up) dominates;
-//   - 4 MiB collapses (32 MiB over mem: ~400 vs ~1400 MB/s): with N=4 a
-//     segment is only a few chunks, so the pipeline never fills, and a chunk
-//     no longer fits a socket/pipe buffer, so sender and receiver serialize;
-//   - 128 KiB..1 MiB is a plateau within the noise: the mem transport
-//     (1 MiB pipes) prefers its low end, TCP its high end.
+// A chunk is the unit of pipelining. Too small, and the per-message cost
+// (header, two syscalls per message, a goroutine wake-up) dominates. Too
+// large, and a segment is only a few chunks, so the pipeline never fills,
+// and a chunk no longer fits a socket or pipe buffer, so sender and
+// receiver take turns instead of overlapping. In between, 128 KiB..1 MiB,
+// the choice makes no difference beyond the noise (BenchmarkChunk; see
+// BENCHMARKS.md, "Chunk size"): the in-memory transport prefers the low
+// end, TCP the high end.
 //
-// 256 KiB is in the middle of the plateau, keeps a chunk (and the scratch
+// 256 KiB is in the middle of that range, keeps a chunk (and the scratch
 // receive buffer being reduced) L2-resident, fits default socket buffers,
 // and still yields >= 2N chunks per segment (Gloo's rule of thumb) for
 // tensors from 2N*N*256 KiB upward (8 MiB at N=4); KungFu uses 1 MiB and
@@ -413,7 +411,8 @@ func (r *Ring) errPrefix(t int) string {
 // sendFirstBound): each step sends, then receives, on the caller's goroutine.
 // Small collectives are bound by latency, and on a virtual machine every
 // hand-off between goroutines on different threads can cost a wake-up of an
-// idle CPU; doing without one halves the latency of tiny allreduces. It is
+// idle CPU, a large part of a tiny allreduce's time; doing without one
+// spares every step that wake-up (see BENCHMARKS.md, "Small steps"). It is
 // safe because every Transport must buffer more than SmallBytes plus a
 // header in each direction (sockets buffer 4 MiB, p2p's shared-memory
 // links at least 2*SmallBytes, NewMemRing 1 MiB), so a send never waits
@@ -552,11 +551,10 @@ func (r *Ring) runSequential(ctx context.Context) error {
 // depend only on earlier steps (Kind Broadcast, which forwards within a
 // step, never comes here).
 //
-// Measured with gorun bench at np=2 on 2 CPUs, medians of 5 interleaved
-// runs, against the sender goroutine: 2 MiB 673 -> 462 us, 4 MiB 1378
-// -> 989 us, 16 MiB 5105 -> 4229 us, 64 MiB the same (23.8 and 23.2 ms);
-// at np=3 and np=4 (more ranks than CPUs) no gain, 64 MiB perhaps a
-// little slower.
+// Where a rank has a CPU of its own but none to spare, this spares the
+// hand-offs between a sender goroutine and the receiver, which then cost
+// more than the copies; where ranks outnumber CPUs it gains nothing, and
+// p2p does not ask for it (see BENCHMARKS.md, "Grouped steps").
 func (r *Ring) runGrouped(ctx context.Context, per int) error {
 	r.progress.Store(0)
 	p := &r.p

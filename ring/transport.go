@@ -45,11 +45,11 @@ type Concurrency interface {
 // in half of that link's buffer then runs as the small ones do: send,
 // then receive, on the caller's goroutine, without the sender goroutine
 // whose hand-offs cost more than the copy for messages of a few hundred
-// KiB (a 1 MiB allreduce of 2 ranks over shared memory: 270 µs instead of
-// 410-580). Half, because a link may hold one message of the step before
-// while its reader is still busy with its own send (with room for one
-// message only, such schedules deadlocked). The choice is each rank's own:
-// the messages on every link are the same either way.
+// KiB (see BENCHMARKS.md, "Link buffers"). Half, because a link may hold
+// one message of the step before while its reader is still busy with its
+// own send (with room for one message only, such schedules deadlocked).
+// The choice is each rank's own: the messages on every link are the same
+// either way.
 type LinkBuffers interface {
 	// LinkBuffer is how many bytes the link to rank holds unread; 0 if
 	// the transport cannot promise more than SmallBytes.
