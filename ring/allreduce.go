@@ -30,8 +30,8 @@ import (
 //	t=3  send C        recv B (copy)
 //
 // The segment sent at step t >= 1 is the one received at step t-1, so each
-// chunk is forwarded as soon as it has been reduced (see the engine comment
-// in ring.go). The value of segment k is ((x[k+1] op x[k+2]) op ...) op x[k]
+// chunk is forwarded as soon as it has been reduced (see the comment at the
+// top of engine.go). The value of segment k is ((x[k+1] op x[k+2]) op ...) op x[k]
 // on every run, so results are deterministic and bitwise identical on every
 // rank (the allgather phase copies the owner's bytes).
 //

@@ -23,14 +23,16 @@
 // its encoded share of each segment straight to the segment's owner, which
 // reduces in float32, encodes the sum once and sends the same bytes to
 // everybody, chunk by chunk with one sender and one receiver per peer).
-// They share one engine (ring.go): every segment is cut into chunks of at
-// most Config.ChunkBytes, a sender goroutine and a receiver goroutine run
-// concurrently, and a chunk is forwarded as soon as it has been received
-// and reduced, so transfer and reduction overlap. A step that fits half of
-// what the links buffer (LinkBuffers) is instead sent, then received, on
-// the caller's goroutine, and so is a larger one, in groups of chunks that
-// fit, where the transport says a sender goroutine would find no CPU of
-// its own (GroupedSteps). Reduction kernels are in kernels.go.
+// The ring collectives share one engine (a collective's steps in plan.go,
+// run by engine.go; phases.go times them, fold.go reduces what arrives):
+// every segment is cut into chunks of at most Config.ChunkBytes, a sender
+// goroutine and a receiver goroutine run concurrently, and a chunk is
+// forwarded as soon as it has been received and reduced, so transfer and
+// reduction overlap. A step that fits half of what the links buffer
+// (LinkBuffers) is instead sent, then received, on the caller's
+// goroutine, and so is a larger one, in groups of chunks that fit, where
+// the transport says a sender goroutine would find no CPU of its own
+// (GroupedSteps). Reduction kernels are in kernels.go.
 //
 // # Framing and safety
 //
