@@ -2,22 +2,29 @@ package collective
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-	"unsafe"
 
 	"gorgonia.org/tensor"
 
 	"github.com/gorun/gorun/compress"
 	"github.com/gorun/gorun/ring"
 )
+
+// The Reducer: gradient averaging for a training loop, as Horovod's
+// DistributedOptimizer and PyTorch DDP's reducer do it. This file has its
+// options, its registration and a step's flow: gradients handed over
+// (GradReady, Backward) are copied or added into fusion buffers, whose
+// allreduces start in bucket order (launch), and Step waits for them and
+// scales the result back into the gradients. reducer_batch.go splits a
+// step's samples into micro-batches, reducer_layout.go lays out the
+// buckets and checks that every rank registered the same, and
+// reducer_consistency.go keeps the replicas' parameters identical.
 
 // DefaultFusionThreshold is the size of a fusion buffer unless
 // ReducerOptions.FusionThreshold or GORUN_FUSION_THRESHOLD says otherwise.
@@ -205,113 +212,6 @@ func NewReducer(comm *Comm, o ReducerOptions) (*Reducer, error) {
 	return r, nil
 }
 
-// replan computes this rank's micro-batches for the global batch at the
-// Comm's current rank and size: its Share of GlobalBatch samples in
-// micro-batches of at most LocalBatch (at least one, possibly empty).
-func (r *Reducer) replan() {
-	g, l := r.opts.GlobalBatch, r.opts.LocalBatch
-	size := r.comm.Size()
-	r.planEpoch = r.comm.Epoch()
-	if g%(size*l) == 0 {
-		r.k, r.weighted = g/(size*l), false
-		r.plan = slices.Repeat([]int{l}, r.k)
-		return
-	}
-	lo, hi := Share(g, r.comm.Rank(), size)
-	n := hi - lo
-	r.plan = r.plan[:0]
-	for n > l {
-		r.plan = append(r.plan, l)
-		n -= l
-	}
-	r.plan = append(r.plan, n)
-	r.k, r.weighted = len(r.plan), true
-}
-
-// follow re-plans the Reducer after a membership change of an elastic
-// Comm: new micro-batches, a new bucket layout and a new topology check, by
-// every rank of the new epoch at its first use of the Reducer (a joiner's
-// is its first use too). A step under way is dropped: RunElastic runs it
-// again.
-func (r *Reducer) follow() {
-	if !r.comm.Elastic() || r.planEpoch == r.comm.Epoch() {
-		return
-	}
-	r.relayout()
-}
-
-// relayout re-plans the micro-batches and drops the bucket layout, which
-// the next Seal makes and checks again on every rank.
-func (r *Reducer) relayout() {
-	if r.opts.GlobalBatch > 0 && r.opts.LocalBatch > 0 {
-		r.replan()
-	}
-	r.planEpoch = r.comm.Epoch()
-	r.sealed, r.sealErr, r.buckets = false, nil, nil
-	r.micro, r.handed, r.next = 0, 0, 0
-}
-
-// SetGlobalBatch changes the number of samples of the following steps,
-// e.g. for the shorter last batch of an epoch (ElasticSampler.BatchLen),
-// and re-plans the micro-batches (MicroBatches) with the uneven split. It
-// needs GlobalBatch and LocalBatch set and an uneven split allowed
-// (UnevenSplit, or an elastic Comm) unless the new batch splits evenly.
-// Every rank must call it between the same two steps: the next step lays
-// out and checks the buckets again.
-func (r *Reducer) SetGlobalBatch(n int) error {
-	switch {
-	case r.opts.GlobalBatch <= 0 || r.opts.LocalBatch <= 0:
-		return fmt.Errorf("gorun: Reducer: SetGlobalBatch(%d) needs ReducerOptions.GlobalBatch and LocalBatch", n)
-	case n <= 0:
-		return fmt.Errorf("gorun: Reducer: SetGlobalBatch(%d): the batch must hold at least one sample", n)
-	case r.micro > 0 || r.handed > 0:
-		return fmt.Errorf("gorun: Reducer: SetGlobalBatch(%d) in the middle of a step (after %d micro-batches): call it between steps", n, r.micro)
-	}
-	if _, err := PassesPerStep(n, r.comm.Size(), r.opts.LocalBatch); err != nil && !r.opts.UnevenSplit && !r.comm.Elastic() {
-		return fmt.Errorf("gorun: Reducer: SetGlobalBatch: %w (or set ReducerOptions.UnevenSplit)", err)
-	}
-	if n == r.opts.GlobalBatch {
-		return nil
-	}
-	r.opts.GlobalBatch = n
-	r.relayout()
-	return nil
-}
-
-// MicroBatches lists this rank's micro-batch sizes for one step when
-// GlobalBatch and LocalBatch are set: feed micro-batch j exactly that many
-// samples (e.g. consecutive slices of the rank's Share of the step's global
-// batch, as ElasticSampler.Next returns it). Empty without GlobalBatch. In
-// an elastic job it changes with the membership; read it every step.
-func (r *Reducer) MicroBatches() []int {
-	r.follow()
-	return slices.Clone(r.plan)
-}
-
-// PassesPerStep returns the number of micro-batches per optimizer step that
-// keeps globalBatch samples per step with size ranks of localBatch samples
-// each, or an error saying why no whole number does.
-func PassesPerStep(globalBatch, size, localBatch int) (int, error) {
-	switch {
-	case globalBatch <= 0:
-		return 0, fmt.Errorf("global batch %d must be positive when a local batch is set", globalBatch)
-	case localBatch <= 0:
-		return 0, fmt.Errorf("local batch %d must be positive when a global batch is set", localBatch)
-	case globalBatch%(size*localBatch) != 0:
-		return 0, fmt.Errorf("global batch %d is not divisible by %d ranks × local batch %d (= %d samples per micro-batch step); choose a local batch that divides %d/%d, or another number of ranks",
-			globalBatch, size, localBatch, size*localBatch, globalBatch, size)
-	}
-	return globalBatch / (size * localBatch), nil
-}
-
-// BackwardPassesPerStep is k: the number of micro-batches per Step.
-// With an uneven split it is this rank's number, which may differ by one
-// between ranks.
-func (r *Reducer) BackwardPassesPerStep() int {
-	r.follow()
-	return r.k
-}
-
 // FusionThreshold is the fusion buffer size in bytes (negative: no fusion).
 func (r *Reducer) FusionThreshold() int { return r.threshold }
 
@@ -365,156 +265,6 @@ func shapeOf(buf any) []int {
 	}
 	v, _ := viewOf(buf)
 	return []int{v.count}
-}
-
-// describe is this rank's registration, one line per tensor, preceded by
-// the options that decide the bucket layout.
-func (r *Reducer) describe() []string {
-	opts := fmt.Sprintf("options: k=%d fusion=%d", r.k, r.threshold)
-	if r.weighted {
-		// k differs between ranks; the split rule they share is what counts.
-		opts = fmt.Sprintf("options: global=%d local=%d uneven fusion=%d", r.opts.GlobalBatch, r.opts.LocalBatch, r.threshold)
-	}
-	lines := []string{opts}
-	for _, e := range r.entries {
-		p := "-"
-		if e.param != nil {
-			p = e.pv.dtype.String()
-		}
-		line := fmt.Sprintf("%q grad %s%v param %s", e.name, e.gv.dtype, e.shape, p)
-		if e.codec != "" {
-			line += " codec " + e.codec
-		}
-		lines = append(lines, line)
-	}
-	return lines
-}
-
-// Seal ends registration: it lays out the fusion buffers and checks, with
-// two small collectives, that every rank registered the same names, shapes
-// and dtypes in the same order and uses the same options. Every rank must
-// call it (GradReady, Backward, Step, BroadcastParameters and
-// CheckConsistency call it the first time).
-func (r *Reducer) Seal(ctx context.Context) error {
-	r.follow()
-	if r.sealed {
-		return r.sealErr
-	}
-	r.sealed = true
-	r.layout()
-	r.sealErr = r.checkTopology(ctx)
-	return r.sealErr
-}
-
-func (r *Reducer) layout() {
-	var cur *bucket
-	for i, e := range r.entries {
-		n := len(e.gv.bytes)
-		if cur == nil || cur.dtype != e.gv.dtype || cur.codec != e.codec || r.threshold < 0 || cur.bytes+n > r.threshold {
-			cur = &bucket{dtype: e.gv.dtype, codec: e.codec}
-			r.buckets = append(r.buckets, cur)
-		}
-		e.bucket, e.off = len(r.buckets)-1, cur.bytes
-		cur.entries = append(cur.entries, i)
-		cur.bytes += n
-	}
-	for i, b := range r.buckets {
-		b.name = r.entries[b.entries[0]].name
-		if len(b.entries) > 1 {
-			b.name = fmt.Sprintf("bucket %d (%d tensors, %s..%s)", i, len(b.entries), b.name, r.entries[b.entries[len(b.entries)-1]].name)
-		}
-		if len(b.entries) == 1 && r.k == 1 && !r.weighted {
-			b.direct = true
-			b.arg = r.entries[b.entries[0]].grad
-			continue
-		}
-		switch b.dtype {
-		case ring.Float32:
-			s := make([]float32, b.bytes/4)
-			b.buf, b.arg = bytesOf(s), s
-		case ring.Float64:
-			s := make([]float64, b.bytes/8)
-			b.buf, b.arg = bytesOf(s), s
-		}
-	}
-}
-
-func (r *Reducer) checkTopology(ctx context.Context) error {
-	c := r.comm
-	desc := r.describe()
-	sum := sha256.Sum256([]byte(strings.Join(desc, "\n")))
-	all := make([]byte, len(sum)*c.Size())
-	if err := c.Allgather(ctx, sum[:], all, Name("reducer topology digest")); err != nil {
-		return err
-	}
-	same := true
-	for i := 1; i < c.Size(); i++ {
-		if string(all[i*len(sum):(i+1)*len(sum)]) != string(all[:len(sum)]) {
-			same = false
-		}
-	}
-	if same {
-		return nil
-	}
-	// Exchange the descriptions to say what differs.
-	text := []byte(strings.Join(desc, "\n"))
-	lens := make([]int64, c.Size())
-	if err := c.Allgather(ctx, []int64{int64(len(text))}, lens, Name("reducer topology length")); err != nil {
-		return err
-	}
-	m := int(slices.Max(lens))
-	pad := make([]byte, m)
-	copy(pad, text)
-	texts := make([]byte, m*c.Size())
-	if err := c.Allgather(ctx, pad, texts, Name("reducer topology")); err != nil {
-		return err
-	}
-	descs := make([][]string, c.Size())
-	for i := range descs {
-		descs[i] = strings.Split(string(texts[i*m:i*m+int(lens[i])]), "\n")
-	}
-	return topologyError(descs)
-}
-
-// topologyError lists, for every rank whose registration differs from rank
-// 0's, the first few differences.
-func topologyError(descs [][]string) error {
-	var b strings.Builder
-	b.WriteString("gorun: Reducer: ranks registered different tensors (each line compares a rank with rank 0):")
-	for r := 1; r < len(descs); r++ {
-		a, o := descs[0], descs[r]
-		if slices.Equal(a, o) {
-			continue
-		}
-		shown := 0
-		for i := 0; i < max(len(a), len(o)) && shown < 5; i++ {
-			var x, y string
-			if i < len(a) {
-				x = a[i]
-			}
-			if i < len(o) {
-				y = o[i]
-			}
-			if x == y {
-				continue
-			}
-			shown++
-			switch {
-			case i == 0:
-				fmt.Fprintf(&b, "\n  rank %d: %s, rank 0: %s", r, y, x)
-			case y == "":
-				fmt.Fprintf(&b, "\n  rank %d: has no tensor #%d; rank 0 registered %s", r, i-1, x)
-			case x == "":
-				fmt.Fprintf(&b, "\n  rank %d: tensor #%d is %s; rank 0 registered only %d", r, i-1, y, len(a)-1)
-			default:
-				fmt.Fprintf(&b, "\n  rank %d: tensor #%d is %s; rank 0 has %s", r, i-1, y, x)
-			}
-		}
-		if len(a) != len(o) {
-			fmt.Fprintf(&b, "\n  rank %d registered %d tensors, rank 0 registered %d", r, len(o)-1, len(a)-1)
-		}
-	}
-	return errors.New(b.String())
 }
 
 // GradReady hands over the gradient registered as name for the current
@@ -718,183 +468,4 @@ func (r *Reducer) BucketNames() []string {
 		names[i] = b.name
 	}
 	return names
-}
-
-// BroadcastParameters copies every registered parameter from rank root to
-// all ranks, so that every replica starts identical.
-func (r *Reducer) BroadcastParameters(ctx context.Context, root int) error {
-	if err := r.Seal(ctx); err != nil {
-		return err
-	}
-	var hs []*Handle
-	for _, e := range r.entries {
-		if e.param != nil {
-			hs = append(hs, r.comm.BroadcastAsync(ctx, e.param, root, Name(e.name)))
-		}
-	}
-	var errs []error
-	for _, h := range hs {
-		errs = append(errs, h.Wait(ctx))
-	}
-	return errors.Join(errs...)
-}
-
-// CheckConsistency hashes every registered parameter and compares the
-// hashes across ranks. If replicas have diverged it returns, on every rank,
-// an error naming the first tensor that differs and the ranks that differ.
-func (r *Reducer) CheckConsistency(ctx context.Context) error {
-	if err := r.Seal(ctx); err != nil {
-		return err
-	}
-	var idx []int
-	for i, e := range r.entries {
-		if e.param != nil {
-			idx = append(idx, i)
-		}
-	}
-	if len(idx) == 0 {
-		return nil
-	}
-	mine := make([]int64, len(idx))
-	for j, i := range idx {
-		h := fnv.New64a()
-		h.Write(r.entries[i].pv.bytes)
-		mine[j] = int64(h.Sum64())
-	}
-	n := r.comm.Size()
-	all := make([]int64, len(mine)*n)
-	if err := r.comm.Allgather(ctx, mine, all, Name("parameter hashes")); err != nil {
-		return err
-	}
-	p := len(idx)
-	odd := map[int][]string{} // rank -> tensors where it is outside the majority
-	first := ""
-	for j, i := range idx {
-		groups := map[int64][]int{}
-		for rk := range n {
-			h := all[rk*p+j]
-			groups[h] = append(groups[h], rk)
-		}
-		if len(groups) == 1 {
-			continue
-		}
-		var keys []int64
-		for h := range groups {
-			keys = append(keys, h)
-		}
-		// Majority first; ties go to the group holding the lowest rank.
-		slices.SortFunc(keys, func(a, b int64) int {
-			if d := len(groups[b]) - len(groups[a]); d != 0 {
-				return d
-			}
-			return groups[a][0] - groups[b][0]
-		})
-		name := r.entries[i].name
-		if first == "" {
-			var parts []string
-			for _, h := range keys {
-				parts = append(parts, fmt.Sprintf("%s hash %016x", ranksString(groups[h]), uint64(h)))
-			}
-			first = fmt.Sprintf("first differing tensor %q (#%d): %s", name, i, strings.Join(parts, "; "))
-		}
-		for _, h := range keys[1:] {
-			for _, rk := range groups[h] {
-				odd[rk] = append(odd[rk], name)
-			}
-		}
-	}
-	if first == "" {
-		return nil
-	}
-	var ranks []int
-	for rk := range odd {
-		ranks = append(ranks, rk)
-	}
-	slices.Sort(ranks)
-	var parts []string
-	for _, rk := range ranks {
-		parts = append(parts, fmt.Sprintf("rank %d (%d tensors, first %q)", rk, len(odd[rk]), odd[rk][0]))
-	}
-	return fmt.Errorf("gorun: parameters have diverged across ranks: %s; ranks outside the majority: %s", first, strings.Join(parts, ", "))
-}
-
-func ranksString(rs []int) string {
-	s := make([]string, len(rs))
-	for i, r := range rs {
-		s[i] = strconv.Itoa(r)
-	}
-	if len(rs) == 1 {
-		return "rank " + s[0]
-	}
-	return "ranks " + strings.Join(s, ",")
-}
-
-func f32s(b []byte) []float32 {
-	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
-}
-
-func f64s(b []byte) []float64 {
-	return unsafe.Slice((*float64)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/8)
-}
-
-// addBytes adds src into dst, elementwise.
-func addBytes(dt ring.DType, dst, src []byte) {
-	if len(dst) == 0 {
-		return
-	}
-	if dt == ring.Float32 {
-		d, s := f32s(dst), f32s(src)
-		for i := range d {
-			d[i] += s[i]
-		}
-		return
-	}
-	d, s := f64s(dst), f64s(src)
-	for i := range d {
-		d[i] += s[i]
-	}
-}
-
-// axpyBytes computes dst = a*src (first) or dst += a*src.
-func axpyBytes(dt ring.DType, dst, src []byte, a float64, first bool) {
-	if len(dst) == 0 {
-		return
-	}
-	if dt == ring.Float32 {
-		d, s, f := f32s(dst), f32s(src), float32(a)
-		for i := range d {
-			if first {
-				d[i] = s[i] * f
-			} else {
-				d[i] += s[i] * f
-			}
-		}
-		return
-	}
-	d, s := f64s(dst), f64s(src)
-	for i := range d {
-		if first {
-			d[i] = s[i] * a
-		} else {
-			d[i] += s[i] * a
-		}
-	}
-}
-
-// scaleInto writes src*scale into dst.
-func scaleInto(dt ring.DType, dst, src []byte, scale float64) {
-	if len(dst) == 0 {
-		return
-	}
-	if dt == ring.Float32 {
-		d, s, f := f32s(dst), f32s(src), float32(scale)
-		for i := range d {
-			d[i] = s[i] * f
-		}
-		return
-	}
-	d, s := f64s(dst), f64s(src)
-	for i := range d {
-		d[i] = s[i] * scale
-	}
 }
