@@ -1,6 +1,6 @@
 package compress
 
-// Drivers for the vector kernels (kernels_amd64.s). They run only when
+// Drivers for the vector kernels (kernels_*amd64.s). They run only when
 // useAsm is true; each kernel handles the common case over whole groups of
 // values and stops at the first group it cannot do bit for bit like the Go
 // code (a NaN, a value to clamp, a tiny or huge int8 block, a corrupt int8

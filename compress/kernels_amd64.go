@@ -4,7 +4,7 @@ package compress
 
 import "golang.org/x/sys/cpu"
 
-// useAsm selects the AVX2 + F16C kernels of kernels_amd64.s. They produce
+// useAsm selects the AVX2 + F16C kernels of kernels_*amd64.s. They produce
 // the same bytes, residuals and sums as the Go code for every input (the
 // tests compare both paths), so ranks with and without these features
 // stay bitwise identical. cpu.X86.HasAVX2 also checks that the OS saves
