@@ -5,7 +5,6 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -32,17 +31,6 @@ const (
 	DataPlanePlaintext = "plaintext"
 	DataPlaneTLS       = "tls"
 	DataPlaneLibp2p    = "libp2p"
-)
-
-// Link kinds (Peer.Link).
-const (
-	LinkUnix         = "unix"
-	LinkTCPPlaintext = "tcp-plaintext"
-	LinkTCPTLS       = "tcp-tls"
-	LinkLibp2pTLS    = "libp2p-tls"
-	// LinkShm is a ring buffer in shared memory between ranks of one host
-	// (shm.go), set up over, and watched through, a unix link.
-	LinkShm = "shm"
 )
 
 // ErrClosed is Node.Err() after an orderly Close that was not preceded by
@@ -362,58 +350,6 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("p2p: rank %d: %w", cfg.Rank, err)
 	}
 	return n, nil
-}
-
-// listenData opens the data listeners this rank may be dialed on: a unix
-// socket unless the mode is tls, a tcp-tls port in auto and tls modes, a
-// tcp-plaintext port in plaintext mode. What a rank listens on is what it
-// accepts (besides libp2p streams): a tls rank never takes plaintext.
-func (n *Node) listenData(ip net.IP) error {
-	mode := n.cfg.DataPlane
-	if mode == DataPlaneAuto || mode == DataPlaneTLS {
-		ln, err := listenTCP(ip)
-		if err != nil {
-			return err
-		}
-		n.tlsLn = ln
-		n.tlsPort = ln.Addr().(*net.TCPAddr).Port
-		n.wg.Add(1)
-		go n.acceptLoop(ln, LinkTCPTLS)
-	}
-	if mode == DataPlaneTLS {
-		return nil
-	}
-	var rb [8]byte
-	rand.Read(rb[:])
-	// A leading '@' makes Go use the Linux abstract namespace: nothing on
-	// disk to clean up after a crash, scoped to the network namespace.
-	n.unixName = "@gorun-" + hex.EncodeToString(rb[:])
-	ln, err := net.Listen("unix", n.unixName)
-	if err != nil {
-		return fmt.Errorf("unix listen %s: %w", n.unixName, err)
-	}
-	n.unixLn = ln
-	n.wg.Add(1)
-	go n.acceptLoop(ln, LinkUnix)
-	if mode == DataPlanePlaintext {
-		ln, err := listenTCP(ip)
-		if err != nil {
-			return err
-		}
-		n.tcpLn = ln
-		n.tcpPort = ln.Addr().(*net.TCPAddr).Port
-		n.wg.Add(1)
-		go n.acceptLoop(ln, LinkTCPPlaintext)
-	}
-	return nil
-}
-
-func listenTCP(ip net.IP) (net.Listener, error) {
-	ln, err := net.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
-	if err != nil {
-		return nil, fmt.Errorf("tcp listen: %w", err)
-	}
-	return ln, nil
 }
 
 // stepCtx bounds one setup step by Timeout, with a cause naming the step.

@@ -36,10 +36,11 @@ func shmLinkOf(t testing.TB, n *Node, p int, send bool) *shmLink {
 	if send {
 		l = tr.to[p]
 	}
-	if l.kind != LinkShm || l.shm == nil {
+	s, ok := l.conn.(*shmLink)
+	if l.kind != LinkShm || !ok {
 		t.Fatalf("rank %d's link with rank %d is %s, want shm", n.rank(), p, l.kind)
 	}
-	return l.shm
+	return s
 }
 
 func wantKinds(t testing.TB, nodes []*Node, kind func(r, p int) string) {
@@ -400,9 +401,9 @@ func TestShmSetupRejects(t *testing.T) {
 		defer cancel()
 		data := pattern(3, 1, 100_000)
 		sent := make(chan error, 1)
-		go func() { sent <- ws.write(ctx, [][]byte{data[:5], data[5:]}, shmWait{}) }()
+		go func() { sent <- ws.send(ctx, [][]byte{data[:5], data[5:]}, linkWait{}) }()
 		buf := make([]byte, len(data))
-		if err := rs.read(ctx, buf, shmWait{}); err != nil || !bytes.Equal(buf, data) {
+		if err := rs.recv(ctx, buf, linkWait{}); err != nil || !bytes.Equal(buf, data) {
 			t.Errorf("read: %v (equal: %v)", err, bytes.Equal(buf, data))
 		}
 		if err := <-sent; err != nil {
@@ -814,7 +815,7 @@ func TestRecvFromView(t *testing.T) {
 // the same process, and checks that a message written when the reader had
 // read everything starts at the ring's first byte (the writer rewound),
 // one written while the reader lags goes on where the last one ended, and
-// the bytes arrive intact either way: through read and readView, with the
+// the bytes arrive intact either way: through recv and recvView, with the
 // reader parked for the message or not, with messages longer
 // than the ring, and up to the end of the stream.
 //
@@ -855,7 +856,7 @@ func testShmRewind(t *testing.T, start uint64) {
 		return b
 	}
 	// receive reads n bytes in a goroutine started before the write, so
-	// that it waits for them (view: through readView); the channel gets
+	// that it waits for them (view: through recvView); the channel gets
 	// the bytes, or nil after the read failed.
 	receive := func(n int, view bool) <-chan []byte {
 		got := make(chan []byte, 1)
@@ -865,10 +866,10 @@ func testShmRewind(t *testing.T, start uint64) {
 			var b []byte
 			var err error
 			if view {
-				err = r.readView(ctx, n, func(span []byte) { b = append(b, span...) }, shmWait{})
+				err = r.recvView(ctx, n, func(span []byte) { b = append(b, span...) }, linkWait{})
 			} else {
 				b = make([]byte, n)
-				err = r.read(ctx, b, shmWait{})
+				err = r.recv(ctx, b, linkWait{})
 			}
 			if err != nil {
 				b = nil
@@ -887,7 +888,7 @@ func testShmRewind(t *testing.T, start uint64) {
 				runtime.Gosched()
 			}
 		}
-		if err := w.write(ctx, [][]byte{want[:n/2], want[n/2:]}, shmWait{}); err != nil {
+		if err := w.send(ctx, [][]byte{want[:n/2], want[n/2:]}, linkWait{}); err != nil {
 			t.Fatal(err)
 		}
 		if b := <-got; !bytes.Equal(b, want) {
@@ -901,7 +902,7 @@ func testShmRewind(t *testing.T, start uint64) {
 	// The reader lags: the second message follows the first in the ring.
 	a, b := msg(1000, 1), msg(3000, 2)
 	for _, m := range [][]byte{a, b} {
-		if err := w.write(ctx, [][]byte{m}, shmWait{}); err != nil {
+		if err := w.send(ctx, [][]byte{m}, linkWait{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -909,7 +910,7 @@ func testShmRewind(t *testing.T, start uint64) {
 		t.Fatalf("after two messages the reader had not read, the writer is at byte %d of the ring, want %d", w.pos&mask, len(a)+len(b))
 	}
 	got := make([]byte, len(a)+len(b))
-	if err := r.read(ctx, got, shmWait{}); err != nil {
+	if err := r.recv(ctx, got, linkWait{}); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, append(a, b...)) {
@@ -917,19 +918,19 @@ func testShmRewind(t *testing.T, start uint64) {
 	}
 
 	// A rewind with nothing written, then a message, then the end.
-	if err := w.write(ctx, [][]byte{nil}, shmWait{}); err != nil {
+	if err := w.send(ctx, [][]byte{nil}, linkWait{}); err != nil {
 		t.Fatal(err)
 	}
 	last := msg(10, 3)
-	if err := w.write(ctx, [][]byte{last}, shmWait{}); err != nil {
+	if err := w.send(ctx, [][]byte{last}, linkWait{}); err != nil {
 		t.Fatal(err)
 	}
 	w.closeWrite()
 	got = make([]byte, len(last))
-	if err := r.read(ctx, got, shmWait{}); err != nil || !bytes.Equal(got, last) {
+	if err := r.recv(ctx, got, linkWait{}); err != nil || !bytes.Equal(got, last) {
 		t.Fatalf("the message before the end: %v, %x, want %x", err, got, last)
 	}
-	if err := r.read(ctx, got, shmWait{}); err != io.EOF {
+	if err := r.recv(ctx, got, linkWait{}); err != io.EOF {
 		t.Fatalf("after the end: %v, want EOF", err)
 	}
 }

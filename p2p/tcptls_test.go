@@ -220,7 +220,7 @@ func TestWriteTLSRecords(t *testing.T) {
 	pool := make([]byte, 2<<20)
 	mrand.NewChaCha8([32]byte{}).Read(pool)
 	rc := &recConn{}
-	l := &link{c: rc}
+	l := &tlsConn{tc: rc}
 	for _, shape := range shapes {
 		rc.writes, rc.data = nil, bytes.Buffer{}
 		var bufs [][]byte
