@@ -11,10 +11,42 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
+	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 )
+
+// dataPlane is how this rank's data links are reached and made: its
+// listeners, its TLS identity for tcp-tls, whether it allows shared memory,
+// and the accepted connections still in their handshake.
+type dataPlane struct {
+	unixName string // the abstract unix socket ranks of this host dial
+	unixLn   net.Listener
+	tcpLn    net.Listener // tcp-plaintext
+	tcpPort  int
+	tlsLn    net.Listener // tcp-tls
+	tlsPort  int
+	sec      *libp2ptls.Transport // TLS with this rank's libp2p identity, for tcp-tls links
+
+	shm       bool        // shm links allowed (shmEnabled)
+	shmBytes  int         // ring capacity of the shm links this rank writes
+	shmWarned atomic.Bool // a failed shm setup was logged
+
+	// handshakes, under Node.mu, holds the accepted data connections (and
+	// libp2p streams) not yet authenticated; shutdown closes them.
+	handshakes map[io.Closer]struct{}
+}
+
+// closeListeners stops taking connections in.
+func (d *dataPlane) closeListeners() {
+	for _, ln := range []net.Listener{d.unixLn, d.tcpLn, d.tlsLn} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+}
 
 // listenData opens the data listeners this rank may be dialed on: a unix
 // socket unless the mode is tls, a tcp-tls port in auto and tls modes, a
@@ -27,9 +59,9 @@ func (n *Node) listenData(ip net.IP) error {
 		if err != nil {
 			return err
 		}
-		n.tlsLn = ln
-		n.tlsPort = ln.Addr().(*net.TCPAddr).Port
-		n.wg.Add(1)
+		n.data.tlsLn = ln
+		n.data.tlsPort = ln.Addr().(*net.TCPAddr).Port
+		n.life.wg.Add(1)
 		go n.acceptLoop(ln, LinkTCPTLS)
 	}
 	if mode == DataPlaneTLS {
@@ -39,22 +71,22 @@ func (n *Node) listenData(ip net.IP) error {
 	rand.Read(rb[:])
 	// A leading '@' makes Go use the Linux abstract namespace: nothing on
 	// disk to clean up after a crash, scoped to the network namespace.
-	n.unixName = "@gorun-" + hex.EncodeToString(rb[:])
-	ln, err := net.Listen("unix", n.unixName)
+	n.data.unixName = "@gorun-" + hex.EncodeToString(rb[:])
+	ln, err := net.Listen("unix", n.data.unixName)
 	if err != nil {
-		return fmt.Errorf("unix listen %s: %w", n.unixName, err)
+		return fmt.Errorf("unix listen %s: %w", n.data.unixName, err)
 	}
-	n.unixLn = ln
-	n.wg.Add(1)
+	n.data.unixLn = ln
+	n.life.wg.Add(1)
 	go n.acceptLoop(ln, LinkUnix)
 	if mode == DataPlanePlaintext {
 		ln, err := listenTCP(ip)
 		if err != nil {
 			return err
 		}
-		n.tcpLn = ln
-		n.tcpPort = ln.Addr().(*net.TCPAddr).Port
-		n.wg.Add(1)
+		n.data.tcpLn = ln
+		n.data.tcpPort = ln.Addr().(*net.TCPAddr).Port
+		n.life.wg.Add(1)
 		go n.acceptLoop(ln, LinkTCPPlaintext)
 	}
 	return nil
@@ -75,28 +107,28 @@ func listenTCP(ip net.IP) (net.Listener, error) {
 func (n *Node) trackHandshake(c io.Closer) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.stopped {
+	if n.life.stopped {
 		c.Close()
 		return false
 	}
-	n.handshakes[c] = struct{}{}
-	n.wg.Add(1) // under mu and !stopped: never races with shutdown's Wait
+	n.data.handshakes[c] = struct{}{}
+	n.life.wg.Add(1) // under mu and !stopped: never races with shutdown's Wait
 	return true
 }
 
 func (n *Node) untrackHandshake(c io.Closer) {
 	n.mu.Lock()
-	delete(n.handshakes, c)
+	delete(n.data.handshakes, c)
 	n.mu.Unlock()
-	n.wg.Done()
+	n.life.wg.Done()
 }
 
 // closeHandshakes closes every connection still in its handshake; called
 // once the node is stopped, so no new one is tracked.
 func (n *Node) closeHandshakes() {
 	n.mu.Lock()
-	cs := make([]io.Closer, 0, len(n.handshakes))
-	for c := range n.handshakes {
+	cs := make([]io.Closer, 0, len(n.data.handshakes))
+	for c := range n.data.handshakes {
 		cs = append(cs, c)
 	}
 	n.mu.Unlock()
@@ -112,7 +144,7 @@ type streamResetter struct{ s network.Stream }
 func (r streamResetter) Close() error { return r.s.Reset() }
 
 func (n *Node) acceptLoop(ln net.Listener, kind string) {
-	defer n.wg.Done()
+	defer n.life.wg.Done()
 	for {
 		c, err := ln.Accept()
 		if err != nil {

@@ -2,6 +2,8 @@
 
 package p2p
 
+// ringCopy's REP MOVSB path on amd64 CPUs that have fast string moves.
+
 import (
 	"unsafe"
 

@@ -75,7 +75,7 @@ func TestElasticHangDiagnosisKeyedByEpoch(t *testing.T) {
 	onHang := func(rep *HangReport) string {
 		printed.add(rep)
 		if n := staleTo.Load(); n != nil && rep.Epoch == 1 && rep.Seq == 5 {
-			n.hangReportArrived(string(staleAnswer), 1)
+			n.ctl.hangReportArrived(string(staleAnswer), 1)
 		}
 		return ""
 	}
@@ -134,7 +134,7 @@ func TestElasticHangDiagnosisKeyedByEpoch(t *testing.T) {
 	// of the change) is dropped. Rank 0's ask about #6 right after it, on
 	// the same control stream, is handled after it: once it is answered,
 	// the stale ask had its turn.
-	if err := j.nodes[0].sendCtl(&msg{T: tHangAsk, Rank: 0, Seq: 5, Epoch: 0}); err != nil {
+	if err := j.nodes[0].ctl.send(&msg{T: tHangAsk, Rank: 0, Seq: 5, Epoch: 0}); err != nil {
 		t.Fatal(err)
 	}
 	// (Rank 0 is in no call: the report says the stall ended, and

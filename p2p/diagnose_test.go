@@ -192,7 +192,7 @@ func TestHangDiagnosisDropsStaleAnswers(t *testing.T) {
 	j, _ = hangJob(t, func(*HangReport) string {
 		// Rank 0 waits for the answer on call #5 now: it asked before
 		// the gathering began.
-		j.nodes[0].hangReportArrived(string(stale), 0)
+		j.nodes[0].ctl.hangReportArrived(string(stale), 0)
 		return ""
 	}, "")
 	rep := diagnoseHang(t, j.nodes[0], 5)

@@ -16,7 +16,7 @@ import (
 // depends on p's mode), with a libp2p stream as the fallback.
 func (n *Node) chooseKind(p tableItem) string {
 	mode := n.cfg.DataPlane
-	if mode != DataPlaneTLS && p.Unix != "" && p.HostID == n.hostID {
+	if mode != DataPlaneTLS && p.Unix != "" && p.HostID == n.cfg.HostID {
 		return LinkUnix
 	}
 	if ipOfAddrs(p.Addrs) != "" {
@@ -34,11 +34,11 @@ func (n *Node) chooseKind(p tableItem) string {
 // which rank id (this rank or to) sends, and authenticates both ends.
 func (n *Node) dialLink(ctx context.Context, ep *epochRun, id, to int) (*link, error) {
 	n.mu.Lock()
-	if n.cur.Load() != ep || to >= len(n.table) {
+	if n.cur.Load() != ep || to >= len(n.job.table) {
 		n.mu.Unlock()
 		return nil, fmt.Errorf("membership epoch %d ended before its link with rank %d was dialed", ep.epoch, to)
 	}
-	p := n.table[to]
+	p := n.job.table[to]
 	n.mu.Unlock()
 	kind := n.chooseKind(p)
 	var l *link

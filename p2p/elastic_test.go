@@ -259,7 +259,7 @@ func TestElasticCrash(t *testing.T) {
 			}
 			// A dial with epoch 0's proof is refused by an epoch-1 member.
 			n1 := survivors[1]
-			conn, err := net.Dial("unix", n1.unixName)
+			conn, err := net.Dial("unix", n1.data.unixName)
 			if c.kind == LinkTCPTLS {
 				conn, err = nil, errors.New("skip")
 			}
@@ -472,7 +472,7 @@ func TestElasticGrow(t *testing.T) {
 // the rendezvous re-forms the ring with the same members.
 func TestElasticLinkBroken(t *testing.T) {
 	j := startElastic(t, elasticOpts{size: 3, min: 2})
-	for _, l := range j.nodes[0].links {
+	for _, l := range j.nodes[0].links.all {
 		if l.peer == 1 {
 			l.close()
 		}
@@ -606,7 +606,7 @@ func TestElasticCloseDuringReconfigure(t *testing.T) {
 // and the others go on without it.
 func TestElasticLinkUnreachable(t *testing.T) {
 	j := startElastic(t, elasticOpts{size: 3, min: 2})
-	for _, l := range j.nodes[0].links {
+	for _, l := range j.nodes[0].links.all {
 		if l.peer == 1 {
 			l.close()
 		}
@@ -615,7 +615,7 @@ func TestElasticLinkUnreachable(t *testing.T) {
 	for _, n := range j.nodes {
 		waitDone(t, n, 10*time.Second, "re-forming with the same members")
 	}
-	j.nodes[1].unixLn.Close() // rank 0 can not dial rank 1 any more
+	j.nodes[1].data.unixLn.Close() // rank 0 can not dial rank 1 any more
 	dropped := make(chan error, 1)
 	go func() {
 		_, err := j.nodes[1].Reconfigure(context.Background())

@@ -14,6 +14,22 @@ import (
 	"time"
 )
 
+// epochLinks are the links of the epoch a node is in.
+type epochLinks struct {
+	expect map[int]bool // link ids we accept (linkKey)
+	have   map[int]bool // link ids accepted so far
+	// all are the links set up so far, accepted or dialed: the end of the
+	// epoch closes them.
+	all      []*link
+	accepted chan *link // accepted links, for connectEpochLinks
+	tr       *transport // once every link is up
+}
+
+// newEpochLinks makes the (empty) link set of an epoch of size ranks.
+func newEpochLinks(size int) epochLinks {
+	return epochLinks{expect: map[int]bool{}, have: map[int]bool{}, accepted: make(chan *link, 2*size)}
+}
+
 // connectLinks establishes this rank's links to and from every other rank:
 // it dials both links of every pair of which it is the lower rank and waits
 // for the higher ranks to dial the others. Setup is bounded by ctx and
@@ -31,7 +47,7 @@ func (n *Node) connectEpochLinks(ctx context.Context, ep *epochRun) (blame []int
 		return nil, nil
 	}
 	n.mu.Lock()
-	accepted := n.accepted
+	accepted := n.links.accepted
 	n.mu.Unlock()
 	sctx, cancel := n.stepCtx(ctx, fmt.Sprintf("connecting data links (rank %d of %d, to and from every peer)", me, size))
 	defer cancel()
@@ -64,7 +80,7 @@ func (n *Node) connectEpochLinks(ctx context.Context, ep *epochRun) (blame []int
 		n.mu.Lock()
 		aborted := ep.err != nil || n.cur.Load() != ep
 		if dialed && !aborted {
-			n.links = append(n.links, l)
+			n.links.all = append(n.links.all, l)
 		}
 		n.mu.Unlock()
 		if aborted {
@@ -114,8 +130,8 @@ func (n *Node) connectEpochLinks(ctx context.Context, ep *epochRun) (blame []int
 	}
 	local := 0
 	n.mu.Lock()
-	for _, p := range n.peers {
-		if p.HostID == n.hostID {
+	for _, p := range n.job.peers {
+		if p.HostID == n.cfg.HostID {
 			local++
 		}
 	}
@@ -130,15 +146,15 @@ func (n *Node) connectEpochLinks(ctx context.Context, ep *epochRun) (blame []int
 		}
 		return nil, err
 	}
-	n.tr = tr
+	n.links.tr = tr
 	kinds := map[string]int{}
 	for p, l := range to {
 		if l == nil {
 			continue
 		}
 		kinds[l.kind]++
-		if n.peers[p].Link == "" {
-			n.peers[p].Link = l.kind
+		if n.job.peers[p].Link == "" {
+			n.job.peers[p].Link = l.kind
 		}
 	}
 	n.mu.Unlock()
@@ -193,8 +209,8 @@ func (n *Node) expectLinks() {
 	size, me := ep.size, ep.rank
 	for p := range size {
 		if p != me && dialerOf(me, p) == p {
-			n.expect[linkKey(p, me, size)] = true
-			n.expect[linkKey(me, p, size)] = true
+			n.links.expect[linkKey(p, me, size)] = true
+			n.links.expect[linkKey(me, p, size)] = true
 		}
 	}
 }
@@ -218,7 +234,7 @@ func (n *Node) drainLinks() {
 	}
 	me := n.rank()
 	n.mu.Lock()
-	links := slices.Clone(n.links)
+	links := slices.Clone(n.links.all)
 	n.mu.Unlock()
 	deadline := time.Now().Add(n.cfg.Timeout)
 	var wg sync.WaitGroup

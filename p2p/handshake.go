@@ -41,7 +41,7 @@ func (n *Node) dialHandshake(ctx context.Context, ep *epochRun, l *link, id, to 
 		l.rw.SetDeadline(d)
 	}
 	stop := context.AfterFunc(ctx, l.close)
-	wantShm := kind == LinkUnix && n.shm
+	wantShm := kind == LinkUnix && n.data.shm
 	var shm *shmLink
 	err := func() error {
 		ch, err := readMsg(l.rw)
@@ -124,7 +124,7 @@ func (n *Node) acceptHandshake(l *link, from string) error {
 		return errors.New("bad job key")
 	}
 	n.mu.Lock()
-	table := n.table
+	table := n.job.table
 	current := n.cur.Load() == ep
 	n.mu.Unlock()
 	if !current {
@@ -148,13 +148,13 @@ func (n *Node) acceptHandshake(l *link, from string) error {
 		dir = fmt.Sprintf("link %d -> %d", me, m.Rank)
 	}
 	n.mu.Lock()
-	if n.cur.Load() != ep || !n.expect[key] || n.have[key] {
+	if n.cur.Load() != ep || !n.links.expect[key] || n.links.have[key] {
 		n.mu.Unlock()
 		return fmt.Errorf("unexpected or duplicate %s dialed by rank %d", dir, m.Rank)
 	}
-	n.have[key] = true
+	n.links.have[key] = true
 	n.mu.Unlock()
-	shm := m.Shm && n.shm && l.kind == LinkUnix
+	shm := m.Shm && n.data.shm && l.kind == LinkUnix
 	if err := writeMsg(l.rw, &msg{T: tDOK, Proof: dataOKProof(n.cfg.JobKey, m.Nonce, me, m.Link, ep.epoch), Shm: shm}); err != nil {
 		return err
 	}
@@ -184,8 +184,8 @@ func (n *Node) acceptHandshake(l *link, from string) error {
 	}
 	// Recorded at once, so that the end of the epoch closes it even if
 	// connectLinks is no longer there to take it.
-	n.links = append(n.links, l)
-	n.accepted <- l // capacity covers every expected link of the epoch
+	n.links.all = append(n.links.all, l)
+	n.links.accepted <- l // capacity covers every expected link of the epoch
 	n.mu.Unlock()
 	return nil
 }
@@ -194,7 +194,7 @@ func (n *Node) acceptHandshake(l *link, from string) error {
 func (n *Node) inTable(id peer.ID) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	for _, it := range n.table {
+	for _, it := range n.job.table {
 		if it.ID == id.String() {
 			return true
 		}
@@ -225,10 +225,10 @@ func checkDataHello(m *msg, me, size int) error {
 func (n *Node) peerAddr(rank int, kind, fallback string) string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if rank < 0 || rank >= len(n.table) {
+	if rank < 0 || rank >= len(n.job.table) {
 		return fallback
 	}
-	it := n.table[rank]
+	it := n.job.table[rank]
 	switch kind {
 	case LinkUnix, LinkShm:
 		return it.Unix

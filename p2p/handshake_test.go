@@ -30,14 +30,14 @@ func dialSilently(t *testing.T, nodes []*Node) []stranger {
 	var out []stranger
 	for r, n := range nodes {
 		addrs := map[string][2]string{}
-		if n.unixLn != nil {
-			addrs[LinkUnix] = [2]string{"unix", n.unixName}
+		if n.data.unixLn != nil {
+			addrs[LinkUnix] = [2]string{"unix", n.data.unixName}
 		}
-		if n.tcpLn != nil {
-			addrs[LinkTCPPlaintext] = [2]string{"tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(n.tcpPort))}
+		if n.data.tcpLn != nil {
+			addrs[LinkTCPPlaintext] = [2]string{"tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(n.data.tcpPort))}
 		}
-		if n.tlsLn != nil {
-			addrs[LinkTCPTLS] = [2]string{"tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(n.tlsPort))}
+		if n.data.tlsLn != nil {
+			addrs[LinkTCPTLS] = [2]string{"tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(n.data.tlsPort))}
 		}
 		for kind, a := range addrs {
 			c, err := net.Dial(a[0], a[1])

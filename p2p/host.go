@@ -1,5 +1,9 @@
 package p2p
 
+// The libp2p side of a rank and of the rendezvous: job keys and the
+// rendezvous identity derived from them, addresses, the restricted host,
+// the gater that admits only the job's peers, and host identity.
+
 import (
 	"context"
 	"crypto/ed25519"
@@ -140,6 +144,20 @@ func newGater(rz peer.ID, logf func(string, ...any)) *gater {
 func (g *gater) allow(ids ...peer.ID) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	for _, id := range ids {
+		g.allowed[id] = true
+	}
+}
+
+// set replaces the set of allowed peers (the rendezvous always stays).
+func (g *gater) set(ids ...peer.ID) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for id := range g.allowed {
+		if id != g.rz {
+			delete(g.allowed, id)
+		}
+	}
 	for _, id := range ids {
 		g.allowed[id] = true
 	}

@@ -1,12 +1,5 @@
 package p2p
 
-import (
-	"fmt"
-	"slices"
-	"strings"
-	"time"
-)
-
 // Leaving early.
 //
 // A rank that closes while others still make collective calls used to be
@@ -23,6 +16,14 @@ import (
 // which comes after any such report: Close returns an *EarlyCloseError
 // naming the ranks it left behind. When every rank closes after the same
 // call nobody is behind, and nothing waits longer than before.
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
 
 // PeerLeftError is why a rank fails when another rank closed (left the job
 // in good health) after an earlier collective call than the one this rank
@@ -90,27 +91,37 @@ type departure struct {
 	lastCall uint64
 }
 
+// leaveTracker is what the control client knows of ranks that left early.
+type leaveTracker struct {
+	mu             sync.Mutex
+	departed       []departure    // ranks that announced they leave, in order
+	reportedBehind bool           // this rank reported being in a later call
+	behind         map[int]uint64 // peers in later calls than ours when we left
+	lateOK         chan struct{}  // the rendezvous passed our report on
+}
+
 // SetProgress records the sequence number of the last collective this rank
 // entered. It is reported to the rendezvous within progressInterval, so that
 // QueryProgress on any rank can tell which ranks have not reached a call.
 // If a rank has already left after an earlier call, the node fails at once
 // with a *PeerLeftError (Err, Done), as the call can not complete.
 func (n *Node) SetProgress(seq uint64) {
-	n.leaveMu.Lock()
-	n.progress.Store(seq)
-	behind := n.leftBeforeLocked(seq) != nil
-	n.leaveMu.Unlock()
+	c := n.ctl
+	c.leave.mu.Lock()
+	c.progress.last.Store(seq)
+	behind := c.leave.leftBeforeLocked(seq) != nil
+	c.leave.mu.Unlock()
 	if behind {
-		n.leftBehind(seq)
+		c.leftBehind(seq)
 	}
 }
 
 // leftBeforeLocked returns the first rank that left after a call earlier
-// than call, or nil. Called with leaveMu held.
-func (n *Node) leftBeforeLocked(call uint64) *departure {
-	for i, d := range n.departed {
+// than call, or nil. Called with mu held.
+func (t *leaveTracker) leftBeforeLocked(call uint64) *departure {
+	for i, d := range t.departed {
 		if d.lastCall < call {
-			return &n.departed[i]
+			return &t.departed[i]
 		}
 	}
 	return nil
@@ -120,17 +131,18 @@ func (n *Node) leftBeforeLocked(call uint64) *departure {
 // lastCall. It runs on the control reader, which must go on reading (the
 // acknowledgement of our report comes that way), so a rank that is behind
 // fails on a goroutine of its own.
-func (n *Node) peerLeaving(rank int, lastCall uint64) {
-	n.leaveMu.Lock()
-	n.departed = append(n.departed, departure{rank, lastCall})
-	call := n.progress.Load()
-	n.leaveMu.Unlock()
+func (c *ctlClient) peerLeaving(rank int, lastCall uint64) {
+	n := c.n
+	c.leave.mu.Lock()
+	c.leave.departed = append(c.leave.departed, departure{rank, lastCall})
+	call := c.progress.last.Load()
+	c.leave.mu.Unlock()
 	n.logf("rank %d leaves the job after call #%d", rank, lastCall)
 	if call > lastCall {
-		n.wg.Add(1) // the control reader is counted: never races with Wait
+		n.life.wg.Add(1) // the control reader is counted: never races with Wait
 		go func() {
-			defer n.wg.Done()
-			n.leftBehind(call)
+			defer n.life.wg.Done()
+			c.leftBehind(call)
 		}()
 	}
 }
@@ -139,24 +151,25 @@ func (n *Node) peerLeaving(rank int, lastCall uint64) {
 // after an earlier call. It first tells the rendezvous, and waits (briefly)
 // until the leaver has been told, because failing closes the links, which
 // ends the leaver's drain: its Close must have the report by then.
-func (n *Node) leftBehind(call uint64) {
-	n.leaveMu.Lock()
-	d := n.leftBeforeLocked(call)
-	if d == nil || n.reportedBehind {
-		n.leaveMu.Unlock()
+func (c *ctlClient) leftBehind(call uint64) {
+	n := c.n
+	c.leave.mu.Lock()
+	d := c.leave.leftBeforeLocked(call)
+	if d == nil || c.leave.reportedBehind {
+		c.leave.mu.Unlock()
 		return
 	}
-	n.reportedBehind = true
+	c.leave.reportedBehind = true
 	cause := &PeerLeftError{Rank: d.rank, LastCall: d.lastCall, Self: n.rank(), Call: call}
-	n.leaveMu.Unlock()
-	if n.Err() == nil && n.ctl != nil {
-		if err := n.sendCtl(&msg{T: tLate, Rank: max(n.rank(), 0), Seq: call}); err != nil {
+	c.leave.mu.Unlock()
+	if n.Err() == nil && c.registered() {
+		if err := c.send(&msg{T: tLate, Rank: max(n.rank(), 0), Seq: call}); err != nil {
 			n.logf("could not report to the rendezvous that rank %d left before call #%d: %v", d.rank, call, err)
 		} else {
 			t := time.NewTimer(n.handshakeTimeout())
 			select {
-			case <-n.lateOK:
-			case <-n.ctlDead:
+			case <-c.leave.lateOK:
+			case <-c.dead:
 			case <-n.Done():
 			case <-t.C:
 				n.logf("the rendezvous did not confirm within %v that rank %d was told this rank was behind", n.handshakeTimeout(), d.rank)
@@ -170,17 +183,13 @@ func (n *Node) leftBehind(call uint64) {
 // announceLeaving tells the rendezvous, when the job is healthy, that this
 // rank leaves after its last call. It returns that call and whether the
 // announcement was sent.
-func (n *Node) announceLeaving() (uint64, bool) {
-	if n.ctl == nil || n.Err() != nil || n.departedJob.Load() {
+func (c *ctlClient) announceLeaving() (uint64, bool) {
+	n := c.n
+	if !c.registered() || n.Err() != nil || n.life.departedJob.Load() || c.closed() {
 		return 0, false
 	}
-	select {
-	case <-n.ctlDead:
-		return 0, false
-	default:
-	}
-	last := n.progress.Load()
-	if err := n.sendCtl(&msg{T: tLeaving, Rank: max(n.rank(), 0), Seq: last}); err != nil {
+	last := c.progress.last.Load()
+	if err := c.send(&msg{T: tLeaving, Rank: max(n.rank(), 0), Seq: last}); err != nil {
 		n.logf("could not tell the rendezvous this rank leaves after call #%d: %v", last, err)
 		return last, false
 	}
@@ -188,24 +197,24 @@ func (n *Node) announceLeaving() (uint64, bool) {
 }
 
 // earlyCloseErr is nil unless peers reported being in calls after lastCall.
-func (n *Node) earlyCloseErr(lastCall uint64) error {
-	n.leaveMu.Lock()
-	defer n.leaveMu.Unlock()
-	if len(n.behind) == 0 {
+func (c *ctlClient) earlyCloseErr(lastCall uint64) error {
+	c.leave.mu.Lock()
+	defer c.leave.mu.Unlock()
+	if len(c.leave.behind) == 0 {
 		return nil
 	}
-	b := make(map[int]uint64, len(n.behind))
-	for r, c := range n.behind {
-		b[r] = c
+	b := make(map[int]uint64, len(c.leave.behind))
+	for r, call := range c.leave.behind {
+		b[r] = call
 	}
-	return &EarlyCloseError{Rank: n.rank(), LastCall: lastCall, Behind: b}
+	return &EarlyCloseError{Rank: c.n.rank(), LastCall: lastCall, Behind: b}
 }
 
 // peerBehind records the rendezvous' report that rank was in call `call`
 // after this rank announced it leaves.
-func (n *Node) peerBehind(rank int, call uint64) {
-	n.leaveMu.Lock()
-	n.behind[rank] = call
-	n.leaveMu.Unlock()
-	n.logf("rank %d was still in call #%d when this rank left", rank, call)
+func (c *ctlClient) peerBehind(rank int, call uint64) {
+	c.leave.mu.Lock()
+	c.leave.behind[rank] = call
+	c.leave.mu.Unlock()
+	c.n.logf("rank %d was still in call #%d when this rank left", rank, call)
 }

@@ -137,7 +137,7 @@ func drainStream(rw deadliner, deadline time.Time) bool {
 type socketState struct {
 	// since is when the transfer in progress on this link started
 	// (UnixNano), 0 when none is: a hang diagnosis reads it to say which
-	// peer a rank waits for (diagnose.go, waitSince). A socket transfer
+	// peer a rank waits for (pendingWaits, diagnose_rank.go). A socket transfer
 	// makes system calls and arms a context watch anyway, which cost far
 	// more than the clock read and two stores. A shm link keeps its own
 	// (shmLink.waitingSince), set only when a transfer parks.

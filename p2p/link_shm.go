@@ -60,7 +60,7 @@ type shmLink struct {
 
 	// waitingSince is when the transfer in flight parked (UnixNano), 0
 	// while none has: a hang diagnosis reads it to say which peer a rank
-	// waits for (diagnose.go). It is set only where a transfer parks (a
+	// waits for (diagnose_rank.go). It is set only where a transfer parks (a
 	// futex wait, a system call anyway) and cleared only by a transfer
 	// that set it, so the fast path pays nothing for it.
 	waitingSince atomic.Int64
@@ -408,7 +408,7 @@ func (n *Node) setupShm(l *link, id shmIdentity, writer bool) (*shmLink, error) 
 	var s *shmLink
 	var fallback, err error
 	if writer {
-		s, fallback, err = offerShm(c, id, n.shmBytes)
+		s, fallback, err = offerShm(c, id, n.data.shmBytes)
 	} else {
 		s, fallback, err = receiveShm(c, id)
 	}
@@ -416,7 +416,7 @@ func (n *Node) setupShm(l *link, id shmIdentity, writer bool) (*shmLink, error) 
 		return nil, fmt.Errorf("shared memory setup: %w", err)
 	}
 	if fallback != nil {
-		if n.shmWarned.CompareAndSwap(false, true) {
+		if n.data.shmWarned.CompareAndSwap(false, true) {
 			n.logf("shared memory with rank %d unavailable, keeping unix sockets for such links: %v", l.peer, fallback)
 		}
 		return nil, nil

@@ -26,9 +26,9 @@ func (n *Node) newTLSLink(ctx context.Context, c net.Conn, want peer.ID) (*link,
 	var sc sec.SecureConn
 	var err error
 	if want != "" {
-		sc, err = n.sec.SecureOutbound(ctx, bc, want)
+		sc, err = n.data.sec.SecureOutbound(ctx, bc, want)
 	} else {
-		sc, err = n.sec.SecureInbound(ctx, bc, "")
+		sc, err = n.data.sec.SecureInbound(ctx, bc, "")
 	}
 	if err != nil {
 		c.Close()

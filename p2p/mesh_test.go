@@ -197,7 +197,7 @@ func TestMeshAbort(t *testing.T) {
 // peer and its address.
 func TestMeshPeerClosedError(t *testing.T) {
 	j := startJob(t, jobOpts{size: 4})
-	for _, l := range j.nodes[0].links {
+	for _, l := range j.nodes[0].links.all {
 		l.close()
 	}
 	err := j.nodes[2].Mesh().RecvFrom(context.Background(), 0, make([]byte, 4))
@@ -212,7 +212,7 @@ func TestMeshHandshakeRefusals(t *testing.T) {
 	j := startJob(t, jobOpts{size: 3})
 	n1 := j.nodes[1]
 	try := func(rank, link int) error {
-		c, err := net.Dial("unix", n1.unixName)
+		c, err := net.Dial("unix", n1.data.unixName)
 		if err != nil {
 			return err
 		}

@@ -1,8 +1,11 @@
 package p2p
 
+// A rank's membership in a job (Node): joining (Join), its state, the
+// job table, aborting and closing. The control stream is ctl.go, the data
+// links link.go and the files it names, elastic membership elastic*.go.
+
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
@@ -18,7 +21,6 @@ import (
 	"github.com/gorun/gorun/ring"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
-	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/peerstore"
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
@@ -125,46 +127,19 @@ type Peer struct {
 
 // Node is one rank's membership in a job.
 type Node struct {
-	cfg    Config
-	h      host.Host
-	g      *gater
-	rzID   peer.ID
-	hostID string
+	cfg  Config
+	h    host.Host  // this rank's libp2p host
+	g    *gater     // admits the rendezvous and the job's peers to h
+	rzID peer.ID    // the rendezvous' peer ID
+	data dataPlane  // how this rank's data links are reached and made (accept.go)
+	ctl  *ctlClient // the control stream to the rendezvous (ctl.go)
 
-	unixName string
-	unixLn   net.Listener
-	tcpLn    net.Listener // tcp-plaintext
-	tcpPort  int
-	tlsLn    net.Listener // tcp-tls
-	tlsPort  int
-	sec      *libp2ptls.Transport // TLS with this rank's libp2p identity, for tcp-tls links
-
-	shm       bool        // shm links allowed (shmEnabled)
-	shmBytes  int         // ring capacity of the shm links this rank writes
-	shmWarned atomic.Bool // a failed shm setup was logged
-
-	ctl        network.Stream
-	ctlMu      sync.Mutex // serialises control writes
-	tableReady chan struct{}
-	rxTable    []tableItem
-	goCh       chan struct{}
-	byeCh      chan struct{}
-	ctlDead    chan struct{} // closed when the control reader exits
-
-	mu       sync.Mutex
-	table    []tableItem
-	peers    []Peer
-	missing  []int
-	expect   map[int]bool // link ids we accept
-	have     map[int]bool
-	links    []*link
-	accepted chan *link
-	// handshakes holds the accepted data connections (and libp2p streams)
-	// not yet authenticated; shutdown closes them.
-	handshakes map[io.Closer]struct{}
-
-	tr *transport
-
+	// mu guards job, links, fatal and the replacement of cur, and in
+	// other types what says "under Node.mu": an epoch's err, the elastic
+	// state, lifecycle.stopped, dataPlane.handshakes and simHooks.thaw.
+	mu    sync.Mutex
+	job   jobTable   // under mu
+	links epochLinks // under mu: the current epoch's (epoch_links.go)
 	// cur is the membership epoch this node is in (a fixed-size job has
 	// only epoch 0): its rank, size and fate. Replaced under mu; read
 	// without a lock where only its immutable fields are needed.
@@ -174,33 +149,28 @@ type Node struct {
 	fatal error
 	el    elasticNode // elastic mode only (elastic.go)
 
+	life lifecycle
+	sim  simHooks // tests (hooks.go)
+}
+
+// jobTable is the job's table (the current epoch's, in elastic mode) as
+// this rank knows it.
+type jobTable struct {
+	table   []tableItem
+	peers   []Peer
+	missing []int // the ranks the rendezvous last reported as not registered
+}
+
+// lifecycle is how far a node is in ending, and what it waits for then.
+type lifecycle struct {
 	closing atomic.Bool
 	// departedJob: this member left the elastic job (Depart, Quit); its
 	// Close announces nothing the others must act on.
 	departedJob atomic.Bool
-	stopped     bool          // under mu: no new handler goroutines
-	frozen      atomic.Bool   // tests: simulate a stopped process
-	thaw        chan struct{} // under mu; closed by unfreeze
-
-	progress   atomic.Uint64 // last collective entered (SetProgress); stored under leaveMu
-	progSent   uint64        // last value reported, owned by progressLoop
-	progQuery  sync.Mutex    // one QueryProgress at a time
-	progAnswer chan []uint64
-	closeOnce  sync.Once
-	stop       chan struct{}
-	wg         sync.WaitGroup
-
-	// Hang diagnosis (diagnose.go).
-	callReporter atomic.Pointer[CallReporter]
-	diagMu       sync.Mutex // one DiagnoseHang at a time
-	diagAnswer   chan hangAnswer
-
-	// Ranks that left early (see leave.go).
-	leaveMu        sync.Mutex
-	departed       []departure    // ranks that announced they leave, in order
-	reportedBehind bool           // this rank reported being in a later call
-	behind         map[int]uint64 // peers in later calls than ours when we left
-	lateOK         chan struct{}  // the rendezvous passed our report on
+	stopped     bool // under Node.mu: no new handler goroutines
+	closeOnce   sync.Once
+	stop        chan struct{} // closed by shutdown
+	wg          sync.WaitGroup
 }
 
 func (n *Node) logf(format string, args ...any) {
@@ -291,21 +261,12 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("p2p: rendezvous: %w", err)
 	}
 	n := &Node{
-		cfg: cfg, rzID: rzID, hostID: cfg.HostID,
-		tableReady: make(chan struct{}),
-		goCh:       make(chan struct{}),
-		byeCh:      make(chan struct{}),
-		ctlDead:    make(chan struct{}),
-		progAnswer: make(chan []uint64, 1),
-		diagAnswer: make(chan hangAnswer, 1),
-		behind:     map[int]uint64{},
-		lateOK:     make(chan struct{}, 1),
-		expect:     map[int]bool{},
-		have:       map[int]bool{},
-		handshakes: map[io.Closer]struct{}{},
-		accepted:   make(chan *link, 2*cfg.Size),
-		stop:       make(chan struct{}),
+		cfg: cfg, rzID: rzID,
+		data:  dataPlane{handshakes: map[io.Closer]struct{}{}},
+		links: newEpochLinks(cfg.Size),
+		life:  lifecycle{stop: make(chan struct{})},
 	}
+	n.ctl = newCtlClient(n)
 	first := &epochRun{rank: cfg.Rank, size: cfg.Size, done: make(chan struct{})}
 	if cfg.Elastic {
 		// Epoch 0 starts with the first table; until then the node is in
@@ -314,8 +275,8 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 		n.el.init()
 	}
 	n.cur.Store(first)
-	n.shm = shmEnabled(cfg)
-	if n.shmBytes, err = shmCapacity(); err != nil {
+	n.data.shm = shmEnabled(cfg)
+	if n.data.shmBytes, err = shmCapacity(); err != nil {
 		return nil, fmt.Errorf("p2p: rank %d: %w", cfg.Rank, err)
 	}
 	n.g = newGater(rzID, n.logf)
@@ -332,7 +293,7 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	// tcp-tls links run libp2p's TLS handshake on their own sockets, with
 	// the host's identity, so a link's peer ID is the one in the table.
-	if n.sec, err = libp2ptls.New(libp2ptls.ID, sk, nil); err != nil {
+	if n.data.sec, err = libp2ptls.New(libp2ptls.ID, sk, nil); err != nil {
 		n.shutdown()
 		return nil, fmt.Errorf("p2p: rank %d: tls: %w", cfg.Rank, err)
 	}
@@ -368,20 +329,18 @@ func (n *Node) setup(ctx context.Context, rzAddrs []ma.Multiaddr) error {
 		return err
 	}
 	// Phase 1: the table.
-	if err := n.waitFor(ctx, "waiting for the job table (ranks not registered yet)", n.tableReady); err != nil {
+	if err := n.waitFor(ctx, "waiting for the job table (ranks not registered yet)", n.ctl.tableReady); err != nil {
 		return err
 	}
-	n.mu.Lock()
-	table := n.rxTable
-	n.mu.Unlock()
-	if err := n.installTable(table); err != nil {
+	// Written before tableReady closed.
+	if err := n.installTable(n.ctl.table); err != nil {
 		return err
 	}
-	if err := n.sendCtl(&msg{T: tAck, Rank: n.rank()}); err != nil {
+	if err := n.ctl.send(&msg{T: tAck, Rank: n.rank()}); err != nil {
 		return fmt.Errorf("ack to rendezvous: %w", err)
 	}
 	// Phase 2: every rank's gater is ready.
-	if err := n.waitFor(ctx, "waiting for go (ranks that have not acked the table)", n.goCh); err != nil {
+	if err := n.waitFor(ctx, "waiting for go (ranks that have not acked the table)", n.ctl.goCh); err != nil {
 		return err
 	}
 	return n.connectLinks(ctx)
@@ -409,283 +368,7 @@ func (n *Node) waitFor(ctx context.Context, what string, ready <-chan struct{}) 
 func (n *Node) getMissing() []int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return slices.Clone(n.missing)
-}
-
-// register performs the challenge-response with the rendezvous and starts
-// the control reader and heartbeat.
-func (n *Node) register(ctx context.Context, rzAddrs []ma.Multiaddr) error {
-	sctx, cancel := n.stepCtx(ctx, "registering with the rendezvous at "+n.cfg.Rendezvous)
-	defer cancel()
-	n.h.Peerstore().AddAddrs(n.rzID, rzAddrs, peerstore.PermanentAddrTTL)
-	// Ranks may start before the rendezvous (rank 0 hosting it, started by
-	// a batch system at the same time as everyone else): retry with
-	// backoff until the step times out. ForceDirectDial skips the swarm's
-	// own dial backoff, which would otherwise turn retries into instant
-	// failures.
-	dctx := network.WithForceDirectDial(sctx, "gorun rendezvous")
-	var s network.Stream
-	for delay, logged := 50*time.Millisecond, false; ; delay = min(2*delay, time.Second) {
-		var err error
-		s, err = n.h.NewStream(dctx, n.rzID, rendezvousProto)
-		if err == nil {
-			break
-		}
-		if !logged {
-			n.logf("rendezvous at %s not reachable yet, retrying: %v", n.cfg.Rendezvous, err)
-			logged = true
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-sctx.Done():
-			t.Stop()
-			return fmt.Errorf("connect to rendezvous at %s: %v: %w", n.cfg.Rendezvous, err, context.Cause(sctx))
-		case <-t.C:
-		}
-	}
-	if d, ok := sctx.Deadline(); ok {
-		s.SetDeadline(d)
-	}
-	stopWatch := context.AfterFunc(sctx, func() { s.Reset() })
-	fail := func(err error) error {
-		stopWatch()
-		s.Reset()
-		if sctx.Err() != nil {
-			err = context.Cause(sctx)
-		}
-		return fmt.Errorf("register with rendezvous at %s: %w", n.cfg.Rendezvous, err)
-	}
-	ch, err := readMsg(s)
-	if err != nil {
-		return fail(err)
-	}
-	if ch.T != tChallenge {
-		return fail(fmt.Errorf("expected challenge, got %q", ch.T))
-	}
-	myNonce := make([]byte, nonceLen)
-	rand.Read(myNonce)
-	var addrs []string
-	for _, a := range n.h.Addrs() {
-		addrs = append(addrs, a.String())
-	}
-	hello := &msg{T: tHello, Rank: max(n.cfg.Rank, 0), Joiner: n.cfg.Rank < 0, Nonce: myNonce,
-		Elastic: elasticHello(n.cfg),
-		Proof:   registerProof(n.cfg.JobKey, ch.Nonce, n.h.ID().String(), n.cfg.Rank),
-		Addrs:   addrs,
-		HostID:  n.hostID, Unix: n.unixName, TCPPort: n.tcpPort, TLSPort: n.tlsPort, Proc: n.cfg.ProcID}
-	if n.cfg.Elastic {
-		hello.Args = helloArgs(n.cfg.Args)
-		hello.HostName = n.cfg.HostName
-	}
-	if err := writeMsg(s, hello); err != nil {
-		return fail(err)
-	}
-	w, err := readMsg(s)
-	if err != nil {
-		return fail(fmt.Errorf("%w (wrong job key, or refused)", err))
-	}
-	switch w.T {
-	case tWelcome:
-	case tError:
-		return fail(fmt.Errorf("refused: %s", w.Text))
-	default:
-		return fail(fmt.Errorf("expected welcome, got %q", w.T))
-	}
-	if !hmac.Equal(w.Proof, welcomeProof(n.cfg.JobKey, myNonce, n.rzID.String())) {
-		return fail(errors.New("rendezvous failed to prove it knows the job key"))
-	}
-	if !stopWatch() {
-		return fail(context.Cause(sctx))
-	}
-	s.SetDeadline(time.Time{})
-	n.ctl = s
-	n.logf("registered with rendezvous %s", n.cfg.Rendezvous)
-	n.wg.Add(3)
-	go n.ctlReader()
-	go n.heartbeat()
-	go n.progressLoop()
-	return nil
-}
-
-func (n *Node) sendCtl(m *msg) error {
-	n.ctlMu.Lock()
-	defer n.ctlMu.Unlock()
-	n.ctl.SetWriteDeadline(time.Now().Add(n.cfg.Timeout))
-	return writeMsg(n.ctl, m)
-}
-
-// heartbeat pings the rendezvous every quarter of the heartbeat bound
-// (Timeout, or HeartbeatTimeout in elastic mode), so a frozen rank is seen
-// within that bound. It runs on a goroutine of its own and shares only the
-// control stream's write lock, which guards small messages: nothing on
-// this path waits for a data transfer.
-func (n *Node) heartbeat() {
-	n.tick(n.hbTimeout()/4, func() *msg { return &msg{T: tPing, Rank: max(n.rank(), 0)} })
-}
-
-// tick sends next() on the control path every interval, skipping nil, until
-// the node stops or the control path dies.
-func (n *Node) tick(interval time.Duration, next func() *msg) {
-	defer n.wg.Done()
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-n.ctlDead:
-			return
-		case <-t.C:
-			if n.frozen.Load() {
-				continue
-			}
-			if m := next(); m != nil && n.sendCtl(m) != nil {
-				return
-			}
-		}
-	}
-}
-
-// progressInterval is how often a changed SetProgress value is reported to
-// the rendezvous: cheap (one small control message), and fresh enough for
-// stall warnings, which fire after tens of seconds.
-const progressInterval = 200 * time.Millisecond
-
-func (n *Node) progressLoop() {
-	n.tick(progressInterval, func() *msg {
-		s := n.progress.Load()
-		if s == n.progSent {
-			return nil
-		}
-		n.progSent = s // a failed send ends the loop, so this is never stale
-		return &msg{T: tProgress, Rank: max(n.rank(), 0), Seq: s}
-	})
-}
-
-// QueryProgress asks the rendezvous for every rank's last reported
-// SetProgress value (indexed by rank; 0 if a rank reported none). This
-// rank's own value is reported first, so it is current.
-func (n *Node) QueryProgress(ctx context.Context) ([]uint64, error) {
-	n.progQuery.Lock()
-	defer n.progQuery.Unlock()
-	select { // drop a stale answer to an earlier, abandoned query
-	case <-n.progAnswer:
-	default:
-	}
-	if err := n.sendCtl(&msg{T: tProgress, Rank: max(n.rank(), 0), Seq: n.progress.Load()}); err != nil {
-		return nil, fmt.Errorf("p2p: progress query: %w", err)
-	}
-	if err := n.sendCtl(&msg{T: tProgQuery, Rank: max(n.rank(), 0)}); err != nil {
-		return nil, fmt.Errorf("p2p: progress query: %w", err)
-	}
-	select {
-	case p := <-n.progAnswer:
-		if len(p) != n.size() {
-			return nil, fmt.Errorf("p2p: progress query: the rendezvous answered for %d ranks, want %d (an older rendezvous?)", len(p), n.size())
-		}
-		return p, nil
-	case <-ctx.Done():
-		return nil, fmt.Errorf("p2p: progress query: no answer from the rendezvous: %w", context.Cause(ctx))
-	case <-n.ctlDead:
-		return nil, errors.New("p2p: progress query: control path to the rendezvous is closed")
-	}
-}
-
-// ctlReader handles everything the rendezvous sends after registration. Any
-// read error (including no heartbeat for Timeout) means the control path is
-// lost, which aborts the job for this rank unless we are closing.
-func (n *Node) ctlReader() {
-	defer n.wg.Done()
-	defer close(n.ctlDead)
-	gotTable := false
-	for {
-		n.ctl.SetReadDeadline(time.Now().Add(n.hbTimeout()))
-		m, err := readMsg(n.ctl)
-		if err == nil && !n.frozen.Load() {
-			// When the rendezvous was last heard (by a running process).
-			n.el.lastRecv.Store(time.Now().UnixNano())
-		}
-		if !n.waitThaw() {
-			return
-		}
-		if err != nil {
-			if !n.closing.Load() {
-				if n.cfg.Elastic {
-					n.abortLocal(n.cutOffErr(err))
-				} else {
-					n.abortLocal(fmt.Errorf("lost rendezvous at %s: %v", n.cfg.Rendezvous, err))
-				}
-			}
-			return
-		}
-		if n.cfg.Elastic && n.elasticCtl(m) {
-			continue
-		}
-		switch m.T {
-		case tPing:
-			n.mu.Lock()
-			changed := !slices.Equal(n.missing, m.Missing)
-			n.missing = m.Missing
-			n.mu.Unlock()
-			if changed && len(m.Missing) > 0 {
-				n.logf("waiting for ranks %v to register", m.Missing)
-			}
-		case tTable:
-			if !gotTable {
-				gotTable = true
-				n.mu.Lock()
-				n.rxTable = m.Table
-				n.mu.Unlock()
-				close(n.tableReady)
-			}
-		case tGo:
-			select {
-			case <-n.goCh:
-			default:
-				close(n.goCh)
-			}
-		case tAbort:
-			// Acknowledged before acting on it: a rank hosting the
-			// rendezvous waits for this before it exits (AbortDelivered).
-			_ = n.sendCtl(&msg{T: tAbortOK, Rank: max(n.rank(), 0)})
-			if m.Left {
-				// The job ends because a rank left early: the call this
-				// rank is in, or would enter next, can never complete.
-				n.abortLocal(&PeerLeftError{Rank: m.Rank, LastCall: m.Seq, Self: n.rank(), Call: max(n.progress.Load(), m.Seq+1)})
-				break
-			}
-			n.abortLocal(errors.New(m.Text))
-		case tHang:
-			n.hangReportArrived(m.Text, m.Rank)
-		case tProgress:
-			select {
-			case n.progAnswer <- m.Progress:
-			default:
-			}
-		case tStateAsk:
-			// Answered on a goroutine of its own: the control reader goes
-			// on reading (heartbeats) while the stacks are taken.
-			n.wg.Add(1) // the control reader is counted: never races with Wait
-			go n.answerHang(m.Text)
-		case tBye:
-			select {
-			case <-n.byeCh:
-			default:
-				close(n.byeCh)
-			}
-		case tLeaving:
-			n.peerLeaving(m.Rank, m.Seq)
-		case tLate:
-			n.peerBehind(m.Rank, m.Seq)
-		case tLateOK:
-			select {
-			case n.lateOK <- struct{}{}:
-			default:
-			}
-		default:
-			n.logf("unexpected control message %q", m.T)
-		}
-	}
+	return slices.Clone(n.job.missing)
 }
 
 // installTable validates the table, opens the gater for the job's peers and
@@ -697,9 +380,7 @@ func (n *Node) installTable(t []tableItem) error {
 	}
 	n.g.allow(n.addPeers(peers)...)
 	n.mu.Lock()
-	n.table = t
-	n.peers = peers
-	n.missing = nil
+	n.job = jobTable{table: t, peers: peers}
 	n.expectLinks() // the links of which we are the higher rank
 	n.mu.Unlock()
 	return nil
@@ -760,10 +441,10 @@ func parseTable(t []tableItem, size, rank int, self peer.ID) ([]Peer, error) {
 func (n *Node) Transport() ring.Transport {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.tr == nil {
+	if n.links.tr == nil {
 		return nil
 	}
-	return n.tr
+	return n.links.tr
 }
 
 // Mesh returns the data links to and from every rank (nil when Size is 1).
@@ -772,17 +453,17 @@ func (n *Node) Transport() ring.Transport {
 func (n *Node) Mesh() ring.Mesh {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.tr == nil {
+	if n.links.tr == nil {
 		return nil
 	}
-	return n.tr
+	return n.links.tr
 }
 
 // Peers returns the job table (of the current epoch, in elastic mode).
 func (n *Node) Peers() []Peer {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	out := slices.Clone(n.peers)
+	out := slices.Clone(n.job.peers)
 	for i := range out {
 		out[i].Addrs = slices.Clone(out[i].Addrs)
 	}
@@ -797,7 +478,7 @@ func (n *Node) Rank() int { return n.rank() }
 func (n *Node) Size() int { return n.size() }
 
 // HostID returns this rank's host identity.
-func (n *Node) HostID() string { return n.hostID }
+func (n *Node) HostID() string { return n.cfg.HostID }
 
 // PeerID returns this rank's libp2p peer ID.
 func (n *Node) PeerID() peer.ID { return n.h.ID() }
@@ -834,13 +515,9 @@ func (n *Node) Abort(cause error) {
 		return
 	}
 	n.logf("aborting: %s", text)
-	if n.ctl != nil && !n.closing.Load() {
-		select {
-		case <-n.ctlDead:
-		default:
-			if err := n.sendCtl(&msg{T: tAbort, Rank: max(n.rank(), 0), Text: text}); err != nil {
-				n.logf("could not send abort to rendezvous: %v", err)
-			}
+	if n.ctl.registered() && !n.life.closing.Load() && !n.ctl.closed() {
+		if err := n.ctl.send(&msg{T: tAbort, Rank: max(n.rank(), 0), Text: text}); err != nil {
+			n.logf("could not send abort to rendezvous: %v", err)
 		}
 	}
 }
@@ -882,7 +559,7 @@ func (n *Node) endEpochLocked(ep *epochRun, err error) []*link {
 	if n.cur.Load() != ep {
 		return nil
 	}
-	return slices.Clone(n.links)
+	return slices.Clone(n.links.all)
 }
 
 // Close leaves the job in an orderly way: the rendezvous records the leave
@@ -892,35 +569,31 @@ func (n *Node) endEpochLocked(ep *epochRun, err error) []*link {
 // *PeerLeftError, and Close returns an *EarlyCloseError naming those ranks.
 func (n *Node) Close() error {
 	var err error
-	n.closeOnce.Do(func() {
+	n.life.closeOnce.Do(func() {
 		// Before the links end, so that a peer reading EOF from this rank
 		// learns why at the same time.
-		lastCall, announced := n.announceLeaving()
+		lastCall, announced := n.ctl.announceLeaving()
 		n.drainLinks()
-		n.closing.Store(true)
-		if n.ctl != nil {
-			select {
-			case <-n.ctlDead:
-			default:
-				start := time.Now()
-				if e := n.sendCtl(&msg{T: tLeave, Rank: max(n.rank(), 0)}); e == nil {
-					// One Timeout bounds the whole leave (send + confirmation).
-					t := time.NewTimer(max(n.cfg.Timeout-time.Since(start), 0))
-					select {
-					case <-n.byeCh:
-					case <-n.ctlDead:
-					case <-t.C:
-						n.logf("rendezvous did not confirm leave within %v", n.cfg.Timeout)
-					}
-					t.Stop()
+		n.life.closing.Store(true)
+		if n.ctl.registered() && !n.ctl.closed() {
+			start := time.Now()
+			if e := n.ctl.send(&msg{T: tLeave, Rank: max(n.rank(), 0)}); e == nil {
+				// One Timeout bounds the whole leave (send + confirmation).
+				t := time.NewTimer(max(n.cfg.Timeout-time.Since(start), 0))
+				select {
+				case <-n.ctl.bye:
+				case <-n.ctl.dead:
+				case <-t.C:
+					n.logf("rendezvous did not confirm leave within %v", n.cfg.Timeout)
 				}
+				t.Stop()
 			}
 		}
 		// Reports of peers left behind came before the bye, and the drain
 		// waited for their links to end.
 		var early error
 		if announced {
-			early = n.earlyCloseErr(lastCall)
+			early = n.ctl.earlyCloseErr(lastCall)
 		}
 		n.abortLocal(ErrClosed)
 		err = errors.Join(early, n.shutdown())
@@ -930,115 +603,38 @@ func (n *Node) Close() error {
 
 // shutdown releases everything without talking to the rendezvous.
 func (n *Node) shutdown() error {
-	n.closing.Store(true)
+	n.life.closing.Store(true)
 	n.mu.Lock()
-	n.stopped = true
+	n.life.stopped = true
 	n.mu.Unlock()
-	select {
-	case <-n.stop:
-	default:
-		close(n.stop)
-	}
-	if n.unixLn != nil {
-		n.unixLn.Close()
-	}
-	if n.tcpLn != nil {
-		n.tcpLn.Close()
-	}
-	if n.tlsLn != nil {
-		n.tlsLn.Close()
-	}
+	closeIfOpen(n.life.stop)
+	n.data.closeListeners()
 	n.closeHandshakes()
 	n.mu.Lock()
-	links := slices.Clone(n.links)
+	links := slices.Clone(n.links.all)
 	n.mu.Unlock()
 	for _, l := range links {
 		l.close()
 	}
-	if n.ctl != nil {
-		n.ctl.Close()
+	if n.ctl.registered() {
+		n.ctl.s.Close()
 	}
 	var err error
 	if n.h != nil {
 		err = n.h.Close()
 	}
-	n.wg.Wait()
+	n.life.wg.Wait()
 	// Links accepted after the node stopped.
+	n.mu.Lock()
+	accepted := n.links.accepted
+	n.mu.Unlock()
 	for {
 		select {
-		case l := <-n.accepted:
+		case l := <-accepted:
 			l.close()
 		default:
 			return err
 		}
-	}
-}
-
-// crash closes the host and the data links without telling the rendezvous
-// or draining anything (tests: simulates a killed process, whose sockets
-// the kernel closes).
-func (n *Node) crash() {
-	n.mu.Lock()
-	links := slices.Clone(n.links)
-	n.mu.Unlock()
-	for _, l := range links {
-		l.close()
-	}
-	n.h.Close()
-}
-
-// SimulateCrash makes the node drop every connection at once without a
-// word to anybody, as the kernel does for a process killed with kill -9:
-// its data links and its control stream to the rendezvous break, so peers
-// and the rendezvous see a crash, not a Close. It is for tests of elastic
-// jobs that run their ranks in one process (collective.LocalJob.Crash); the
-// node is unusable afterwards, and Close only releases what is left.
-func (n *Node) SimulateCrash() { n.crash() }
-
-// SimulateFreeze makes the node look to the rendezvous like a process
-// stopped with SIGSTOP: it sends no heartbeats, and what the rendezvous
-// sends is held until SimulateThaw, when the node finds out what happened
-// meanwhile. Its data links stay open, as a stopped process' sockets do.
-// For tests of elastic jobs run in one process (collective.LocalJob.Freeze).
-func (n *Node) SimulateFreeze() { n.freeze() }
-
-// SimulateThaw ends SimulateFreeze, as SIGCONT does.
-func (n *Node) SimulateThaw() { n.unfreeze() }
-
-// freeze stops the heartbeat and holds what the control reader receives
-// until unfreeze (tests: simulates a SIGSTOPped process as seen by the
-// rendezvous; after SIGCONT it finds what happened meanwhile).
-func (n *Node) freeze() {
-	n.mu.Lock()
-	n.thaw = make(chan struct{})
-	n.mu.Unlock()
-	n.frozen.Store(true)
-}
-
-func (n *Node) unfreeze() {
-	n.mu.Lock()
-	if n.thaw != nil {
-		close(n.thaw)
-		n.thaw = nil
-	}
-	n.mu.Unlock()
-	n.frozen.Store(false)
-}
-
-// waitThaw holds the control reader while the node is frozen (tests). It
-// reports false if the node stops meanwhile.
-func (n *Node) waitThaw() bool {
-	n.mu.Lock()
-	thaw := n.thaw
-	n.mu.Unlock()
-	if thaw == nil {
-		return true
-	}
-	select {
-	case <-thaw:
-		return true
-	case <-n.stop:
-		return false
 	}
 }
 

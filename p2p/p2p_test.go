@@ -373,7 +373,7 @@ func TestForeignPeerRefused(t *testing.T) {
 	}
 
 	// 4. Nor over the unix data socket without the key.
-	c, err := net.Dial("unix", n1.unixName)
+	c, err := net.Dial("unix", n1.data.unixName)
 	if err == nil {
 		c.SetDeadline(time.Now().Add(10 * time.Second))
 		if ch, err := readMsg(c); err == nil {
@@ -657,10 +657,10 @@ func TestPeerClosedError(t *testing.T) {
 			j := startJob(t, jobOpts{size: 2, hostID: c.hostID, noShm: c.kind == LinkUnix})
 			want := "recv from rank 0 (@gorun-"
 			if c.kind == LinkTCPTLS {
-				want = fmt.Sprintf("recv from rank 0 (127.0.0.1:%d): EOF", j.nodes[0].tlsPort)
+				want = fmt.Sprintf("recv from rank 0 (127.0.0.1:%d): EOF", j.nodes[0].data.tlsPort)
 			}
 			// Close rank 0's links behind its back: rank 1's receive names rank 0.
-			for _, l := range j.nodes[0].links {
+			for _, l := range j.nodes[0].links.all {
 				l.close()
 			}
 			err := j.nodes[1].Transport().RecvPrev(context.Background(), make([]byte, 4))

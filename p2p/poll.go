@@ -1,14 +1,5 @@
 package p2p
 
-import (
-	"io"
-	"os"
-	"runtime"
-	"strconv"
-	"syscall"
-	"time"
-)
-
 // Polling receive.
 //
 // A ring step on a small message is one hop of latency, and a blocking read
@@ -18,6 +9,15 @@ import (
 // receiver therefore polls its socket for a short while before it parks.
 // When the host runs more ranks than it has CPUs, polling would steal the
 // CPU the sender needs, so receives park at once.
+
+import (
+	"io"
+	"os"
+	"runtime"
+	"strconv"
+	"syscall"
+	"time"
+)
 
 // defaultPollBudget bounds how long a receive polls before it parks.
 const defaultPollBudget = 50 * time.Microsecond
@@ -33,10 +33,9 @@ func pollConfig(localRanks int) (budget time.Duration, yield bool) {
 		}
 	}
 	if localRanks > runtime.NumCPU() {
-		// Measured: with 4 ranks on 2 CPUs, polling (hot or yielding) made
-		// small allreduces on sockets slower, not faster. Shared-memory
-		// links poll yielding for shmYieldBudget unless GORUN_POLL_US says
-		// otherwise.
+		// A poll, hot or yielding, would keep the sender off the CPU it
+		// needs (see above). Shared-memory links poll yielding for
+		// shmYieldBudget unless GORUN_POLL_US says otherwise.
 		if !set {
 			budget = 0
 		}

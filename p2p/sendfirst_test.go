@@ -141,7 +141,7 @@ func sendFirstTransports(j *job, override func(rank int) int8) []*pipelineCounte
 	trs := make([]*pipelineCounter, len(j.nodes))
 	for r, node := range j.nodes {
 		node.mu.Lock()
-		tr := node.tr
+		tr := node.links.tr
 		node.mu.Unlock()
 		tr.linkBufferTest = override(r)
 		trs[r] = &pipelineCounter{transport: tr}

@@ -2,6 +2,9 @@
 
 package p2p
 
+// The race detector's view of shm rings: the order a ring's counters
+// make, told to the detector (see below).
+
 import (
 	"runtime"
 	"sync"

@@ -30,7 +30,7 @@ import (
 func shmLinkOf(t testing.TB, n *Node, p int, send bool) *shmLink {
 	t.Helper()
 	n.mu.Lock()
-	tr := n.tr
+	tr := n.links.tr
 	n.mu.Unlock()
 	l := tr.from[p]
 	if send {
@@ -748,7 +748,7 @@ func TestShmPeerLinksGone(t *testing.T) {
 	}()
 	parkedOn(t, shmLinkOf(t, j.nodes[0], 1, true).ring.spaceWait)
 	parkedOn(t, shmLinkOf(t, j.nodes[0], 1, false).ring.dataWait)
-	for _, l := range j.nodes[1].links {
+	for _, l := range j.nodes[1].links.all {
 		l.close()
 	}
 	for what, c := range map[string]struct {

@@ -38,10 +38,10 @@ func waitLog(t *testing.T, log *logRec, want string) {
 func TestTCPTLSRefusals(t *testing.T) {
 	j := startJob(t, jobOpts{size: 3, hostID: otherHosts})
 	n1 := j.nodes[1]
-	if n1.tlsPort == 0 {
+	if n1.data.tlsPort == 0 {
 		t.Fatal("rank 1 has no tcp-tls port in auto mode")
 	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(n1.tlsPort))
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(n1.data.tlsPort))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	dial := func() net.Conn {
@@ -80,7 +80,7 @@ func TestTCPTLSRefusals(t *testing.T) {
 
 	// 2. Rank 2's identity, with the key, claiming to be rank 0.
 	c = dial()
-	sc, err := j.nodes[2].sec.SecureOutbound(ctx, c, n1.PeerID())
+	sc, err := j.nodes[2].data.sec.SecureOutbound(ctx, c, n1.PeerID())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestCloseDrains(t *testing.T) {
 			if !bytes.Equal(got, data) {
 				t.Fatal("wrong data")
 			}
-			l := j.nodes[1].tr.from[0]
+			l := j.nodes[1].links.tr.from[0]
 			l.rw.SetReadDeadline(time.Now().Add(10 * time.Second))
 			if n, err := l.rw.Read(make([]byte, 1)); n != 0 || err != io.EOF {
 				t.Errorf("after the data: read %d bytes, %v; want EOF", n, err)

@@ -1,5 +1,8 @@
 package p2p
 
+// The control and handshake wire format: framed JSON messages, their
+// types and checks, and the HMAC proofs over the job key.
+
 import (
 	"bytes"
 	"crypto/hmac"
