@@ -80,7 +80,7 @@ func (n *Node) dialHandshake(ctx context.Context, ep *epochRun, l *link, id, to 
 	if shm != nil {
 		if err != nil {
 			// ctx ended: its callback may be closing l right now, so l
-			// does not get the ring; the ring goes once the socket does.
+			// does not get the ring, which goes with the socket.
 			defer shm.close()
 		} else {
 			l.conn, l.kind = shm, LinkShm
