@@ -22,7 +22,7 @@ package p2p
 //
 // This file holds the types of elastic membership; a member's calls are
 // elastic_member.go, and what the rendezvous tells it elastic_ctl.go (the
-// rendezvous' side is rz_elastic.go).
+// rendezvous' side is package membership, driven by rendezvous.go).
 
 import (
 	"errors"
