@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"regexp"
@@ -354,19 +353,12 @@ func exitText(p *rankProc) string {
 // elasticRun is one attempt of an elastic job. Its fields are used by the
 // goroutine of runElastic only, except where said.
 type elasticRun struct {
-	ctx    context.Context
-	job    Job
-	el     Elastic
-	lay    *layout
-	out    *rankSink
-	common []string // environment of every rank
-	multi  bool     // output prefixes and messages name hosts
+	*attempt
+	el    Elastic
+	multi bool // output prefixes and messages name hosts
 
-	hosts   []Host // where ranks may run now: -H, or the script's last list
-	procs   []*rankProc
-	running int
+	hosts   []Host         // where ranks may run now: -H, or the script's last list
 	perHost map[string]int // running processes per host
-	exited  chan *rankProc
 
 	cd         *cooldown
 	registered bool // every rank of epoch 0 registered: joiners may come
@@ -382,15 +374,16 @@ type elasticRun struct {
 	lastLost               *rankProc
 	refill                 *time.Timer
 	warned                 map[string]bool // hosts gorun said it can not use
-	departures             *departureLog
-	stops                  sync.WaitGroup // stops of single ranks under way
-	rdvMembers             func() int     // the rendezvous' Members
+	rdvMembers             func() int      // the rendezvous' Members
 	// The rendezvous' reports (OnProc, OnChange), queued by its
 	// goroutines for the run's goroutine, which handles them in order
 	// (handleRdv); rdvWake says there are some.
-	rdvMu      sync.Mutex
-	rdvQueue   []rdvReport
-	rdvWake    chan struct{}
+	rdvMu    sync.Mutex
+	rdvQueue []rdvReport
+	rdvWake  chan struct{}
+	// aborted says that the rendezvous aborted the job (written by the
+	// rendezvous' goroutine).
+	aborted    chan struct{}
 	lastEpoch  int         // the last established epoch logged
 	empty      *time.Timer // finishing with no member left: end the rest after --grace
 	emptyArmed bool
@@ -427,131 +420,39 @@ func (e *elasticRun) report(r rdvReport) {
 // the rendezvous' reports name exactly that process.
 const EnvProcID = "GORUN_PROC_ID"
 
-// runElastic runs one attempt of an elastic job: like runOnce, but a rank
+// runElastic runs one attempt of an elastic job: like runFixed, but a rank
 // that fails once the job runs is logged and replaced rather than failing
 // the job. It returns nil when the ranks left exited 0, an *ElasticError
 // when the rendezvous aborted the job or no rank was left, a *StoppedError
-// when ctx ended, and as runOnce for what goes wrong while the ranks of
+// when ctx ended, and as runFixed for what goes wrong while the ranks of
 // epoch 0 register (before that the job has nothing to go on with).
-func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, attempt int) error {
+func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, number int) error {
 	el := job.Elastic.withDefaults(job.NP)
-	e := &elasticRun{ctx: ctx, job: job, el: el, lay: lay,
+	e := &elasticRun{attempt: newAttempt(ctx, job, lay, number), el: el,
 		multi: lay.multiHost() || el.DiscoveryScript != "",
 		hosts: slices.Clone(job.Hosts), perHost: map[string]int{},
-		exited: make(chan *rankProc, 16), cd: newCooldown(el.CooldownBase, el.CooldownMax),
-		warned: map[string]bool{}, departures: &departureLog{lastCall: map[int]uint64{}},
-		rdvWake: make(chan struct{}, 1)}
-	key := p2p.NewJobKey()
-	if el.JobKeyFile != "" {
-		var err error
-		if key, err = jobKeyFile(el.JobKeyFile); err != nil {
-			return err
-		}
+		cd: newCooldown(el.CooldownBase, el.CooldownMax), warned: map[string]bool{},
+		rdvWake: make(chan struct{}, 1), aborted: make(chan struct{}, 1)}
+	if err := e.startRendezvous(); err != nil {
+		return err
 	}
-	rdvLog := job.Logf
-	if !job.Verbose {
-		rdvLog = func(format string, args ...any) {
-			// A refused process (a joiner with other arguments, say)
-			// learns why itself, but the job's owner should too.
-			if line := fmt.Sprintf(format, args...); strings.HasPrefix(line, "rendezvous: refused") {
-				job.Logf("%s", line)
-			}
-		}
-	}
-	aborted := make(chan struct{}, 1)
-	maxSize := el.MaxNP
-	if maxSize == 0 {
-		maxSize = max(maxRendezvousSize, job.NP)
-	}
-	rdv, err := p2p.StartRendezvous(ctx, p2p.RendezvousConfig{
-		ListenAddr: net.JoinHostPort(lay.listenIP, "0"), Size: job.NP, JobKey: key,
-		Timeout: cmp.Or(job.Timeout, collective.DefaultTimeout), Logf: rdvLog,
-		OnLeave: func(rank int, lastCall uint64) {
-			e.departures.record(rank, lastCall)
-			e.report(rdvReport{leaving: true})
-		},
-		OnHang: (&hangLog{logf: job.Logf}).report,
-		OnAbort: func(a p2p.Abort) {
-			e.departures.aborted(a)
-			select {
-			case aborted <- struct{}{}:
-			default:
-			}
-		},
-		Elastic: &p2p.ElasticConfig{MinSize: el.MinNP, MaxSize: maxSize, WaitTimeout: el.Timeout, HeartbeatTimeout: el.HeartbeatTimeout},
-		// Called on rendezvous goroutines (OnProc under its lock):
-		// queued for the run's goroutine, never blocking (so is OnLeave's
-		// report).
-		OnChange: func(c p2p.Change) { e.report(rdvReport{change: &c}) },
-		OnProc:   func(ev p2p.ProcEvent) { e.report(rdvReport{proc: &ev}) },
-	})
-	if err != nil {
-		return fmt.Errorf("starting the rendezvous: %w", err)
-	}
-	defer rdv.Close()
-	e.rdvMembers = rdv.Members
-	if job.Verbose {
-		job.Logf("rendezvous at %s, starting %d ranks of %s on %d host(s); elastic: --min-np %d, --max-np %s",
-			rdv.Addr(), job.NP, job.Program, lay.used, el.MinNP, maxNPText(el))
-	}
-	if el.JobKeyFile != "" {
-		vars := []string{
-			collective.EnvElastic + "=1",
-			collective.EnvRank + "=-1",
-			collective.EnvSize + "=" + strconv.Itoa(job.NP),
-			collective.EnvRendezvous + "=" + rdv.Addr(),
-			collective.EnvJobKeyFile + "=" + el.JobKeyFile,
-			collective.EnvHeartbeatTimeout + "=" + el.HeartbeatTimeout.String(),
-		}
-		if job.Timeout > 0 {
-			vars = append(vars, collective.EnvTimeout+"="+job.Timeout.String())
-		}
-		if attempt > 0 {
-			vars = append(vars, collective.EnvRestartCount+"="+strconv.Itoa(attempt))
-		}
-		job.Logf("to add a rank by hand (it joins at the next commit boundary, up to --max-np %s): %s",
-			maxNPText(el), joinCommand(vars, job.Env, job.Program, job.Args))
-	} else if job.Verbose {
-		job.Logf("give --job-key-file FILE to let ranks started by hand join this job")
-	}
-	e.common = append(slices.Clone(job.Env),
-		collective.EnvSize+"="+strconv.Itoa(job.NP),
-		collective.EnvRendezvous+"="+rdv.Addr(),
-		collective.EnvJobKey+"="+hex.EncodeToString(key),
-		collective.EnvRestartCount+"="+strconv.Itoa(attempt),
-		collective.EnvElastic+"=1",
-		collective.EnvHeartbeatTimeout+"="+el.HeartbeatTimeout.String(),
-	)
-	if job.Timeout > 0 {
-		e.common = append(e.common, collective.EnvTimeout+"="+job.Timeout.String())
-	}
-	if job.Verbose {
-		e.common = append(e.common, collective.EnvVerbose+"=1")
-	}
+	defer e.rdv.Close()
+	e.rdvMembers = e.rdv.Members
+	e.logJoinCommand()
+	e.setEnv(collective.EnvElastic+"=1", collective.EnvHeartbeatTimeout+"="+el.HeartbeatTimeout.String())
 	labels, hostLabels := make([]string, job.NP), make([]string, job.NP)
 	for r := range job.NP {
 		labels[r], hostLabels[r] = e.label(r, lay.hosts[lay.pl.host[r]].Name)
 	}
-	e.out = newRankSink(job, labels, hostLabels, files)
-	if e.out.showsStatuses() && !slices.ContainsFunc(job.Env, func(v string) bool { return strings.HasPrefix(v, EnvTTY+"=") }) {
-		e.common = append(e.common, EnvTTY+"=1")
-	}
+	e.openOutput(labels, hostLabels, files)
 	for r := range job.NP {
 		h := lay.hosts[lay.pl.host[r]]
 		if err := e.start(h.Name, r, lay.pl.localRank[r], lay.pl.localSize[lay.pl.host[r]]); err != nil {
-			stopAll(e.procs, job.Grace)
-			e.drain()
-			e.out.finish()
-			return fmt.Errorf("starting rank %d%s: %w", r, onHost(hostLabels[r]), err)
+			return e.abandon(fmt.Errorf("starting rank %d%s: %w", r, onHost(hostLabels[r]), err), e.gone)
 		}
 	}
 
-	registered := make(chan error, 1)
-	go func() {
-		rctx, cancel := context.WithTimeout(ctx, job.StartTimeout)
-		defer cancel()
-		registered <- rdv.WaitRegistered(rctx)
-	}()
+	registered := e.waitRegistered()
 	dctx, stopDiscovery := context.WithCancel(ctx)
 	var discovered <-chan []Host
 	var discovery sync.WaitGroup
@@ -572,32 +473,101 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 	e.empty.Stop()
 	defer e.empty.Stop()
 
-	var failure error
-	var stopped *StoppedError
-	for e.running > 0 && failure == nil {
+	failure := e.loop(registered, discovered)
+	stopDiscovery()
+	if err := e.end(failure, e.gone); err != nil {
+		return err
+	}
+	return e.outcome()
+}
+
+// startRendezvous starts the elastic rendezvous, with the job key of
+// --job-key-file if there is one. Its reports are queued for the run's
+// goroutine (report).
+func (e *elasticRun) startRendezvous() error {
+	job, el := e.job, e.el
+	e.key = p2p.NewJobKey()
+	if el.JobKeyFile != "" {
+		var err error
+		if e.key, err = jobKeyFile(el.JobKeyFile); err != nil {
+			return err
+		}
+	}
+	maxSize := el.MaxNP
+	if maxSize == 0 {
+		maxSize = max(maxRendezvousSize, job.NP)
+	}
+	return e.attempt.startRendezvous(p2p.RendezvousConfig{
+		OnLeave: func(int, uint64) { e.report(rdvReport{leaving: true}) },
+		OnAbort: func(p2p.Abort) {
+			select {
+			case e.aborted <- struct{}{}:
+			default:
+			}
+		},
+		Elastic: &p2p.ElasticConfig{MinSize: el.MinNP, MaxSize: maxSize, WaitTimeout: el.Timeout, HeartbeatTimeout: el.HeartbeatTimeout},
+		// Called on rendezvous goroutines (OnProc under its lock):
+		// queued for the run's goroutine, never blocking (so is OnLeave's
+		// report).
+		OnChange: func(c p2p.Change) { e.report(rdvReport{change: &c}) },
+		OnProc:   func(ev p2p.ProcEvent) { e.report(rdvReport{proc: &ev}) },
+	}, fmt.Sprintf("; elastic: --min-np %d, --max-np %s", el.MinNP, maxNPText(el)))
+}
+
+// logJoinCommand prints, with --job-key-file, the command that starts a
+// rank by hand that joins this job.
+func (e *elasticRun) logJoinCommand() {
+	job, el := e.job, e.el
+	if el.JobKeyFile == "" {
+		if job.Verbose {
+			job.Logf("give --job-key-file FILE to let ranks started by hand join this job")
+		}
+		return
+	}
+	vars := []string{
+		collective.EnvElastic + "=1",
+		collective.EnvRank + "=-1",
+		collective.EnvSize + "=" + strconv.Itoa(job.NP),
+		collective.EnvRendezvous + "=" + e.rdv.Addr(),
+		collective.EnvJobKeyFile + "=" + el.JobKeyFile,
+		collective.EnvHeartbeatTimeout + "=" + el.HeartbeatTimeout.String(),
+	}
+	if job.Timeout > 0 {
+		vars = append(vars, collective.EnvTimeout+"="+job.Timeout.String())
+	}
+	if e.number > 0 {
+		vars = append(vars, collective.EnvRestartCount+"="+strconv.Itoa(e.number))
+	}
+	job.Logf("to add a rank by hand (it joins at the next commit boundary, up to --max-np %s): %s",
+		maxNPText(el), joinCommand(vars, job.Env, job.Program, job.Args))
+}
+
+// loop handles what happens to the job until every process has ended or
+// the job failed as a whole; it returns the failure.
+func (e *elasticRun) loop(registered <-chan error, discovered <-chan []Host) error {
+	for e.running > 0 {
 		select {
 		case p := <-e.exited:
 			// What the rendezvous said before the exit counts for it.
 			e.handleRdv()
 			e.running--
-			e.perHost[p.hostName]--
+			e.gone(p)
 			if !e.registered && p.err != nil && !p.stopReq.Load() {
 				// Before the first table nobody can go on without it.
-				failure = firstCause(p, e.exited, &e.running)
-				break
+				return firstCause(p, e.exited, &e.running)
 			}
 			e.exitedRank(p)
 		case err := <-registered:
 			if err != nil {
-				if ctx.Err() == nil {
-					failure = startTimeoutError(job, lay, err)
+				if e.ctx.Err() == nil {
+					return startTimeoutError(e.job, e.lay, err)
 				}
 				break
 			}
 			e.registered = true
 			e.fill()
-		case <-aborted:
-			failure = e.failed(e.departures.abortCause())
+		case <-e.aborted:
+			return e.failed(e.departures.abortCause())
 		case <-e.rdvWake:
 			e.handleRdv()
 		case <-e.empty.C:
@@ -606,42 +576,22 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 			e.setHosts(hosts)
 		case <-e.refill.C:
 			e.fill()
-		case <-ctx.Done():
-			e.out.stopping.Store(true)
-			stopped = &StoppedError{Cause: context.Cause(ctx), NP: e.running, Stopped: e.running, Joiners: e.waitingJoiners(nil)}
-			failure = stopped
+		case <-e.ctx.Done():
+			stopped := e.stoppedFromOutside(e.running)
+			stopped.Joiners = e.waitingJoiners(nil)
+			return stopped
 		}
 	}
-	stopDiscovery()
-	if failure != nil {
-		t0 := time.Now()
-		killed := stopAll(e.procs, job.Grace)
-		if stopped != nil {
-			stopped.Killed = killed
-		}
-		if job.Verbose {
-			job.Logf("stopped the remaining ranks in %v", time.Since(t0).Round(time.Millisecond))
-		}
-	}
-	e.drain()
-	e.stops.Wait()
-	e.out.finish()
-	if stopped != nil {
-		stopped.Hidden = int(e.out.hidden.Load())
-	}
-	var re *RankError
-	if errors.As(failure, &re) {
-		if e.out.fold != nil {
-			last := e.out.fold.lastStderr(re.Rank)
-			re.StderrShown = last >= 0 && job.Console.lineCount()-last <= scrollLines
-		}
-		re.LeftEarly = e.departures.leftEarly(e.procs)
-		re.JobCause = e.departures.abortCause()
-	}
-	if failure != nil {
-		return failure
-	}
-	// Every process ended on its own.
+	return nil
+}
+
+// gone takes an exited process off its host's count.
+func (e *elasticRun) gone(p *rankProc) { e.perHost[p.hostName]-- }
+
+// outcome is the result of a job whose processes all ended on their own:
+// nil if it finished (with a summary of what it went through, if it went
+// through anything), else its *ElasticError.
+func (e *elasticRun) outcome() error {
 	if cause := e.departures.abortCause(); cause != "" {
 		return e.failed(cause)
 	}
@@ -653,7 +603,7 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 	if e.finished == 0 {
 		return e.failed("")
 	}
-	if err := e.failed(""); len(err.Lost) > 0 || len(err.Departed) > 0 || err.Stopped > 0 || len(e.procs) > job.NP || len(e.byHandLost)+len(e.byHandLeft) > 0 {
+	if err := e.failed(""); len(err.Lost) > 0 || len(err.Departed) > 0 || err.Stopped > 0 || len(e.procs) > e.job.NP || len(e.byHandLost)+len(e.byHandLeft) > 0 {
 		var b strings.Builder
 		fmt.Fprintf(&b, "elastic job done: %d rank%s finished; %d processes started in all", e.finished, plural(e.finished), len(e.procs))
 		if len(err.Lost) > 0 {
@@ -671,7 +621,7 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, a
 		if err.Stopped > 0 {
 			fmt.Fprintf(&b, ", %d stopped as the discovery script dropped their hosts", err.Stopped)
 		}
-		job.Logf("%s", b.String())
+		e.job.Logf("%s", b.String())
 	}
 	return nil
 }
@@ -806,16 +756,6 @@ func (e *elasticRun) failed(cause string) *ElasticError {
 	return err
 }
 
-// drain waits for every process started to exit (their goroutines hand
-// them to e.exited, which must be read).
-func (e *elasticRun) drain() {
-	for e.running > 0 {
-		p := <-e.exited
-		e.running--
-		e.perHost[p.hostName]--
-	}
-}
-
 // label is a process's output prefix and host label ("" on one host):
 // processes are numbered in the order gorun starts them, so the ranks of
 // epoch 0 keep their rank as number and joiners come after them. (A rank's
@@ -863,20 +803,9 @@ func (e *elasticRun) start(host string, r, localRank, localSize int) error {
 	)
 	p := &rankProc{rank: n, host: hostLabel, hostName: host, joiner: r < 0, localRank: localRank,
 		remote: remote, via: e.job.SSH.via(), tail: &tail{max: 20}, out: e.out, done: make(chan struct{})}
-	var err error
-	if remote {
-		err = startRemote(e.job, p, host, e.lay.listenIP, env, e.exited)
-	} else {
-		if e.lay.listenIP != "127.0.0.1" && !slices.ContainsFunc(e.job.Env, func(v string) bool { return strings.HasPrefix(v, collective.EnvListenIP+"=") }) {
-			env = append(env, collective.EnvListenIP+"="+e.lay.listenIP)
-		}
-		err = startLocal(e.job, p, append(os.Environ(), env...), e.exited)
-	}
-	if err != nil {
+	if err := e.startRank(p, host, env, e.lay.listenIP != "127.0.0.1"); err != nil {
 		return err
 	}
-	e.procs = append(e.procs, p)
-	e.running++
 	e.perHost[host]++
 	return nil
 }
@@ -1117,12 +1046,12 @@ func (e *elasticRun) endIfStopped(p *rankProc) {
 	if p.remote || isDone(p) || stopping(p) || !processStopped(p.cmd.Process.Pid) {
 		return
 	}
-	e.end(p, fmt.Sprintf("%s is stopped (SIGSTOP) and the rendezvous went on without it: ending it", e.name(p)))
+	e.endProc(p, fmt.Sprintf("%s is stopped (SIGSTOP) and the rendezvous went on without it: ending it", e.name(p)))
 }
 
-// end stops p in the background (SIGTERM, SIGKILL after --grace), as
+// endProc stops p in the background (SIGTERM, SIGKILL after --grace), as
 // ended by gorun, saying why.
-func (e *elasticRun) end(p *rankProc, why string) {
+func (e *elasticRun) endProc(p *rankProc, why string) {
 	p.frozen.Store(true)
 	e.job.Logf("%s", why)
 	e.stops.Add(1)
@@ -1146,7 +1075,7 @@ func (e *elasticRun) endStragglers() {
 		if isDone(p) || stopping(p) || !p.rdvLost {
 			continue
 		}
-		e.end(p, fmt.Sprintf("%s still runs after the job began to finish, though the rendezvous lost it (%s): ending it", e.name(p), p.rdvLostCause))
+		e.endProc(p, fmt.Sprintf("%s still runs after the job began to finish, though the rendezvous lost it (%s): ending it", e.name(p), p.rdvLostCause))
 	}
 	if !e.emptyArmed && e.rdvMembers() == 0 && e.anyToEnd() {
 		e.emptyArmed = true
@@ -1166,7 +1095,7 @@ func (e *elasticRun) endRemaining() {
 		if isDone(p) || stopping(p) || p.left {
 			continue
 		}
-		e.end(p, fmt.Sprintf("%s still runs %v after the job's last member left the rendezvous (--grace): ending it", e.name(p), e.job.Grace))
+		e.endProc(p, fmt.Sprintf("%s still runs %v after the job's last member left the rendezvous (--grace): ending it", e.name(p), e.job.Grace))
 	}
 }
 

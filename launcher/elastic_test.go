@@ -186,9 +186,9 @@ func exited(t *testing.T, n int, script string) *rankProc {
 }
 
 func testRun(logs *[]string, procs ...*rankProc) *elasticRun {
-	return &elasticRun{job: Job{Grace: 200 * time.Millisecond, Logf: func(f string, a ...any) { *logs = append(*logs, fmt.Sprintf(f, a...)) }},
-		procs: procs, running: len(procs), departures: &departureLog{lastCall: map[int]uint64{}},
-		cd: newCooldown(time.Minute, time.Hour), el: Elastic{MinNP: 1}, rdvWake: make(chan struct{}, 1),
+	a := &attempt{job: Job{Grace: 200 * time.Millisecond, Logf: func(f string, a ...any) { *logs = append(*logs, fmt.Sprintf(f, a...)) }},
+		procs: procs, running: len(procs), departures: &departureLog{lastCall: map[int]uint64{}}}
+	return &elasticRun{attempt: a, cd: newCooldown(time.Minute, time.Hour), el: Elastic{MinNP: 1}, rdvWake: make(chan struct{}, 1),
 		perHost: map[string]int{}}
 }
 

@@ -3,11 +3,9 @@ package launcher
 import (
 	"cmp"
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,7 +18,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/p2p"
 )
 
@@ -537,146 +534,6 @@ type rankProc struct {
 }
 
 var missingRE = regexp.MustCompile(`missing ranks \[([0-9 ]*)\]`)
-
-func runOnce(ctx context.Context, job Job, lay *layout, files *outputFiles, attempt int) error {
-	if job.Elastic != nil {
-		return runElastic(ctx, job, lay, files, attempt)
-	}
-	key := p2p.NewJobKey()
-	departures := &departureLog{lastCall: map[int]uint64{}}
-	rdvLog := job.Logf
-	if !job.Verbose {
-		// A refused stranger is worth saying even when quiet.
-		rdvLog = func(format string, args ...any) {
-			if line := fmt.Sprintf(format, args...); strings.HasPrefix(line, "rendezvous: refused") {
-				job.Logf("%s", line)
-			}
-		}
-	}
-	rdv, err := p2p.StartRendezvous(ctx, p2p.RendezvousConfig{
-		ListenAddr: net.JoinHostPort(lay.listenIP, "0"), Size: job.NP, JobKey: key, Timeout: cmp.Or(job.Timeout, collective.DefaultTimeout), Logf: rdvLog,
-		OnLeave: departures.record, OnAbort: departures.aborted,
-		OnHang: (&hangLog{logf: job.Logf}).report,
-	})
-	if err != nil {
-		return fmt.Errorf("starting the rendezvous: %w", err)
-	}
-	defer rdv.Close()
-	if job.Verbose {
-		job.Logf("rendezvous at %s, starting %d ranks of %s on %d host(s)", rdv.Addr(), job.NP, job.Program, lay.used)
-	}
-
-	common := append([]string(nil), job.Env...)
-	common = append(common,
-		collective.EnvSize+"="+strconv.Itoa(job.NP),
-		collective.EnvRendezvous+"="+rdv.Addr(),
-		collective.EnvJobKey+"="+hex.EncodeToString(key),
-		collective.EnvRestartCount+"="+strconv.Itoa(attempt),
-	)
-	if job.Timeout > 0 {
-		common = append(common, collective.EnvTimeout+"="+job.Timeout.String())
-	}
-	if job.Verbose {
-		common = append(common, collective.EnvVerbose+"=1")
-	}
-	userListenIP := slices.ContainsFunc(job.Env, func(e string) bool { return strings.HasPrefix(e, collective.EnvListenIP+"=") })
-
-	out := newRankSink(job, lay.labels(), lay.rankHosts(), files)
-	if out.showsStatuses() && !slices.ContainsFunc(job.Env, func(e string) bool { return strings.HasPrefix(e, EnvTTY+"=") }) {
-		common = append(common, EnvTTY+"=1")
-	}
-
-	procs := make([]*rankProc, 0, job.NP)
-	exited := make(chan *rankProc, job.NP)
-	for r := range job.NP {
-		h := lay.pl.host[r]
-		env := append(common[:len(common):len(common)],
-			collective.EnvRank+"="+strconv.Itoa(r),
-			collective.EnvLocalRank+"="+strconv.Itoa(lay.pl.localRank[r]),
-			collective.EnvLocalSize+"="+strconv.Itoa(lay.pl.localSize[h]),
-			collective.EnvHost+"="+lay.hosts[h].Name,
-		)
-		p := &rankProc{rank: r, remote: lay.remote[h], via: job.SSH.via(), tail: &tail{max: 20}, out: out, done: make(chan struct{})}
-		if lay.multiHost() {
-			p.host = lay.hosts[h].Name
-		}
-		if lay.remote[h] {
-			err = startRemote(job, p, lay.hosts[h].Name, lay.listenIP, env, exited)
-		} else {
-			if lay.multiHost() && !userListenIP {
-				env = append(env, collective.EnvListenIP+"="+lay.listenIP)
-			}
-			err = startLocal(job, p, append(os.Environ(), env...), exited)
-		}
-		if err != nil {
-			stopAll(procs, job.Grace)
-			for _, p := range procs {
-				<-p.done
-			}
-			out.finish()
-			return fmt.Errorf("starting rank %d%s: %w", r, onHost(p.host), err)
-		}
-		procs = append(procs, p)
-	}
-
-	registered := make(chan error, 1)
-	go func() {
-		rctx, cancel := context.WithTimeout(ctx, job.StartTimeout)
-		defer cancel()
-		registered <- rdv.WaitRegistered(rctx)
-	}()
-
-	var failure error
-	var stopped *StoppedError
-	running := job.NP
-	for running > 0 && failure == nil {
-		select {
-		case p := <-exited:
-			running--
-			if p.err != nil {
-				failure = firstCause(p, exited, &running)
-			}
-		case err := <-registered:
-			if err != nil && ctx.Err() == nil {
-				failure = startTimeoutError(job, lay, err)
-			}
-		case <-ctx.Done():
-			// Stopped from outside: what the ranks print on their way out
-			// (abort errors the stop itself causes) is not news.
-			out.stopping.Store(true)
-			stopped = &StoppedError{Cause: context.Cause(ctx), NP: job.NP, Stopped: running}
-			failure = stopped
-		}
-	}
-	if failure != nil {
-		t0 := time.Now()
-		killed := stopAll(procs, job.Grace)
-		if stopped != nil {
-			stopped.Killed = killed
-		}
-		if job.Verbose {
-			job.Logf("stopped the remaining ranks in %v", time.Since(t0).Round(time.Millisecond))
-		}
-	}
-	for _, p := range procs {
-		<-p.done
-	}
-	out.finish()
-	if stopped != nil {
-		stopped.Hidden = int(out.hidden.Load())
-	}
-	var re *RankError
-	if errors.As(failure, &re) {
-		if out.fold != nil {
-			last := out.fold.lastStderr(re.Rank)
-			re.StderrShown = last >= 0 && job.Console.lineCount()-last <= scrollLines
-		}
-		re.LeftEarly = departures.leftEarly(procs)
-		re.JobCause = departures.abortCause()
-		re.Lost = lostRank(departures.firstAbort(), procs)
-	}
-	return failure
-}
 
 // lostRank names the rank that stopped responding, if that was the job's
 // abort a, with its host, as gorun names ranks ("rank 2 on host node2
