@@ -1,3 +1,6 @@
+// Building the program when it is a Go package directory, into a cache
+// of binaries kept between runs.
+
 package launcher
 
 import (

@@ -1,3 +1,6 @@
+// gorun's terminal or plain output: its own messages, the ranks' lines,
+// and the ranks' status lines drawn live below them on a terminal.
+
 package launcher
 
 import (

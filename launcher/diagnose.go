@@ -1,3 +1,5 @@
+// Printing and saving the rendezvous' hang diagnoses.
+
 package launcher
 
 import (

@@ -1,3 +1,6 @@
+// Host lists: -H, hostfiles and the discovery script's output parsed, and
+// ranks placed on the hosts' slots.
+
 package launcher
 
 import (

@@ -1,3 +1,6 @@
+// The ranks' output: split into lines, folded when several ranks print the
+// same, prefixed and handed to the console or --output-dir.
+
 package launcher
 
 import (

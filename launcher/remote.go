@@ -1,3 +1,7 @@
+// Reaching remote hosts over ssh: its arguments, the reachability check,
+// the address the rendezvous listens on, and the wrapper that runs a rank
+// there.
+
 package launcher
 
 import (

@@ -1,3 +1,5 @@
+// Reaching the hosts of a Slurm allocation with srun instead of ssh.
+
 package launcher
 
 import (
