@@ -31,6 +31,11 @@ type attempt struct {
 	job    Job
 	lay    *layout
 	number int // GORUN_RESTART_COUNT
+	// heartbeat is the rendezvous' bound on a rank's silence (--timeout,
+	// or an elastic job's --heartbeat-timeout); a remote rank's ssh
+	// session gives up on a host silent for twice as long, when the
+	// rendezvous has long lost its ranks (SSH.sessionArgs).
+	heartbeat time.Duration
 
 	key        []byte
 	rdv        *p2p.Rendezvous
@@ -44,7 +49,7 @@ type attempt struct {
 }
 
 func newAttempt(ctx context.Context, job Job, lay *layout, number int) *attempt {
-	return &attempt{ctx: ctx, job: job, lay: lay, number: number,
+	return &attempt{ctx: ctx, job: job, lay: lay, number: number, heartbeat: cmp.Or(job.Timeout, collective.DefaultTimeout),
 		departures: &departureLog{lastCall: map[int]uint64{}}, exited: make(chan *rankProc, max(job.NP, 16))}
 }
 
@@ -135,7 +140,7 @@ func (a *attempt) userSets(name string) bool {
 func (a *attempt) startRank(p *rankProc, host string, env []string, setListenIP bool) error {
 	var err error
 	if p.remote {
-		err = startRemote(a.job, p, host, a.lay.listenIP, env, a.exited)
+		err = startRemote(a.job, p, host, a.lay.listenIP, 2*a.heartbeat, env, a.exited)
 	} else {
 		if setListenIP && !a.userSets(collective.EnvListenIP) {
 			env = append(env, collective.EnvListenIP+"="+a.lay.listenIP)

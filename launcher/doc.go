@@ -27,6 +27,12 @@
 // Job.Hosts are filled in order. Ranks on the launching host (IsLocalHost)
 // are started directly; the others through the system ssh client
 // (-T, BatchMode, ConnectTimeout, plus Job.SSH), so ~/.ssh/config applies.
+// A rank's session also gets ssh's keepalives (ServerAliveInterval and
+// ServerAliveCountMax, after Job.SSH's options, which win), so that it
+// ends, with ssh's status 255, when its host has answered nothing for
+// about twice the rendezvous' heartbeat bound (Job.Timeout, or
+// Elastic.HeartbeatTimeout): gorun never waits for TCP to give up on a
+// host that is down or cut off.
 // Before anything starts, every remote host is checked at once with
 // `ssh host 'echo "$SSH_CONNECTION"'`; any failure is a *HostError naming
 // the host with ssh's own message.
@@ -67,7 +73,14 @@
 // gorun, which would otherwise wait for it forever; so, once the job is
 // finishing, is every process left when they can all be members the
 // rendezvous lost (more members lost than processes ended: frozen on
-// another host, say).
+// another host, say). A host cut off from gorun's (down, or a network
+// partition: only the rendezvous' side goes on) is one whose ranks the
+// rendezvous lost for their silence and whose ssh sessions got no answer
+// (see Remote ranks): gorun says so in one line for the host ("host b is
+// unreachable: the rendezvous lost its ranks 2 and 3 (...), and ssh got
+// no answer from the host either; they were cut off from the job ...;
+// check that the host is up and the network between this host and b"),
+// counts its ranks as lost, and waits for nothing there.
 //
 // The host of a lost rank gets a cooldown (see cooldown): no new rank
 // there for CooldownBase, doubled with each failure in a row up to

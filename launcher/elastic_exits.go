@@ -14,6 +14,7 @@ import (
 
 // exitedRank handles the exit of a process once the job runs.
 func (e *elasticRun) exitedRank(p *rankProc) {
+	p.exitHandled = true
 	defer e.endStragglers()
 	byGorun := p.frozen.Load() // ended by gorun: its exit status is gorun's doing
 	switch {
@@ -37,6 +38,8 @@ func (e *elasticRun) exitedRank(p *rankProc) {
 		if e.job.Verbose {
 			e.job.Logf("%s ended (%s)", e.name(p), cmp.Or(errText(p), "exit status 0"))
 		}
+	case e.cutOff(p):
+		// Cut off with its host: said once for the host, and lost.
 	case p.err == nil && !byGorun:
 		e.finished++
 		e.finishing = true
@@ -78,18 +81,7 @@ func (e *elasticRun) exitedRank(p *rankProc) {
 		}
 		e.lost = append(e.lost, fmt.Sprintf("%s: %s", strings.TrimSuffix(e.name(p), pidSuffix(p)), how))
 		e.lastLost = p
-		members := e.membersRunning()
-		still := fmt.Sprintf("%d still running", members)
-		if j := e.waitingJoiners(p); j > 0 {
-			still += fmt.Sprintf(" and %d joiner%s not admitted yet", j, plural(j))
-		}
-		if members >= e.el.MinNP {
-			e.job.Logf("%s was lost: %s; the job goes on without it (%s, --min-np %d)",
-				e.name(p), how, still, e.el.MinNP)
-		} else {
-			e.job.Logf("%s was lost: %s; %s, below --min-np %d: the job waits up to --elastic-timeout %v for ranks to join, then fails",
-				e.name(p), how, still, e.el.MinNP, e.el.Timeout)
-		}
+		e.job.Logf("%s was lost: %s; %s", e.name(p), how, e.standing(p, "it"))
 		d, n, started := e.cd.failed(p.hostName, time.Now())
 		if started && e.wouldRefill(p.hostName) {
 			e.job.Logf("no new rank on host %s for %v (its %s failure in a row; the cooldown doubles with each, up to %v)",
@@ -97,6 +89,21 @@ func (e *elasticRun) exitedRank(p *rankProc) {
 		}
 	}
 	e.fill()
+}
+
+// standing says how the job stands once it lost p (it: how to call what
+// it lost): it goes on, or waits for joiners below --min-np.
+func (e *elasticRun) standing(p *rankProc, it string) string {
+	members := e.membersRunning()
+	still := fmt.Sprintf("%d still running", members)
+	if j := e.waitingJoiners(p); j > 0 {
+		still += fmt.Sprintf(" and %d joiner%s not admitted yet", j, plural(j))
+	}
+	if members >= e.el.MinNP {
+		return fmt.Sprintf("the job goes on without %s (%s, --min-np %d)", it, still, e.el.MinNP)
+	}
+	return fmt.Sprintf("%s, below --min-np %d: the job waits up to --elastic-timeout %v for ranks to join, then fails",
+		still, e.el.MinNP, e.el.Timeout)
 }
 
 // stopping says whether gorun is ending p on purpose.
@@ -140,10 +147,12 @@ func (e *elasticRun) endIfStopped(p *rankProc) {
 }
 
 // endProc stops p in the background (SIGTERM, SIGKILL after --grace), as
-// ended by gorun, saying why.
+// ended by gorun, saying why (unless why is "").
 func (e *elasticRun) endProc(p *rankProc, why string) {
 	p.frozen.Store(true)
-	e.job.Logf("%s", why)
+	if why != "" {
+		e.job.Logf("%s", why)
+	}
 	e.stops.Add(1)
 	go func() {
 		defer e.stops.Done()
@@ -157,12 +166,21 @@ func (e *elasticRun) endProc(p *rankProc, why string) {
 // member left, whatever still runs --grace later and never left it
 // cleanly (a joiner that came too late, a process that never registered)
 // is ended then.
+//
+// Of a remote process gorun sees only its ssh session, which stays open
+// when the process has ended on a host cut off by the network (until ssh
+// gives up on the host, see SSH.sessionArgs): it is ended without a word,
+// and its exit says what it was (cutOff, or ended by gorun).
 func (e *elasticRun) endStragglers() {
 	if !e.finishing || e.running == 0 {
 		return
 	}
 	for _, p := range e.procs {
 		if isDone(p) || stopping(p) || !p.rdvLost {
+			continue
+		}
+		if p.remote {
+			e.endProc(p, "")
 			continue
 		}
 		e.endProc(p, fmt.Sprintf("%s still runs after the job began to finish, though the rendezvous lost it (%s): ending it", e.name(p), p.rdvLostCause))

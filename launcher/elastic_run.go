@@ -49,10 +49,13 @@ type elasticRun struct {
 	rdvWake  chan struct{}
 	// aborted says that the rendezvous aborted the job (written by the
 	// rendezvous' goroutine).
-	aborted    chan struct{}
-	lastEpoch  int         // the last established epoch logged
-	empty      *time.Timer // finishing with no member left: end the rest after --grace
-	emptyArmed bool
+	aborted chan struct{}
+	// unreachable: hosts gorun said were cut off from the job (cutOff),
+	// until a new rank starts there.
+	unreachable map[string]bool
+	lastEpoch   int         // the last established epoch logged
+	empty       *time.Timer // finishing with no member left: end the rest after --grace
+	emptyArmed  bool
 	// lateFailed: processes that failed after the job had begun to
 	// finish (as a fixed-size job, that fails the job).
 	lateFailed []string
@@ -75,7 +78,8 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, n
 		multi: lay.multiHost() || el.DiscoveryScript != "",
 		hosts: slices.Clone(job.Hosts), perHost: map[string]int{},
 		cd: newCooldown(el.CooldownBase, el.CooldownMax), warned: map[string]bool{},
-		rdvWake: make(chan struct{}, 1), aborted: make(chan struct{}, 1)}
+		rdvWake: make(chan struct{}, 1), aborted: make(chan struct{}, 1), unreachable: map[string]bool{}}
+	e.heartbeat = el.HeartbeatTimeout
 	if err := e.startRendezvous(); err != nil {
 		return err
 	}
@@ -118,7 +122,17 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, n
 
 	failure := e.loop(registered, discovered)
 	stopDiscovery()
-	if err := e.end(failure, e.gone); err != nil {
+	// A rank cut off with its host may be seen to be so only now, as the
+	// job ends: that is still said, and counted among the lost.
+	err := e.end(failure, func(p *rankProc) {
+		p.exitHandled = true
+		e.gone(p)
+		e.cutOff(p)
+	})
+	if ee, ok := err.(*ElasticError); ok {
+		ee.Lost = slices.Clone(e.lost)
+	}
+	if err != nil {
 		return err
 	}
 	return e.outcome()
@@ -182,6 +196,9 @@ func (e *elasticRun) loop(registered <-chan error, discovered <-chan []Host) err
 			e.registered = true
 			e.fill()
 		case <-e.aborted:
+			// What the rendezvous said before it aborted counts for the
+			// ends that follow.
+			e.handleRdv()
 			return e.failed(e.departures.abortCause())
 		case <-e.rdvWake:
 			e.handleRdv()
@@ -306,5 +323,6 @@ func (e *elasticRun) start(host string, r, localRank, localSize int) error {
 		return err
 	}
 	e.perHost[host]++
+	delete(e.unreachable, host) // a new rank there: a new cut is a new incident
 	return nil
 }

@@ -189,7 +189,7 @@ func testRun(logs *[]string, procs ...*rankProc) *elasticRun {
 	a := &attempt{job: Job{Grace: 200 * time.Millisecond, Logf: func(f string, a ...any) { *logs = append(*logs, fmt.Sprintf(f, a...)) }},
 		procs: procs, running: len(procs), departures: &departureLog{lastCall: map[int]uint64{}}}
 	return &elasticRun{attempt: a, cd: newCooldown(time.Minute, time.Hour), el: Elastic{MinNP: 1}, rdvWake: make(chan struct{}, 1),
-		perHost: map[string]int{}}
+		perHost: map[string]int{}, unreachable: map[string]bool{}}
 }
 
 // A finishing job ends a process the rendezvous lost (by its

@@ -28,6 +28,9 @@ type rankProc struct {
 	localRank int
 	stopReq   atomic.Bool
 	frozen    atomic.Bool // ended by gorun: stopped by a signal and lost, or a straggler
+	// unanswered: a remote rank whose session gorun killed because its
+	// stop went unanswered (see stopAll).
+	unanswered atomic.Bool
 	// What the rendezvous said of it (elastic jobs; by GORUN_PROC_ID;
 	// used by runElastic's goroutine only).
 	rdvLost        bool   // lost as a member
@@ -38,13 +41,16 @@ type rankProc struct {
 	admitted       bool   // a joiner admitted to an established epoch
 	left           bool   // left the job cleanly (its Close): it ends on its own
 	departed       string // left the job gracefully at a commit (SIGTERM): why; the others went on
-	cmd            *exec.Cmd
-	stdin          *os.File // remote ranks: the ssh session's stdin
-	tail           *tail
-	out            *rankSink
-	pipes          sync.WaitGroup
-	err            error // from Wait
-	done           chan struct{}
+	// exitHandled: the elastic run's goroutine has handled its exit
+	// (which may come well after done is closed: exits queue in exited).
+	exitHandled bool
+	cmd         *exec.Cmd
+	stdin       *os.File // remote ranks: the ssh session's stdin
+	tail        *tail
+	out         *rankSink
+	pipes       sync.WaitGroup
+	err         error // from Wait
+	done        chan struct{}
 }
 
 func startLocal(job Job, p *rankProc, env []string, exited chan<- *rankProc) error {
@@ -56,12 +62,12 @@ func startLocal(job Job, p *rankProc, env []string, exited chan<- *rankProc) err
 // startRemote runs the rank through ssh and the wrapper, and hands it its
 // environment on stdin. gorun keeps stdin open: closing it (or writing
 // "stop") makes the wrapper stop the rank.
-func startRemote(job Job, p *rankProc, host, rdvIP string, env []string, exited chan<- *rankProc) error {
+func startRemote(job Job, p *rankProc, host, rdvIP string, silence time.Duration, env []string, exited chan<- *rankProc) error {
 	block, err := envBlock(env)
 	if err != nil {
 		return err
 	}
-	args := append(job.SSH.args(host), remoteCommand(job.Grace, rdvIP, job.WorkDir, job.Program, job.Args))
+	args := append(job.SSH.sessionArgs(host, silence), remoteCommand(job.Grace, rdvIP, job.WorkDir, job.Program, job.Args))
 	cmd := exec.Command(job.SSH.command(), args...)
 	inR, inW, err := os.Pipe()
 	if err != nil {
@@ -188,6 +194,9 @@ func stopAll(procs []*rankProc, grace time.Duration) (killed int) {
 		for _, p := range procs {
 			if kill(p) {
 				sent[p] = true
+				// Its wrapper would have ended the session by now: its
+				// host did not answer.
+				p.unanswered.Store(p.remote)
 			}
 		}
 	}

@@ -57,6 +57,38 @@ func (s SSH) args(host string) []string {
 	if s.Srun != nil {
 		return s.Srun.args(host)
 	}
+	return append(s.options(), "--", host)
+}
+
+// sessionArgs are args for a rank's session on host, which gives up on a
+// host that answers nothing for about silence (twice the rendezvous'
+// heartbeat bound): ssh's keepalives, after the user's own options, which
+// win (ssh takes the first value it is given). Without them a session to
+// a host cut off by the network waits for TCP to give up (minutes), and
+// with it gorun. ssh then exits with status 255; the rank there, cut off
+// from the rendezvous too, stops by itself. (srun has its own bounds.)
+func (s SSH) sessionArgs(host string, silence time.Duration) []string {
+	if s.Srun != nil {
+		return s.Srun.args(host)
+	}
+	return append(append(s.options(), keepAlive(silence)...), "--", host)
+}
+
+// keepAlive are the ssh options that end a session whose host answered
+// nothing for about silence, at least 2 s: once the session is quiet, ssh
+// asks the host for an answer every interval, and gives up when count
+// requests in a row went unanswered, (count+1) intervals after the host's
+// last word. Four intervals or so make the bound without a request a
+// second on a long one.
+func keepAlive(silence time.Duration) []string {
+	secs := max(2, int((silence+time.Second-1)/time.Second))
+	interval := (secs + 3) / 4
+	count := max(1, secs/interval-1)
+	return []string{"-o", "ServerAliveInterval=" + strconv.Itoa(interval), "-o", "ServerAliveCountMax=" + strconv.Itoa(count)}
+}
+
+// options are ssh's options before the host: gorun's own, then the user's.
+func (s SSH) options() []string {
 	a := []string{"-T", "-o", "BatchMode=yes",
 		"-o", "ConnectTimeout=" + strconv.Itoa(max(1, int((cmpDur(s.ConnectTimeout, 10*time.Second)+time.Second-1)/time.Second)))}
 	if s.Port > 0 {
@@ -65,8 +97,7 @@ func (s SSH) args(host string) []string {
 	if s.IdentityFile != "" {
 		a = append(a, "-i", s.IdentityFile)
 	}
-	a = append(a, s.Options...)
-	return append(a, "--", host)
+	return append(a, s.Options...)
 }
 
 func (s SSH) command() string {

@@ -256,6 +256,13 @@ the job goes on with 3 ranks; no step lost"; a rank that left is neither
 finished nor lost, and its host cools down as after a failure. A second
 SIGTERM, or SIGKILL after the grace period, is a loss like kill -9.
 
+A host cut off by the network (or down) costs the job its ranks there: only
+the side with gorun's rendezvous goes on, and the ranks on the other side
+stop by themselves. gorun's ssh sessions give up on a host silent for twice
+--heartbeat-timeout; gorun then says in one line that the host is
+unreachable, which of its ranks were cut off, and to check the network, and
+it never waits for that host at the end of the job.
+
 With --host-discovery-script, the script is run at start (its hosts replace
 -H; without -np, one rank per slot it lists, at most --max-np) and then every
 --discovery-interval (3s), each run bounded by 10s; it prints one host:slots
