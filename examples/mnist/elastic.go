@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"gorgonia.org/tensor"
+
 	"github.com/gorun/gorun/collective"
 )
 
@@ -62,6 +64,28 @@ func (s epochSums) RestoreUnique(own []byte, adopted [][]byte) error {
 	}
 	*s.local = sums
 	return nil
+}
+
+// registerElastic registers with st what the example commits: the
+// parameters and the optimizer's buffers, then replicated, name and value
+// pairs (the counters and the sampler), as replicated state, and this
+// rank's epoch sums (local) as rank-unique state.
+func registerElastic(st *collective.ElasticState, names []string, params []*tensor.Dense, opt Optimizer, local *[]float64, replicated ...any) error {
+	for i, p := range params {
+		if err := st.Register(names[i], p); err != nil {
+			return err
+		}
+	}
+	onames, obufs := opt.State()
+	for i, b := range obufs {
+		if err := st.Register(onames[i], b); err != nil {
+			return err
+		}
+	}
+	if err := st.Register(replicated...); err != nil {
+		return err
+	}
+	return st.RegisterUnique("epoch sums", epochSums{local})
 }
 
 // elasticPlan is the batch plan after a membership change: the same global

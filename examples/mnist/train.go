@@ -297,25 +297,11 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 		if st == nil {
 			st = collective.NewElasticState(comm)
 		}
-		for i, p := range params {
-			if err := st.Register(names[i], p); err != nil {
-				return nil, err
-			}
-		}
-		onames, obufs := opt.State()
-		for i, b := range obufs {
-			if err := st.Register(onames[i], b); err != nil {
-				return nil, err
-			}
-		}
 		// The step of the newest checkpoint is replicated too: whether the
 		// end of training is saved again must not depend on when a rank
 		// joined.
-		if err := st.Register("step", &gstep, "epoch", &epoch, "global batch", &global, "sampler", sampler,
+		if err := registerElastic(st, names, params, opt, &local, "step", &gstep, "epoch", &epoch, "global batch", &global, "sampler", sampler,
 			"last checkpoint", &ck.lastSaved); err != nil {
-			return nil, err
-		}
-		if err := st.RegisterUnique("epoch sums", epochSums{&local}); err != nil {
 			return nil, err
 		}
 		// After a reset (and on a joiner, once it holds the state): the
@@ -347,16 +333,7 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 		})
 	}
 
-	gradReady := func(names ...string) error {
-		for _, name := range names {
-			if err := red.GradReady(ctx, name); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	var xbuf []float32
-	var labels []uint8
+	work := &stepper{model: model, params: params, grads: grads, opt: opt, data: train}
 	var stepIdx []int
 	out.startProgress(cfg.Epochs, steps, plan.Global, gstep)
 
@@ -364,47 +341,30 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 	trainStep := func(ctx context.Context) error {
 		t0 := time.Now()
 		step := gstep - (epoch-1)*steps
-		if n := plan.MaxLocal(); len(labels) < n {
-			xbuf, labels = make([]float32, n*train.Pixels), make([]uint8, n)
-		}
 		var batch []int // the step's global batch, in an elastic job
 		if sampler != nil {
 			if batch = sampler.Next(plan.Global, 0, 1); len(batch) != plan.Global {
 				return fmt.Errorf("internal error: the sampler gave %d samples for step %d, want %d", len(batch), gstep+1, plan.Global)
 			}
 		}
-		stepIdx = stepIdx[:0]
-		for micro := range plan.K {
-			var idx []int
+		micro := func(k int) []int {
 			if batch != nil {
-				lo, hi := plan.Slot(micro, rank)
-				idx = batch[lo:hi]
-			} else {
-				idx = sh.Batch(step, micro)
+				lo, hi := plan.Slot(k, rank)
+				return batch[lo:hi]
 			}
-			// Each layer's gradients go to the Reducer as soon as they
-			// are final: on the k-th micro-batch their allreduce starts
-			// while the layers below are still in backward.
-			loss, correct, err := trainMicroBatch(model, train, idx, plan, xbuf, labels, gradReady)
-			if err != nil {
-				return err
-			}
-			local[0] += loss * float64(len(idx))
-			local[1] += float64(correct)
-			local[2] += float64(len(idx))
-			if h.samples != nil {
-				stepIdx = append(stepIdx, idx...)
-			}
+			return sh.Batch(step, k)
 		}
-		// Wait for the allreduces: grads now hold the average over
-		// the global batch, the same on every rank.
-		if err := red.Step(ctx); err != nil {
+		var seen func(idx []int)
+		if h.samples != nil {
+			stepIdx = stepIdx[:0]
+			seen = func(idx []int) { stepIdx = append(stepIdx, idx...) }
+		}
+		if err := work.step(ctx, red, plan, micro, local, seen); err != nil {
 			return err
 		}
 		if h.samples != nil {
 			h.samples(comm, gstep+1, stepIdx)
 		}
-		opt.Step(params, grads)
 		gstep++
 		out.prog.stepDone(gstep)
 		// Commit the asynchronous checkpoint in flight once every rank
@@ -563,35 +523,6 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-// trainMicroBatch runs forward and backward on the samples idx and hands
-// each layer's gradients to the Reducer through gradReady. The gradient of
-// the mean loss is scaled by the plan's weight for a micro-batch of this
-// size (1 when the global batch splits evenly). It returns the mean loss
-// and the number of correct predictions.
-func trainMicroBatch(m Model, d *Dataset, idx []int, plan BatchPlan, xbuf []float32, labels []uint8,
-	gradReady func(names ...string) error) (loss float64, correct int, err error) {
-	n := len(idx)
-	x := tensor.New(tensor.WithShape(n, d.Pixels), tensor.WithBacking(xbuf[:n*d.Pixels]))
-	gather(d, idx, x, labels[:n])
-	loss, correct, dlogits := SoftmaxCrossEntropy(m.Forward(x), labels[:n])
-	if w := plan.Weight(n); w != 1 {
-		g := f32(dlogits)
-		for i := range g {
-			g[i] *= w
-		}
-	}
-	return loss, correct, m.Backward(dlogits, gradReady)
-}
-
-// gather copies the samples idx into the batch tensor x and labels.
-func gather(d *Dataset, idx []int, x *tensor.Dense, labels []uint8) {
-	xs, p := f32(x), d.Pixels
-	for i, j := range idx {
-		copy(xs[i*p:(i+1)*p], d.Images[j*p:(j+1)*p])
-		labels[i] = d.Labels[j]
-	}
-}
 
 // evaluate computes test loss and accuracy: each rank scores a contiguous
 // share of the test set and the sums are allreduced.
