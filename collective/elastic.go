@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"gorgonia.org/tensor"
 
 	"github.com/gorun/gorun/p2p"
@@ -172,12 +173,12 @@ func packedBytes(packed []int64, w, r int) ([]byte, bool) {
 
 // blobOf is the unique bytes at this commit of the member with peer ID
 // id, if this rank has them (packed).
-func (h heldUnique) blobOf(id string) ([]byte, bool) {
+func (h heldUnique) blobOf(id peer.ID) ([]byte, bool) {
 	if h.packed == nil {
 		return nil, false
 	}
 	for r, p := range h.peers {
-		if p.ID.String() == id && packHeader+(r+1)*h.packW <= len(h.packed) {
+		if p.ID == id && packHeader+(r+1)*h.packW <= len(h.packed) {
 			return packedBytes(h.packed, h.packW, r)
 		}
 	}
@@ -186,10 +187,10 @@ func (h heldUnique) blobOf(id string) ([]byte, bool) {
 
 // heldUnique is what a rank keeps of one commit's unique state.
 type heldUnique struct {
-	saved   bool   // own holds this rank's unique bytes (false at the start, where the live state is the state)
-	own     []byte // this rank's unique bytes
-	buddy   []byte // the predecessor's unique bytes at that commit
-	buddyOf string // the predecessor's peer ID then
+	saved   bool    // own holds this rank's unique bytes (false at the start, where the live state is the state)
+	own     []byte  // this rank's unique bytes
+	buddy   []byte  // the predecessor's unique bytes at that commit
+	buddyOf peer.ID // the predecessor's peer ID then
 	// packed: every rank's unique bytes at that commit in slots of packW
 	// words, in rank order after packHeader words: the commit's allreduce,
 	// or when members left there, gatherAll's allgather (see Commit).
@@ -320,7 +321,10 @@ func (s *ElasticState) snapshot() {
 			it.wsnp = append(it.wsnp[:0], it.get()...)
 			continue
 		}
-		it.snap = append(it.snap[:0], it.bytes...)
+		if len(it.snap) != len(it.bytes) {
+			it.snap = make([]byte, len(it.bytes))
+		}
+		copyState(it.snap, it.bytes)
 	}
 }
 
@@ -331,7 +335,7 @@ func (s *ElasticState) restoreSnapshot() {
 			it.set(it.wsnp)
 			continue
 		}
-		copy(it.bytes, it.snap)
+		copyState(it.bytes, it.snap)
 	}
 }
 
@@ -522,7 +526,7 @@ func (s *ElasticState) keepUnique(own, pred []byte) {
 	}
 	if v.size > 1 {
 		if p := (v.rank - 1 + v.size) % v.size; p < len(h.peers) {
-			h.buddyOf = h.peers[p].ID.String()
+			h.buddyOf = h.peers[p].ID
 		}
 	}
 	s.held = h
@@ -787,16 +791,16 @@ func (s *ElasticState) uniqueFor(joiner bool) (own map[string][]byte, adopted []
 	if n <= 1 {
 		return own, nil, nil, nil
 	}
-	alive := map[string]bool{}
+	alive := map[peer.ID]bool{}
 	for _, p := range s.comm.node.Peers() {
-		alive[p.ID.String()] = true
+		alive[p.ID] = true
 	}
 	me := slices.IndexFunc(h.peers, func(p p2p.Peer) bool { return p.ID == s.comm.node.PeerID() })
 	if me < 0 {
 		return own, nil, nil, nil
 	}
 	for k := 1; k < n; k++ {
-		id := h.peers[(me-k+n)%n].ID.String()
+		id := h.peers[(me-k+n)%n].ID
 		if alive[id] {
 			break
 		}
@@ -818,7 +822,8 @@ func (s *ElasticState) uniqueFor(joiner bool) (own map[string][]byte, adopted []
 	return own, adopted, notes, nil
 }
 
-func shortID(id string) string {
+func shortID(p peer.ID) string {
+	id := p.String()
 	if len(id) > 12 {
 		return "…" + id[len(id)-8:]
 	}
