@@ -108,6 +108,7 @@ type ElasticState struct {
 	// allreduce (see Commit), agreed by every rank at the last commit or
 	// reset; -1: the commit takes the ring shift.
 	slot     int
+	prepared *pendingCommit // started by Prepare, for Commit to finish
 	lost     []LostMember
 	sendBuf  []byte
 	recvBufs [2][]byte
@@ -339,6 +340,85 @@ func (s *ElasticState) restoreSnapshot() {
 	}
 }
 
+// Prepare starts the commit of the step under way, for a loop that calls
+// it once the step's last collective is queued (before Reducer.Step) and
+// the step's unique state is final: it saves the unique state, and queues
+// the commit's allreduce, which carries the agreement and every rank's
+// unique bytes, behind the step's own collectives. The ranks meet there
+// anyway, so the commit costs no rendezvous of its own, and its messages
+// travel while the loop waits for the gradients and updates the
+// parameters. Commit, after the update, finishes it. Without Prepare,
+// Commit does both.
+//
+// The commit then holds the unique state as Prepare saved it: state that
+// changes between the two calls is committed at the next commit. Once
+// every rank has prepared, a member lost before its Commit does not take
+// this commit along: the others hold its unique bytes of it, and the
+// replicated state is the same on every rank, so they take it and go on
+// from it. A second Prepare before Commit is an error; a reset forgets a
+// Prepare that no Commit followed. On a Comm that is not elastic it does
+// nothing.
+func (s *ElasticState) Prepare(ctx context.Context) error {
+	c := s.comm
+	if !c.Elastic() {
+		return nil
+	}
+	if s.prepared != nil {
+		return fmt.Errorf("gorun: rank %d: ElasticState.Prepare called again before Commit", c.Rank())
+	}
+	s.hook("commit")
+	pc, err := s.startCommit()
+	if err != nil {
+		return err
+	}
+	if pc.packed != nil {
+		pc.agreed = c.AllreduceAsync(ctx, pc.packed, Sum, Name("elastic commit"))
+	}
+	s.prepared = pc
+	return nil
+}
+
+// pendingCommit is a commit between its start (Prepare, or Commit
+// itself) and its agreement.
+type pendingCommit struct {
+	blob []byte // this rank's unique bytes
+	why  string // why this rank leaves at this commit ("": it stays)
+	// packed: the commit's allreduce (see Commit), when it carries the
+	// unique bytes, with slots of w words; nil: a tiny allreduce and the
+	// ring shift carry them.
+	packed []int64
+	w      int
+	agreed *Handle // packed's allreduce, when Prepare started it
+}
+
+// startCommit saves the unique state and fills in this rank's part of the
+// commit's allreduce.
+func (s *ElasticState) startCommit() (*pendingCommit, error) {
+	c := s.comm
+	blob, err := s.saveUnique()
+	if err != nil {
+		return nil, err
+	}
+	v := c.cur()
+	pc := &pendingCommit{blob: blob, why: c.leaving(), w: 1 + s.slot/8}
+	if s.slot >= 0 && v.size*pc.w <= maxPackedWords {
+		// One allreduce (a Sum: each rank fills only its own slot) agrees
+		// on whether joiners wait (the ranks heard of them at different
+		// pings) and whether a rank leaves here (RequestLeave), and gives
+		// every rank every rank's unique bytes.
+		w := pc.w
+		pc.packed = make([]int64, packHeader+v.size*w)
+		pc.packed[packJoiners] = int64(c.node.PendingJoiners())
+		if pc.why != "" {
+			pc.packed[packLeaving] = 1
+		}
+		rec := pc.packed[packHeader+v.rank*w:][:w]
+		rec[0] = int64(len(blob))
+		packBytes(rec[1:], blob) // as far as the slot holds it
+	}
+	return pc, nil
+}
+
 // Commit records the end of a step. It copies the replicated state (in
 // memory), saves the unique state and gets a copy of it to the other
 // ranks (see UniqueState), and, when joiners wait to join the job (agreed by every
@@ -355,37 +435,33 @@ func (s *ElasticState) restoreSnapshot() {
 // Its cost is a copy of the replicated state and one small allreduce that
 // carries the agreement and every rank's unique state; unique state over
 // 4 KiB (compression residuals) takes a ring shift after a tiny
-// allreduce instead.
+// allreduce instead. Prepare takes the allreduce off the end of the step.
 func (s *ElasticState) Commit(ctx context.Context) error {
 	c := s.comm
 	if !c.Elastic() {
 		return nil
 	}
-	s.hook("commit")
-	blob, err := s.saveUnique()
-	if err != nil {
-		return err
+	pc := s.prepared
+	s.prepared = nil
+	if pc == nil {
+		s.hook("commit")
+		var err error
+		if pc, err = s.startCommit(); err != nil {
+			return err
+		}
 	}
-	why := c.leaving()
+	blob, why, packed, w := pc.blob, pc.why, pc.packed, pc.w
 	v := c.cur()
 	var joiners, leaving, maxLen int64
 	var got []byte
-	var packed []int64
-	w := 1 + s.slot/8
-	if s.slot >= 0 && v.size*w <= maxPackedWords {
-		// One allreduce (a Sum: each rank fills only its own slot) agrees
-		// on whether joiners wait (the ranks heard of them at different
-		// pings) and whether a rank leaves here (RequestLeave), and gives
-		// every rank every rank's unique bytes.
-		packed = make([]int64, packHeader+v.size*w)
-		packed[packJoiners] = int64(c.node.PendingJoiners())
-		if why != "" {
-			packed[packLeaving] = 1
+	var err error
+	if packed != nil {
+		if pc.agreed != nil {
+			err = pc.agreed.Wait(ctx)
+		} else {
+			err = c.Allreduce(ctx, packed, Sum, Name("elastic commit"))
 		}
-		rec := packed[packHeader+v.rank*w:][:w]
-		rec[0] = int64(len(blob))
-		packBytes(rec[1:], blob) // as far as the slot holds it
-		if err := c.Allreduce(ctx, packed, Sum, Name("elastic commit")); err != nil {
+		if err != nil {
 			return err
 		}
 		s.hook("commit: agreed")
@@ -609,6 +685,8 @@ func (s *ElasticState) reset(ctx context.Context, initial bool, start time.Time)
 	v := c.cur()
 	hook := s.hook
 	hook("start")
+	// A commit that was prepared and not finished was not taken here.
+	s.prepared = nil
 	mine := []int64{-1, 0, s.layoutHash()}
 	if s.has {
 		mine[0], mine[1] = s.commits, int64(s.held.size)

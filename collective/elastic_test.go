@@ -137,6 +137,10 @@ type toyJob struct {
 	pad            int                              // the members' counters' pad
 	prepare        func(m *member, index int)       // before a member starts
 	afterAllreduce func(m *member, index int) error
+	// prepareCommits: each step's commit is prepared (ElasticState.Prepare)
+	// while the step's allreduce is in flight, once the step's unique
+	// value is counted, as a training loop with a Reducer does.
+	prepareCommits bool
 }
 
 func startToyJob(t *testing.T, n, epochs, datasetLen, batch int, opts ...Option) *toyJob {
@@ -210,7 +214,18 @@ func (tj *toyJob) loop(ctx context.Context, m *member, index int) error {
 			e := t.s.Epoch()
 			buf := make([]int64, toyDim+len(t.seen))
 			t.grads(buf, t.s.Next(tj.b, m.c.Rank(), m.c.Size()), e)
-			if err := m.c.Allreduce(ctx, buf, Sum, Name("toy grads")); err != nil {
+			if tj.prepareCommits {
+				h := m.c.AllreduceAsync(ctx, buf, Sum, Name("toy grads"))
+				m.u.mu.Lock()
+				m.u.val++
+				m.u.mu.Unlock()
+				if err := m.st.Prepare(ctx); err != nil {
+					return err
+				}
+				if err := h.Wait(ctx); err != nil {
+					return err
+				}
+			} else if err := m.c.Allreduce(ctx, buf, Sum, Name("toy grads")); err != nil {
 				return err
 			}
 			m.ran++
@@ -220,9 +235,11 @@ func (tj *toyJob) loop(ctx context.Context, m *member, index int) error {
 				}
 			}
 			t.apply(buf)
-			m.u.mu.Lock()
-			m.u.val++
-			m.u.mu.Unlock()
+			if !tj.prepareCommits {
+				m.u.mu.Lock()
+				m.u.val++
+				m.u.mu.Unlock()
+			}
 			if err := m.st.Commit(ctx); err != nil {
 				return err
 			}
@@ -434,6 +451,9 @@ func TestElasticCrashOneOfFour(t *testing.T) {
 // of exactly that commit, and ends with the uninterrupted run's
 // parameters and counter. Small unique state rides in the commit's
 // allreduce; with pad, it is too large for that and takes the ring shift.
+// With prepare, each commit is prepared during its step (its stage
+// "commit" is then Prepare's), and a member lost between Prepare and
+// Commit too.
 func TestElasticCrashAtEveryCommitPhase(t *testing.T) {
 	const n, at = 4, 3 // the commit of step 3
 	stages := []string{"commit", "commit: agreed", "commit: shifted", "commit: taken"}
@@ -448,67 +468,95 @@ func TestElasticCrashAtEveryCommitPhase(t *testing.T) {
 		}
 		phases = append(phases, phase{victim, (victim + 1) % n, "commit: agreed"}, phase{victim, (victim + n - 1) % n, "commit: shifted"})
 	}
-	for _, pad := range []int{0, 5000} {
-		for _, ph := range phases {
-			name := fmt.Sprintf("pad %d/member %d at %q", pad, ph.victim, ph.stage)
-			if ph.by != ph.victim {
-				name = fmt.Sprintf("pad %d/member %d while member %d is at %q", pad, ph.victim, ph.by, ph.stage)
+	for _, prepare := range []bool{false, true} {
+		phases := phases
+		if prepare {
+			phases = append(phases, phase{0, 0, "prepared"}, phase{2, 1, "prepared"})
+		}
+		for _, pad := range []int{0, 5000} {
+			for _, ph := range phases {
+				crashPhase(t, n, at, prepare, pad, ph.victim, ph.by, ph.stage)
 			}
-			t.Run(name, func(t *testing.T) {
-				tj := startToyJob(t, n, 1, 40, 8)
-				tj.pad = pad
-				init := func(i int) int64 { return int64(1000 * (i + 1)) }
-				tj.prepare = func(m *member, index int) {
-					if index != ph.by {
-						return
-					}
-					m.st.testHook = func(stage string) {
-						if stage == ph.stage && m.toy.steps == at && m.c.Epoch() == 0 {
-							tj.j.Crash(tj.j.Comms[ph.victim])
-						}
-					}
-				}
-				for i, c := range tj.j.Comms {
-					tj.run(c, 1, init(i))
-				}
-				alive := tj.check(n - 1)
-				ref := toyReference(tj.epochs, tj.l, tj.b)
-				succ := (ph.victim + 1) % n
-				var resumed []int64
-				for i, m := range tj.members {
-					if i == ph.victim || m.err != nil {
-						continue
-					}
-					if len(m.events) != 1 {
-						t.Errorf("member %d: %d resets, want 1: %v", i, len(m.events), m.events)
-						continue
-					}
-					step := m.events[0].Step
-					resumed = append(resumed, step)
-					if step != at && step != at-1 {
-						t.Errorf("member %d resumed from commit %d, want %d or %d", i, step, at-1, at)
-					}
-					if want := init(i) + step; m.u.restored != want {
-						t.Errorf("member %d restored its own unique value %d, want %d (commit %d's, which the job resumed from)", i, m.u.restored, want, step)
-					}
-					if want := init(i) + ref.steps; m.u.val != want {
-						t.Errorf("member %d ends with unique value %d, want %d (the uninterrupted run's)", i, m.u.val, want)
-					}
-					var want []int64
-					if i == succ {
-						want = []int64{init(ph.victim) + step}
-					}
-					if !slices.Equal(m.u.adopted, want) {
-						t.Errorf("member %d adopted %v, want %v (the lost member %d's value at commit %d)", i, m.u.adopted, want, ph.victim, step)
-					}
-				}
-				if len(alive) == n-1 && len(slices.Compact(slices.Clone(resumed))) != 1 {
-					t.Errorf("the survivors resumed from different commits: %v", resumed)
-				}
-				t.Logf("resumed from commit %v", resumed)
-			})
 		}
 	}
+}
+
+// crashPhase is one case of TestElasticCrashAtEveryCommitPhase: member
+// victim is lost when member by reaches stage of the commit of step at
+// ("prepared": between its Prepare and its Commit).
+func crashPhase(t *testing.T, n int, at int64, prepare bool, pad, victim, by int, stage string) {
+	t.Helper()
+	name := fmt.Sprintf("prepare %v/pad %d/member %d at %q", prepare, pad, victim, stage)
+	if by != victim {
+		name = fmt.Sprintf("prepare %v/pad %d/member %d while member %d is at %q", prepare, pad, victim, by, stage)
+	}
+	t.Run(name, func(t *testing.T) {
+		tj := startToyJob(t, n, 1, 40, 8)
+		tj.pad = pad
+		tj.prepareCommits = prepare
+		init := func(i int) int64 { return int64(1000 * (i + 1)) }
+		if stage == "prepared" {
+			tj.afterAllreduce = func(m *member, index int) error {
+				if index == by && m.toy.steps == at-1 && m.c.Epoch() == 0 {
+					tj.j.Crash(tj.j.Comms[victim])
+				}
+				return nil
+			}
+		}
+		tj.prepare = func(m *member, index int) {
+			if index != by || stage == "prepared" {
+				return
+			}
+			m.st.testHook = func(st string) {
+				// Prepare runs before the step's update counts it.
+				steps := m.toy.steps
+				if prepare && st == "commit" {
+					steps++
+				}
+				if st == stage && steps == at && m.c.Epoch() == 0 {
+					tj.j.Crash(tj.j.Comms[victim])
+				}
+			}
+		}
+		for i, c := range tj.j.Comms {
+			tj.run(c, 1, init(i))
+		}
+		alive := tj.check(n - 1)
+		ref := toyReference(tj.epochs, tj.l, tj.b)
+		succ := (victim + 1) % n
+		var resumed []int64
+		for i, m := range tj.members {
+			if i == victim || m.err != nil {
+				continue
+			}
+			if len(m.events) != 1 {
+				t.Errorf("member %d: %d resets, want 1: %v", i, len(m.events), m.events)
+				continue
+			}
+			step := m.events[0].Step
+			resumed = append(resumed, step)
+			if step != at && step != at-1 {
+				t.Errorf("member %d resumed from commit %d, want %d or %d", i, step, at-1, at)
+			}
+			if want := init(i) + step; m.u.restored != want {
+				t.Errorf("member %d restored its own unique value %d, want %d (commit %d's, which the job resumed from)", i, m.u.restored, want, step)
+			}
+			if want := init(i) + ref.steps; m.u.val != want {
+				t.Errorf("member %d ends with unique value %d, want %d (the uninterrupted run's)", i, m.u.val, want)
+			}
+			var want []int64
+			if i == succ {
+				want = []int64{init(victim) + step}
+			}
+			if !slices.Equal(m.u.adopted, want) {
+				t.Errorf("member %d adopted %v, want %v (the lost member %d's value at commit %d)", i, m.u.adopted, want, victim, step)
+			}
+		}
+		if len(alive) == n-1 && len(slices.Compact(slices.Clone(resumed))) != 1 {
+			t.Errorf("the survivors resumed from different commits: %v", resumed)
+		}
+		t.Logf("resumed from commit %v", resumed)
+	})
 }
 
 // Two adjacent ranks lost at once (kill -9 of ranks 1 and 2 of 5): the
