@@ -29,8 +29,11 @@ type stepper struct {
 // gradients are the mean over the global batch, the same on every rank, and
 // the optimizer updates the parameters. The step's loss, correct predictions
 // and sample count are added to local (loss, correct, count), and seen (if
-// not nil) is told each micro-batch's samples.
-func (s *stepper) step(ctx context.Context, red *collective.Reducer, plan BatchPlan, micro func(k int) []int, local []float64, seen func(idx []int)) error {
+// not nil) is told each micro-batch's samples. With commit (not nil), the
+// step ends with a commit of commit's state: it is prepared once every
+// gradient's allreduce is queued (ElasticState.Prepare: it rides behind
+// them) and the caller finishes it with Commit.
+func (s *stepper) step(ctx context.Context, red *collective.Reducer, plan BatchPlan, micro func(k int) []int, local []float64, seen func(idx []int), commit *collective.ElasticState) error {
 	if n := plan.MaxLocal(); len(s.labels) < n {
 		s.xbuf, s.labels = make([]float32, n*s.data.Pixels), make([]uint8, n)
 	}
@@ -53,6 +56,11 @@ func (s *stepper) step(ctx context.Context, red *collective.Reducer, plan BatchP
 		local[2] += float64(len(idx))
 		if seen != nil {
 			seen(idx)
+		}
+	}
+	if commit != nil {
+		if err := commit.Prepare(ctx); err != nil {
+			return err
 		}
 	}
 	// Wait for the allreduces: the gradients now hold the average over the

@@ -184,7 +184,11 @@ func benchSteps(ctx context.Context, cfg *Config, comm *collective.Comm, data *D
 				lo, hi := plan.Slot(k, rank)
 				return batch[lo:hi]
 			}
-			if err := work.step(ctx, red, plan, micro, local, nil); err != nil {
+			var prepare *collective.ElasticState
+			if commit {
+				prepare = st
+			}
+			if err := work.step(ctx, red, plan, micro, local, nil, prepare); err != nil {
 				return err
 			}
 			gstep++

@@ -359,7 +359,12 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 			stepIdx = stepIdx[:0]
 			seen = func(idx []int) { stepIdx = append(stepIdx, idx...) }
 		}
-		if err := work.step(ctx, red, plan, micro, local, seen); err != nil {
+		// A commit after this step is prepared within it.
+		var commit *collective.ElasticState
+		if st != nil && cfg.CommitEvery > 0 && (gstep+1)%cfg.CommitEvery == 0 {
+			commit = st
+		}
+		if err := work.step(ctx, red, plan, micro, local, seen, commit); err != nil {
 			return err
 		}
 		if h.samples != nil {
@@ -394,7 +399,7 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 				return err
 			}
 		}
-		if st != nil && cfg.CommitEvery > 0 && gstep%cfg.CommitEvery == 0 {
+		if commit != nil {
 			t1 := time.Now()
 			if err := st.Commit(ctx); err != nil {
 				return err
