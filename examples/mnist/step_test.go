@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"syscall"
@@ -19,7 +20,15 @@ import (
 // momentum, 64 samples a step, 16 per rank) on the embedded digits, with
 // the example's step (stepper.step: forward, backward, the Reducer's
 // allreduce, the optimizer) and its elastic state (registerElastic: the
-// parameters, the momentum, the counters, the sampler, the epoch sums).
+// parameters, the momentum, the counters, the sampler, the epoch sums),
+// whose commit the step prepares as the example's does.
+//
+// In gomaxprocs=per-rank the Go runtime has a P per rank, as the
+// example's ranks have one each in a job of processes (Train: GOMAXPROCS
+// = cores / ranks on the host, at least 1), the OS sharing the cores
+// between them; in gomaxprocs=per-core it has one per core, and the 4
+// ranks share them in the runtime too, where a rank polling for a
+// message holds a P that another rank's goroutine may wait for.
 //
 // The steps alternate in blocks of benchBlock: a block that commits after
 // every step, then a block that does not commit, the order swapped at
@@ -43,9 +52,22 @@ import (
 // block of each kind is left out. go test's -count repeats the whole; take
 // the median over the counts:
 //
-//	go test -run '^$' -bench ElasticStep -count 10 ./examples/mnist
+//	go test -run '^$' -bench ElasticStep -benchtime 2000x -count 10 ./examples/mnist
 func BenchmarkElasticStep(b *testing.B) {
 	const ranks = 4
+	for _, procs := range []struct {
+		name string
+		n    int
+	}{{"per-rank", ranks}, {"per-core", runtime.NumCPU()}} {
+		b.Run("gomaxprocs="+procs.name, func(b *testing.B) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs.n))
+			benchElasticStep(b, ranks)
+		})
+	}
+}
+
+// benchElasticStep is BenchmarkElasticStep with ranks ranks.
+func benchElasticStep(b *testing.B, ranks int) {
 	cfg, err := parseFlags([]string{"--progress", "off"})
 	if err != nil {
 		b.Fatal(err)
