@@ -27,10 +27,11 @@ import (
 //     accuracy (epochSums), which its buddy rank keeps a copy of, so that the
 //     epoch's summary still counts the samples of a rank that was lost.
 //
-// Every optimizer step ends with a Commit. When a rank is lost, the
-// collectives of the survivors fail, RunElastic re-forms the ring with the
-// ranks that are left, restores the last commit and calls the loop again:
-// the interrupted step is run again by the survivors, which share its
+// Every optimizer step ends with a Commit, which the step prepares once
+// its gradients' allreduce is queued (stepper.step). When a rank is lost,
+// the collectives of the survivors fail, RunElastic re-forms the ring with
+// the ranks that are left, restores the last commit and calls the loop
+// again: the interrupted step is run again by the survivors, which share its
 // global batch between them (the OnReset callback in train.go re-plans the
 // micro-batches for the new size). The global batch stays the same, so the
 // model trains on the same samples per step whatever the number of ranks.

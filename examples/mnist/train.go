@@ -501,7 +501,7 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 		if elastic && commits > 0 {
 			// The time in Commit includes waiting for the slowest rank,
 			// which the next step's allreduce would wait for otherwise:
-			// scripts/commit-overhead.sh measures what committing costs.
+			// BenchmarkElasticStep measures what committing costs a step.
 			out.printf("final: elastic: %d reset(s); %.2f ms per commit in Commit (waiting for slower ranks included), beside %.1f ms for the rest of a step (rank %d)\n",
 				len(res.Resets), ms(commitTime)/float64(commits), ms(stepsTime)/float64(commits), rank)
 		}
