@@ -351,13 +351,14 @@ func (s *ElasticState) restoreSnapshot() {
 // Commit does both.
 //
 // The commit then holds the unique state as Prepare saved it: state that
-// changes between the two calls is committed at the next commit. Once
-// every rank has prepared, a member lost before its Commit does not take
-// this commit along: the others hold its unique bytes of it, and the
-// replicated state is the same on every rank, so they take it and go on
-// from it. A second Prepare before Commit is an error; a reset forgets a
-// Prepare that no Commit followed. On a Comm that is not elastic it does
-// nothing.
+// changes between the two calls is committed at the next commit. When the
+// allreduce carries the unique state (at most 4 KiB a rank; larger state
+// takes Commit's ring shift as before), a member lost after the allreduce
+// and before its Commit does not take this commit along: the others hold
+// its unique bytes of it, and the replicated state is the same on every
+// rank, so they take it and go on from it. A second Prepare before Commit
+// is an error; a reset forgets a Prepare that no Commit followed. On a
+// Comm that is not elastic it does nothing.
 func (s *ElasticState) Prepare(ctx context.Context) error {
 	c := s.comm
 	if !c.Elastic() {
@@ -420,10 +421,10 @@ func (s *ElasticState) startCommit() (*pendingCommit, error) {
 }
 
 // Commit records the end of a step. It copies the replicated state (in
-// memory), saves the unique state and gets a copy of it to the other
-// ranks (see UniqueState), and, when joiners wait to join the job (agreed by every
-// rank), admits them and gives them the state before it returns: Rank and
-// Size may then differ. Call it at the same point on every rank, outside
+// memory), saves the unique state (unless Prepare did) and gets a copy of
+// it to the other ranks (see UniqueState), and, when joiners wait to join
+// the job (agreed by every rank), admits them and gives them the state
+// before it returns: Rank and Size may then differ. Call it at the same point on every rank, outside
 // any step, and return its error from the loop: a *MembershipChangeError
 // makes RunElastic resume from the last commit. On a Comm that is not
 // elastic it does nothing.

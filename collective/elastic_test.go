@@ -1414,71 +1414,82 @@ func TestElasticLeaveCostsNoStep(t *testing.T) {
 	}{
 		{4, []int{0}}, {4, []int{2}}, {4, []int{3}}, {5, []int{1, 3}}, {3, []int{0, 1}}, {5, []int{4, 0, 1}},
 	} {
-		t.Run(fmt.Sprintf("%d of %d", tc.leavers, tc.n), func(t *testing.T) {
-			const at = 3 // asks during step 4, leaves at its commit
-			tj := startToyJob(t, tc.n, 1, 12*tc.n, 2*tc.n)
-			init := func(i int) int64 { return int64(1000 * (i + 1)) }
-			tj.hook = func(m *member, index int) error {
-				if m.toy.steps == at && slices.Contains(tc.leavers, index) {
-					m.c.RequestLeave("test")
-				}
-				return nil
-			}
-			for i, c := range tj.j.Comms {
-				tj.run(c, 1, init(i))
-			}
-			survivors := tc.n - len(tc.leavers)
-			tj.check(survivors)
-			ref := toyReference(tj.epochs, tj.l, tj.b)
-			left := map[int]bool{}
-			for _, i := range tc.leavers {
-				left[i] = true
-			}
-			for i, m := range tj.members {
-				if left[i] {
-					var le *LeftError
-					if !errors.Is(m.err, ErrLeft) || !errors.As(m.err, &le) || le.Why != "test" {
-						t.Errorf("leaver %d: RunElastic returned %v, want a *LeftError for \"test\"", i, m.err)
-					}
-					if m.toy.steps != at+1 || m.u.val != init(i)+at+1 {
-						t.Errorf("leaver %d left after %d steps with unique value %d, want %d and %d", i, m.toy.steps, m.u.val, at+1, init(i)+at+1)
-					}
-					if err := m.c.Barrier(context.Background()); !errors.Is(err, ErrLeft) {
-						t.Errorf("leaver %d: a call after leaving returned %v, want ErrLeft", i, err)
-					}
-					continue
-				}
-				if m.ran != ref.steps {
-					t.Errorf("member %d ran %d steps, want %d: a graceful leave must not re-run a step", i, m.ran, ref.steps)
-				}
-				if want := init(i) + ref.steps; m.u.val != want {
-					t.Errorf("member %d ends with unique value %d, want %d", i, m.u.val, want)
-				}
-				if len(m.events) != 1 {
-					t.Errorf("member %d: %d resets, want 1: %v", i, len(m.events), m.events)
-					continue
-				}
-				ev := m.events[0]
-				if ev.Step != at+1 || ev.NewSize != survivors || ev.OldSize != tc.n || len(ev.Lost) != len(tc.leavers) {
-					t.Errorf("member %d: reset %v, want commit %d, %d -> %d ranks, %d lost", i, ev, at+1, tc.n, survivors, len(tc.leavers))
-				}
-				for _, l := range ev.Lost {
-					if !l.Left || !left[l.Rank] || !strings.Contains(l.Cause, "left the job (test)") {
-						t.Errorf("member %d: lost %+v, want a leaver (Left, cause \"left the job (test)\")", i, l)
-					}
-				}
-				// The first member alive after leavers adopts their state,
-				// nearest first, also of leavers whose buddy left too.
-				var want []int64
-				for p := (i + tc.n - 1) % tc.n; left[p] && p != i; p = (p + tc.n - 1) % tc.n {
-					want = append(want, init(p)+at+1)
-				}
-				if !slices.Equal(m.u.adopted, want) {
-					t.Errorf("member %d adopted %v, want %v", i, m.u.adopted, want)
-				}
-			}
-		})
+		for _, prepare := range []bool{false, true} {
+			leaveCostsNoStep(t, tc.n, tc.leavers, prepare)
+		}
 	}
+}
+
+// leaveCostsNoStep is one case of TestElasticLeaveCostsNoStep: the members
+// leavers of a job of n ask to leave during step 4, with commits prepared
+// during their steps or not.
+func leaveCostsNoStep(t *testing.T, n int, leavers []int, prepare bool) {
+	t.Helper()
+	t.Run(fmt.Sprintf("%d of %d/prepare %v", leavers, n, prepare), func(t *testing.T) {
+		const at = 3 // asks during step 4, leaves at its commit
+		tj := startToyJob(t, n, 1, 12*n, 2*n)
+		tj.prepareCommits = prepare
+		init := func(i int) int64 { return int64(1000 * (i + 1)) }
+		tj.hook = func(m *member, index int) error {
+			if m.toy.steps == at && slices.Contains(leavers, index) {
+				m.c.RequestLeave("test")
+			}
+			return nil
+		}
+		for i, c := range tj.j.Comms {
+			tj.run(c, 1, init(i))
+		}
+		survivors := n - len(leavers)
+		tj.check(survivors)
+		ref := toyReference(tj.epochs, tj.l, tj.b)
+		left := map[int]bool{}
+		for _, i := range leavers {
+			left[i] = true
+		}
+		for i, m := range tj.members {
+			if left[i] {
+				var le *LeftError
+				if !errors.Is(m.err, ErrLeft) || !errors.As(m.err, &le) || le.Why != "test" {
+					t.Errorf("leaver %d: RunElastic returned %v, want a *LeftError for \"test\"", i, m.err)
+				}
+				if m.toy.steps != at+1 || m.u.val != init(i)+at+1 {
+					t.Errorf("leaver %d left after %d steps with unique value %d, want %d and %d", i, m.toy.steps, m.u.val, at+1, init(i)+at+1)
+				}
+				if err := m.c.Barrier(context.Background()); !errors.Is(err, ErrLeft) {
+					t.Errorf("leaver %d: a call after leaving returned %v, want ErrLeft", i, err)
+				}
+				continue
+			}
+			if m.ran != ref.steps {
+				t.Errorf("member %d ran %d steps, want %d: a graceful leave must not re-run a step", i, m.ran, ref.steps)
+			}
+			if want := init(i) + ref.steps; m.u.val != want {
+				t.Errorf("member %d ends with unique value %d, want %d", i, m.u.val, want)
+			}
+			if len(m.events) != 1 {
+				t.Errorf("member %d: %d resets, want 1: %v", i, len(m.events), m.events)
+				continue
+			}
+			ev := m.events[0]
+			if ev.Step != at+1 || ev.NewSize != survivors || ev.OldSize != n || len(ev.Lost) != len(leavers) {
+				t.Errorf("member %d: reset %v, want commit %d, %d -> %d ranks, %d lost", i, ev, at+1, n, survivors, len(leavers))
+			}
+			for _, l := range ev.Lost {
+				if !l.Left || !left[l.Rank] || !strings.Contains(l.Cause, "left the job (test)") {
+					t.Errorf("member %d: lost %+v, want a leaver (Left, cause \"left the job (test)\")", i, l)
+				}
+			}
+			// The first member alive after leavers adopts their state,
+			// nearest first, also of leavers whose buddy left too.
+			var want []int64
+			for p := (i + n - 1) % n; left[p] && p != i; p = (p + n - 1) % n {
+				want = append(want, init(p)+at+1)
+			}
+			if !slices.Equal(m.u.adopted, want) {
+				t.Errorf("member %d adopted %v, want %v", i, m.u.adopted, want)
+			}
+		}
+	})
 }
 
 // Every member leaving at once ends the job: each RunElastic returns
