@@ -62,16 +62,24 @@ func (s *ElasticState) reset(ctx context.Context, initial bool, start time.Time)
 	if minC < 0 {
 		return fmt.Errorf("gorun: rank %d: elastic reset: no rank of membership epoch %d holds the training state (all %d are joiners)", v.rank, v.epoch, v.size)
 	}
-	if s.has && s.commits != minC {
+	held := s.held // the commit this rank resumes from, once the broadcast is in
+	rollBack := s.has && s.commits != minC
+	if rollBack {
 		if s.commits != minC+1 || !s.prev.saved {
 			return fmt.Errorf("gorun: rank %d: elastic reset: this rank holds commit %d, and the job resumes from commit %d, which it no longer holds (internal error)", v.rank, s.commits, minC)
 		}
 		// Back to the commit before: its unique state is prev, and its
-		// replicated state comes in the broadcast below (need).
-		s.held, s.commits = s.prev, minC
+		// replicated state comes in the broadcast below (need). Its
+		// snapshot still holds the newer commit, so the rank moves back
+		// only once the broadcast is in: a reset that fails before (a
+		// further loss) leaves it at its own commit, snapshot and unique
+		// state alike, and the next reset decides again. Moved back
+		// before, it would claim the older commit with the newer one's
+		// parameters, and a next reset that needs no broadcast would
+		// leave the ranks apart.
+		held = s.prev
 	}
-	s.prev = heldUnique{}
-	peersThen := s.held.peers // keepUnique below moves on to this epoch's
+	peersThen := held.peers // keepUnique below moves on to this epoch's
 	oldSize := int(all[3*src+1])
 	if peersThen != nil {
 		// The size the loop last ran with: a reset that failed half-way
@@ -88,6 +96,10 @@ func (s *ElasticState) reset(ctx context.Context, initial bool, start time.Time)
 			return err
 		}
 	}
+	if rollBack {
+		s.held, s.commits = held, minC
+	}
+	s.prev = heldUnique{}
 	if need || !s.snapped {
 		s.snapshot()
 	}
