@@ -956,7 +956,7 @@ func (s *blobState) RestoreUnique(own []byte, _ [][]byte) error { s.b = own; ret
 // A Reducer on an elastic Comm follows a membership change by itself: a
 // new plan of micro-batches for the new rank and size, and a new layout
 // and topology check, at its first use in the new epoch.
-func TestReducerFollowsMembership(t *testing.T) {
+func TestReducerReplansAfterAReset(t *testing.T) {
 	tj := startToyJob(t, 3, 1, 1, 1)
 	ctx := tj.ctx
 	reds := make([]*Reducer, 3)
