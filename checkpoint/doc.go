@@ -214,9 +214,10 @@
 // storage domain. There is no free-space check. The client is configured like every AWS SDK program:
 // AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION
 // (default us-east-1), AWS_PROFILE and the shared config files,
-// AWS_ENDPOINT_URL for a service other than AWS; path-style addressing
-// with AWS_S3_FORCE_PATH_STYLE=true or a ?path-style=true suffix on the
-// location. New checks the bucket (HeadBucket), so a missing bucket or
+// AWS_ENDPOINT_URL for a service other than AWS, which then gets
+// path-style addressing and no EC2 metadata lookup (AWS_S3_FORCE_PATH_STYLE
+// or a ?path-style=true|false suffix on the location decide otherwise).
+// New checks the bucket (HeadBucket), so a missing bucket or
 // refused credentials fail there with an error naming the location. Each
 // request has a deadline, and 5xx answers, throttling, time-outs and
 // refused connections are retried with backoff (5 attempts).

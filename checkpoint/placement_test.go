@@ -241,7 +241,7 @@ func TestSaveWriteErrorSaysFileOnceS3(t *testing.T) {
 	v.Restart()
 	err := errs[1]
 	t.Log(err)
-	prefix := "checkpoint: step 2: " + loc + "/" + stepKey(2) + "/" + blobName(1) + ": writing on http"
+	prefix := "checkpoint: step 2: " + loc + "/" + stepKey(2) + "/" + blobName(1) + ": writing: "
 	if err == nil || !strings.HasPrefix(err.Error(), prefix) || strings.Count(err.Error(), "s3://") != 1 ||
 		!strings.HasSuffix(err.Error(), "(previous checkpoint kept)") {
 		t.Errorf("rank 1: %v\nwant it to start %q and name s3:// once", err, prefix)
@@ -278,7 +278,7 @@ func TestPrepareErrorSaysLocationOnceS3(t *testing.T) {
 				head, tail = fmt.Sprintf("checkpoint: async save of step %d: ", step), "; previous checkpoint kept"
 			}
 			head += "preparing " + loc + "/" + stepKey(step) + ": "
-			what := "listing on http"
+			what := "listing: connect: connection refused"
 			if r == 1 {
 				what = "rank 0 failed (see its log for the cause)"
 			}

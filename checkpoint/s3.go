@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +23,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
@@ -67,10 +70,19 @@ func openS3(ctx context.Context, loc string) (*s3Store, error) {
 	if err != nil || u.Scheme != "s3" || u.Host == "" {
 		return nil, fmt.Errorf("checkpoint: %q is not a valid location: want s3://bucket/prefix", loc)
 	}
-	pathStyle := false
+	// An endpoint URL means a server that is not AWS (MinIO, Ceph,
+	// versitygw, a cloud's S3-compatible service) unless it is AWS's own:
+	// such servers take path-style requests, where a virtual-hosted
+	// bucket name (bucket.localhost) often does not even resolve; and
+	// the job runs off EC2, so the SDK must not wait on the instance
+	// metadata service for credentials. AWS_S3_FORCE_PATH_STYLE or
+	// ?path-style= decide when given.
+	endpoint := cmp.Or(os.Getenv("AWS_ENDPOINT_URL_S3"), os.Getenv("AWS_ENDPOINT_URL"))
+	notAWS := endpoint != "" && !isAWSEndpoint(endpoint)
+	pathStyle := notAWS
 	for _, v := range []string{os.Getenv("AWS_S3_FORCE_PATH_STYLE"), u.Query().Get("path-style")} {
-		if b, err := strconv.ParseBool(v); err == nil && b {
-			pathStyle = true
+		if b, err := strconv.ParseBool(v); err == nil {
+			pathStyle = b
 		}
 	}
 	s := &s3Store{loc: strings.TrimSuffix(strings.SplitN(loc, "?", 2)[0], "/"), bucket: u.Host, prefix: strings.Trim(u.Path, "/")}
@@ -82,16 +94,30 @@ func openS3(ctx context.Context, loc string) (*s3Store, error) {
 		WithTransportOptions(func(t *http.Transport) { t.ResponseHeaderTimeout = 2 * time.Minute })
 	cctx, cancel := context.WithTimeout(ctx, s3CallTimeout)
 	defer cancel()
-	cfg, err := config.LoadDefaultConfig(cctx,
+	opts := []func(*config.LoadOptions) error{
 		config.WithHTTPClient(hc),
 		config.WithRetryer(func() aws.Retryer {
 			return retry.NewStandard(func(o *retry.StandardOptions) {
 				o.MaxAttempts = s3Attempts
 				o.MaxBackoff = s3MaxBackoff
 			})
-		}))
+		}),
+	}
+	if notAWS {
+		opts = append(opts, config.WithEC2IMDSClientEnableState(imds.ClientDisabled))
+	}
+	cfg, err := config.LoadDefaultConfig(cctx, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: %s: loading the AWS configuration: %w", loc, err)
+	}
+	if cfg.Credentials != nil {
+		if _, err := cfg.Credentials.Retrieve(cctx); err != nil {
+			msg := fmt.Sprintf("%s: no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE", s.loc)
+			if p := os.Getenv("AWS_PROFILE"); p != "" {
+				msg = fmt.Sprintf("%s: the credentials of AWS_PROFILE %q could not be loaded (%s): check the profile in ~/.aws, or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", s.loc, p, s3Cause(err))
+			}
+			return nil, pkgErr(&s3Error{err: err, msg: msg})
+		}
 	}
 	if cfg.Region == "" {
 		cfg.Region = "us-east-1" // S3-compatible servers accept any region
@@ -115,35 +141,95 @@ func openS3(ctx context.Context, loc string) (*s3Store, error) {
 }
 
 // err turns an S3 error into one that names the object and says what to
-// do. Like DirStore's, it does not start with the package's "checkpoint: ":
-// the Manager wraps the errors of Put, Get, List and Delete in its own, and
-// the package's functions that return one as it is (Scan, List, Remove) add
-// the prefix. The errors of openS3, which New and Scan return as they are,
-// get it from pkgErr.
+// do, with the cause in a few words (s3Cause) and the SDK's whole error
+// behind it for errors.Is and errors.As. Like DirStore's, it does not
+// start with the package's "checkpoint: ": the Manager wraps the errors of
+// Put, Get, List and Delete in its own, and the package's functions that
+// return one as it is (Scan, List, Remove) add the prefix. The errors of
+// openS3, which New and Scan return as they are, get it from pkgErr.
 func (s *s3Store) err(op, key string, err error) error {
 	what := s.loc
 	if key != "" {
 		what += "/" + key
 	}
+	short := func(format string, args ...any) error {
+		return &s3Error{msg: fmt.Sprintf(format, args...), err: err}
+	}
 	var ae smithy.APIError
 	if errors.As(err, &ae) {
 		switch ae.ErrorCode() {
 		case "NoSuchBucket":
-			return fmt.Errorf("%s: %s: bucket %q does not exist on %s: create it, or fix the location: %w", what, op, s.bucket, s.where, err)
+			return short("%s: %s: bucket %q does not exist on %s: create it, or fix the location", what, op, s.bucket, s.where)
 		case "NotFound":
 			if key == "" {
-				return fmt.Errorf("%s: %s: bucket %q does not exist on %s: create it, or fix the location: %w", what, op, s.bucket, s.where, err)
+				return short("%s: %s: bucket %q does not exist on %s: create it, or fix the location", what, op, s.bucket, s.where)
 			}
 			return fmt.Errorf("%s: %w", key, fs.ErrNotExist)
 		case "NoSuchKey":
 			return fmt.Errorf("%s: %w", key, fs.ErrNotExist)
 		case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden", "InvalidToken", "ExpiredToken", "InvalidClientTokenId":
-			return fmt.Errorf("%s: %s: %s refused the credentials (%s): check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's permissions: %w", what, op, s.where, ae.ErrorCode(), err)
+			return short("%s: %s: %s refused the credentials (%s): check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's permissions", what, op, s.where, ae.ErrorCode())
 		case "QuotaExceeded", "EntityTooLarge", "InsufficientStorage", "XMinioStorageFull":
-			return fmt.Errorf("%s: %s: the S3 service is out of space or quota (%s): free space or raise the quota: %w", what, op, ae.ErrorCode(), err)
+			return short("%s: %s: the S3 service is out of space or quota (%s): free space or raise the quota", what, op, ae.ErrorCode())
 		}
 	}
-	return fmt.Errorf("%s: %s on %s: %w", what, op, s.where, err)
+	return short("%s: %s: %s (%s)", what, op, s3Cause(err), s.where)
+}
+
+// s3Error is a storage error as the user reads it (msg: what, where and
+// the cause in a few words) over the SDK's own (err), which carries the
+// request, the attempts and the whole chain.
+type s3Error struct {
+	msg string
+	err error
+}
+
+func (e *s3Error) Error() string { return e.msg }
+func (e *s3Error) Unwrap() error { return e.err }
+
+// s3Cause is the cause of an SDK error in a few words: the service's
+// error code and message, or the network error (connection refused, no
+// such host, a timeout), and how many attempts it took. The SDK's own
+// text leads with the operation and empty request IDs and ends with the
+// cause, hundreds of characters later.
+func s3Cause(err error) string {
+	var cause string
+	var ae smithy.APIError
+	var dns *net.DNSError
+	var op *net.OpError
+	switch {
+	case errors.As(err, &ae):
+		cause = strings.TrimSuffix(ae.ErrorCode()+": "+ae.ErrorMessage(), ": ")
+	case errors.As(err, &dns):
+		cause = dns.Error()
+	case errors.As(err, &op):
+		cause = op.Err.Error()
+	case errors.Is(err, context.DeadlineExceeded):
+		cause = "timed out"
+	case errors.Is(err, context.Canceled):
+		cause = "cancelled"
+	default:
+		cause = sdkNoise.ReplaceAllString(err.Error(), "")
+	}
+	var ma *retry.MaxAttemptsError
+	if errors.As(err, &ma) {
+		cause += fmt.Sprintf(", after %d attempts", ma.Attempt)
+	}
+	return cause
+}
+
+// sdkNoise is what the SDK's errors say before their cause: the
+// operation, empty request IDs, the attempts (said separately).
+var sdkNoise = regexp.MustCompile(`operation error [^,]*, |https? response error StatusCode: \d+, RequestID: [^,]*, HostID: [^,]*, |exceeded maximum number of attempts, \d+, |request send failed, `)
+
+// isAWSEndpoint says whether an endpoint URL is AWS's own S3.
+func isAWSEndpoint(endpoint string) bool {
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return false
+	}
+	h := u.Hostname()
+	return strings.HasSuffix(h, ".amazonaws.com") || strings.HasSuffix(h, ".amazonaws.com.cn")
 }
 
 // pkgErr prefixes an error that a caller returns as it is.
