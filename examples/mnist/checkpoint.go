@@ -271,15 +271,17 @@ func (c *checkpointer) report(rank int) {
 	c.out.printf("%s (rank %d)\n", line, rank)
 }
 
-// humanBytes is a size in decimal units, as ls -h --si and disk tools say.
+// humanBytes writes a size in binary units (812 B, 3.1 KiB, 14.2 MiB,
+// 1.50 GiB), as gorun checkpoint ls does, so both name a checkpoint's size
+// alike.
 func humanBytes(n int64) string {
 	switch {
-	case n >= 1e9:
-		return fmt.Sprintf("%.1f GB", float64(n)/1e9)
-	case n >= 1e6:
-		return fmt.Sprintf("%.1f MB", float64(n)/1e6)
-	case n >= 1e3:
-		return fmt.Sprintf("%.0f kB", float64(n)/1e3)
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
 }

@@ -23,13 +23,13 @@ const rankPrefix = `(?:\[[0-9,-]+\] )?`
 // asyncLineRe matches the line of an asynchronous save of step in dir,
 // printed once it is committed.
 func asyncLineRe(dir string, step int) *regexp.Regexp {
-	return regexp.MustCompile(fmt.Sprintf(`(?m)^%scheckpoint: step %d snapshotted in \d+(\.\d+)?(ms|s|µs|ns) \(training goes on\); committed to %s after \d+(\.\d+)?(ms|s|µs) \([0-9.]+ (kB|MB)\)$`,
+	return regexp.MustCompile(fmt.Sprintf(`(?m)^%scheckpoint: step %d snapshotted in \d+(\.\d+)?(ms|s|µs|ns) \(training goes on\); committed to %s after \d+(\.\d+)?(ms|s|µs) \([0-9.]+ (KiB|MiB)\)$`,
 		rankPrefix, step, regexp.QuoteMeta(stepLoc(dir, int64(step)))))
 }
 
 // syncLineRe matches the line of a synchronous save of step in dir.
 func syncLineRe(dir string, step int) *regexp.Regexp {
-	return regexp.MustCompile(fmt.Sprintf(`(?m)^%scheckpoint: step %d saved to %s \([0-9.]+ (kB|MB), \d+(\.\d+)?(ms|s|µs)\)$`,
+	return regexp.MustCompile(fmt.Sprintf(`(?m)^%scheckpoint: step %d saved to %s \([0-9.]+ (KiB|MiB), \d+(\.\d+)?(ms|s|µs)\)$`,
 		rankPrefix, step, regexp.QuoteMeta(stepLoc(dir, int64(step)))))
 }
 
