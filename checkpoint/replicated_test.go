@@ -167,7 +167,7 @@ func TestReplicatedThreeDomainsOneReplica(t *testing.T) {
 		return err
 	})
 	for r, err := range errs {
-		if err == nil || !strings.Contains(err.Error(), "step 40: no copy of shard-00001-of-00003.bin, rank-00001.state is left on any host (the checkpoint kept each file on 2 of its 3 hosts, --checkpoint-replicas 1; more hosts lost their checkpoint directory than that allows)") {
+		if err == nil || !strings.Contains(err.Error(), "step 40: no copy of shard-00001-of-00003.bin, rank-00001.state is left on any host (the checkpoint kept each file on 2 of its 3 hosts, --checkpoint-replicas 1; every copy of these files is missing or damaged: directories lost, or files deleted)") {
 			t.Errorf("rank %d: %v", r, err)
 		}
 	}

@@ -437,7 +437,9 @@ func (m *Manager) noCopyLeft(man *Manifest, dom *domains, step int64, missing []
 			break
 		}
 	}
-	return fmt.Errorf("no copy of %s is left on any host (the checkpoint kept each file on %d of its %d hosts, --checkpoint-replicas %d; more hosts lost their checkpoint directory than that allows)",
+	// Whole directories lost, or single files deleted or damaged: the
+	// restore sees only that every copy of these files is gone.
+	return fmt.Errorf("no copy of %s is left on any host (the checkpoint kept each file on %d of its %d hosts, --checkpoint-replicas %d; every copy of these files is missing or damaged: directories lost, or files deleted)",
 		list, copies, man.Hosts, man.Replicas)
 }
 

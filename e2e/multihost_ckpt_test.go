@@ -156,7 +156,7 @@ func TestMultiHostCheckpointReplicas(t *testing.T) {
 	for _, w := range []string{
 		"none of the 8 committed checkpoints can be loaded",
 		fmt.Sprintf("step %d: no copy of shard-00000-of-00004.bin, shard-00001-of-00004.bin, rank-00000.state, rank-00001.state is left on any host", s2),
-		"more hosts lost their checkpoint directory than that allows",
+		"every copy of these files is missing or damaged: directories lost, or files deleted",
 		"gorun: job failed",
 	} {
 		if !strings.Contains(stderr, w) {
