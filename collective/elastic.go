@@ -8,6 +8,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/gorun/gorun/internal/memcopy"
 	"gorgonia.org/tensor"
 )
 
@@ -249,7 +250,7 @@ func (s *ElasticState) snapshot() {
 		if len(it.snap) != len(it.bytes) {
 			it.snap = make([]byte, len(it.bytes))
 		}
-		copyState(it.snap, it.bytes)
+		memcopy.Copy(it.snap, it.bytes)
 	}
 }
 
@@ -260,7 +261,7 @@ func (s *ElasticState) restoreSnapshot() {
 			it.set(it.wsnp)
 			continue
 		}
-		copyState(it.bytes, it.snap)
+		memcopy.Copy(it.bytes, it.snap)
 	}
 }
 

@@ -27,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gorun/gorun/internal/memcopy"
 	"golang.org/x/sys/unix"
 )
 
@@ -205,8 +206,8 @@ func (s *shmLink) send(ctx context.Context, bufs [][]byte, w linkWait) error {
 			}
 			n := min(free, uint64(len(b)), shmChunk)
 			off := s.pos & r.mask
-			k := ringCopy(r.data[off:], b[:n])
-			ringCopy(r.data, b[k:n])
+			k := memcopy.Copy(r.data[off:], b[:n])
+			memcopy.Copy(r.data, b[k:n])
 			s.pos += n
 			b = b[n:]
 			if s.pos-s.published >= shmChunk {
@@ -286,7 +287,7 @@ func (s *shmLink) publish() {
 // closed the ring) it returns io.EOF, or io.ErrUnexpectedEOF within buf.
 func (s *shmLink) recv(ctx context.Context, buf []byte, w linkWait) error {
 	got := 0
-	return s.recvView(ctx, len(buf), func(span []byte) { got += ringCopy(buf[got:], span) }, w)
+	return s.recvView(ctx, len(buf), func(span []byte) { got += memcopy.Copy(buf[got:], span) }, w)
 }
 
 // recvView hands the next n bytes to use, in order, as spans of the ring

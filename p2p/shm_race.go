@@ -5,11 +5,7 @@ package p2p
 // The race detector's view of shm rings: the order a ring's counters
 // make, told to the detector (see below).
 
-import (
-	"runtime"
-	"sync"
-	"unsafe"
-)
+import "sync"
 
 // The race detector learns of an order between goroutines only through Go's
 // own synchronisation. Data that crosses a shared-memory ring is ordered by
@@ -33,12 +29,4 @@ func raceReleaseIO() {
 func raceAcquireIO() {
 	shmSync.Lock()
 	shmSync.Unlock()
-}
-
-// raceCopy tells the race detector what an assembly copy is about to do,
-// which it cannot see by itself: read src, write dst. Memory it does not
-// track (the ring itself) is ignored by it.
-func raceCopy(dst, src []byte) {
-	runtime.RaceReadRange(unsafe.Pointer(&src[0]), len(src))
-	runtime.RaceWriteRange(unsafe.Pointer(&dst[0]), len(dst))
 }

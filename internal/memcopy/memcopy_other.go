@@ -1,8 +1,8 @@
 //go:build !amd64 || purego
 
-package p2p
+package memcopy
 
-// ringCopy without assembly: off amd64, and in purego builds.
+// Copy without assembly: off amd64, and in purego builds.
 
 // useERMS is false off amd64, and in purego builds (no assembly).
 var useERMS = false

@@ -1,8 +1,8 @@
 //go:build amd64 && !purego
 
-package p2p
+package memcopy
 
-// ringCopy's REP MOVSB path on amd64 CPUs that have fast string moves.
+// Copy's REP MOVSB path on amd64 CPUs that have fast string moves.
 
 import (
 	"unsafe"
@@ -10,7 +10,7 @@ import (
 	"golang.org/x/sys/cpu"
 )
 
-// useERMS says whether ringCopy uses REP MOVSB (tests turn it off to
+// useERMS says whether Copy uses REP MOVSB (tests turn it off to
 // compare).
 var useERMS = cpu.X86.HasERMS
 

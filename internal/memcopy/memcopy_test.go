@@ -1,4 +1,4 @@
-package p2p
+package memcopy
 
 import (
 	"bytes"
@@ -7,17 +7,17 @@ import (
 	"testing"
 )
 
-// TestRingCopy checks ringCopy against copy at lengths around
-// ermsMinBytes and at several alignments of source and destination, with and
+// TestCopy checks Copy against copy at lengths around
+// MinERMSBytes and at several alignments of source and destination, with and
 // without REP MOVSB, including the bytes either side of the copy that it
 // must leave alone.
-func TestRingCopy(t *testing.T) {
+func TestCopy(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	src := make([]byte, 3*ermsMinBytes)
+	src := make([]byte, 3*MinERMSBytes)
 	for i := range src {
 		src[i] = byte(rng.Uint32())
 	}
-	lengths := []int{0, 1, 7, 63, 64, ermsMinBytes - 1, ermsMinBytes, ermsMinBytes + 1, 2*ermsMinBytes + 13}
+	lengths := []int{0, 1, 7, 63, 64, MinERMSBytes - 1, MinERMSBytes, MinERMSBytes + 1, 2*MinERMSBytes + 13}
 	for _, erms := range []bool{false, useERMS} {
 		old := useERMS
 		useERMS = erms
@@ -28,11 +28,11 @@ func TestRingCopy(t *testing.T) {
 						dst := bytes.Repeat([]byte{0xEE}, n+do+16)
 						want := bytes.Clone(dst)
 						copy(want[do:do+n], src[so:so+n])
-						if got := ringCopy(dst[do:do+n], src[so:]); got != n {
-							t.Fatalf("ringCopy returned %d, want %d", got, n)
+						if got := Copy(dst[do:do+n], src[so:]); got != n {
+							t.Fatalf("Copy returned %d, want %d", got, n)
 						}
 						if !bytes.Equal(dst, want) {
-							t.Fatalf("ringCopy of %d bytes wrote the wrong bytes", n)
+							t.Fatalf("Copy of %d bytes wrote the wrong bytes", n)
 						}
 					})
 				}
