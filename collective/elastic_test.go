@@ -277,6 +277,22 @@ func (tj *toyJob) joinAtStep2() <-chan *Comm {
 	return joined
 }
 
+// runJoiner starts the loop of the joiner that joinAtStep2 admits, with
+// wrong parameters (only the broadcast can make them right).
+func (tj *toyJob) runJoiner(joined <-chan *Comm) *member {
+	tj.t.Helper()
+	select {
+	case c, ok := <-joined:
+		if !ok {
+			tj.t.FailNow()
+		}
+		return tj.run(c, -777, 0)
+	case <-tj.ctx.Done():
+		tj.t.Fatal("the joiner was not admitted")
+	}
+	return nil
+}
+
 // checkGoroutines fails the test if goroutines started by it are still
 // running some seconds after everything was closed (crashed ranks
 // included).
@@ -681,16 +697,7 @@ func TestElasticJoinerGetsState(t *testing.T) {
 	for i, c := range tj.j.Comms {
 		tj.run(c, 1, int64(1000*(i+1)))
 	}
-	var jm *member
-	select {
-	case c, ok := <-joined:
-		if !ok {
-			t.FailNow()
-		}
-		jm = tj.run(c, -777, 0)
-	case <-tj.ctx.Done():
-		t.Fatal("the joiner was not admitted")
-	}
+	jm := tj.runJoiner(joined)
 	alive := tj.check(3)
 	if len(alive) == 3 && (!jm.u.fresh || jm.c.Rank() != 2) {
 		t.Errorf("joiner: fresh unique state %v, rank %d; want fresh, rank 2", jm.u.fresh, jm.c.Rank())
@@ -1574,16 +1581,7 @@ func TestElasticJoinerWithOtherStateSentAway(t *testing.T) {
 	for i, c := range tj.j.Comms {
 		tj.run(c, 1, int64(1000*(i+1)))
 	}
-	var jm *member
-	select {
-	case c, ok := <-joined:
-		if !ok {
-			t.FailNow()
-		}
-		jm = tj.run(c, -777, 0)
-	case <-tj.ctx.Done():
-		t.Fatal("the joiner was not admitted")
-	}
+	jm := tj.runJoiner(joined)
 	tj.check(2)
 	if want := "registered different elastic state"; jm.err == nil || !strings.Contains(jm.err.Error(), want) {
 		t.Errorf("joiner: %v, want an error saying it %s", jm.err, want)
@@ -1609,16 +1607,7 @@ func TestElasticJoinerWithOtherCallsSentAway(t *testing.T) {
 	for i, c := range tj.j.Comms {
 		tj.run(c, 1, int64(1000*(i+1)))
 	}
-	var jm *member
-	select {
-	case c, ok := <-joined:
-		if !ok {
-			t.FailNow()
-		}
-		jm = tj.run(c, -777, 0)
-	case <-tj.ctx.Done():
-		t.Fatal("the joiner was not admitted")
-	}
+	jm := tj.runJoiner(joined)
 	alive := tj.check(2)
 	if want := "leaves the job, which goes on without it"; jm.err == nil || !strings.Contains(jm.err.Error(), want) || !strings.Contains(jm.err.Error(), "float64[6]") {
 		t.Errorf("joiner: %v, want an error naming its call and saying it %s", jm.err, want)
