@@ -473,9 +473,7 @@ func (r *Rendezvous) serve(c *rzConn, m *msg) bool {
 	case tQuit:
 		// A member that leaves outside a commit: a loss, with its own
 		// reason instead of "disconnected".
-		c.s.Reset()
-		r.abortRead(c)
-		r.step(membership.Disconnected{ID: c.mid, Quit: m.Text, Err: "the member quit"})
+		r.end(c, membership.Disconnected{ID: c.mid, Quit: m.Text, Err: "the member quit"})
 		return false
 	case tAbort:
 		r.step(membership.AbortRequest{ID: c.mid, Text: m.Text})
@@ -633,9 +631,14 @@ func (r *Rendezvous) AbortDelivered() <-chan struct{} { return r.abortDelivered 
 
 // lost handles the end of a control stream. err == nil: orderly leave.
 func (r *Rendezvous) lost(c *rzConn, err error) {
-	c.s.Reset()
-	r.abortRead(c)
 	var timeout interface{ Timeout() bool }
 	to := errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &timeout) && timeout.Timeout())
-	r.step(membership.Disconnected{ID: c.mid, Timeout: to, Err: fmt.Sprint(err)})
+	r.end(c, membership.Disconnected{ID: c.mid, Timeout: to, Err: fmt.Sprint(err)})
+}
+
+// end closes c's stream and tells the membership how it ended (ev).
+func (r *Rendezvous) end(c *rzConn, ev membership.Disconnected) {
+	c.s.Reset()
+	r.abortRead(c)
+	r.step(ev)
 }
