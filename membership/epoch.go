@@ -27,7 +27,7 @@ func (m *Machine) change(now time.Time, reason string, lost []Lost) {
 		el.changeStart = now
 	}
 	el.epoch++
-	el.tableSent, el.goSent = false, false
+	el.tableSent, el.goSent, el.reason = false, false, reason
 	rc := Message{Kind: Reconfig, Epoch: el.epoch, Lost: lost, Text: reason}
 	for _, p := range el.members {
 		p.growReq, p.leaveReq = false, false

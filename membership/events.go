@@ -17,6 +17,10 @@ type Info struct {
 	HostName string // its host's name in messages, "" if it gave none
 	Addr     string // where its control connection came from
 	Proc     string // the launcher's id of the process, "" if none
+	// Contact is how the other processes reach it, in the driver's own
+	// encoding: it goes into the tables, and a replicated rendezvous
+	// needs it in its log, for a new leader sends the tables too.
+	Contact string `json:",omitempty"`
 }
 
 // Register: a process said hello (with the job key checked) and asks to
@@ -91,6 +95,10 @@ type Grow struct {
 	Epoch int
 	Leave bool
 	Why   string
+	// Seq numbers the member's requests from 1 (0: unnumbered, always
+	// taken): one it sent again to a new rendezvous leader, not knowing
+	// whether the old one took it, is taken once.
+	Seq uint64
 }
 
 // WaitTick: time to tell the members again how long the job, below its

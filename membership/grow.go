@@ -18,6 +18,12 @@ func (m *Machine) grow(now time.Time, e Grow) {
 	if !m.cfg.Elastic || p == nil || m.aborted || e.Epoch != el.epoch || !el.goSent || !p.member {
 		return // a change is under way: the member follows it
 	}
+	if e.Seq != 0 {
+		if e.Seq <= p.growSeq {
+			return // sent again after a leader change: taken already
+		}
+		p.growSeq, p.grewNone = e.Seq, false
+	}
 	p.growReq = true
 	p.leaveReq, p.leaveWhy = e.Leave, e.Why
 	var leavers []*proc
@@ -40,7 +46,7 @@ func (m *Machine) grow(now time.Time, e Grow) {
 		m.change(now, fmt.Sprintf("admitting %d new member%s", n, s), nil)
 	default:
 		for _, o := range el.members {
-			o.growReq = false
+			o.growReq, o.grewNone, o.grewNoneAt = false, true, e.Epoch
 			m.send(o, Message{Kind: GrowNone, Epoch: e.Epoch})
 		}
 	}
@@ -65,6 +71,7 @@ func (m *Machine) depart(now time.Time, leavers []*proc) {
 		names = append(names, fmt.Sprintf("rank %d", l.Rank))
 		// The leavers learn first: their Depart returns before the
 		// others' links to them close.
+		p.departText, p.departEpoch = cause, el.epoch
 		m.send(p, Message{Kind: Departed, Epoch: el.epoch, Text: cause})
 	}
 	if len(el.members) == 0 {

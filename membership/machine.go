@@ -45,8 +45,17 @@ type proc struct {
 	growReq    bool // asked to grow the current epoch
 	leaveReq   bool // with its grow request: it leaves the job (leaveWhy)
 	leaveWhy   string
-	departed   bool   // it left the job gracefully at a commit
-	quitWhy    string // it said it quits outside a commit: why
+	departed   bool // it left the job gracefully at a commit
+	// growSeq: the sequence number of its last Grow taken (a repeat,
+	// sent again after the rendezvous' leader changed, is ignored);
+	// grewNone: that request was answered GrowNone in epoch grewNoneAt;
+	// departText, departEpoch: its Departed message, to tell it again.
+	growSeq     uint64
+	grewNone    bool
+	grewNoneAt  int
+	departText  string
+	departEpoch int
+	quitWhy     string // it said it quits outside a commit: why
 }
 
 // Machine is a job's membership. Its zero value is not usable: call New.
@@ -58,6 +67,7 @@ type Machine struct {
 	tableSent bool // the start's table went out (every rank registered)
 	goSent    bool // fixed-size job: every rank acked it
 	aborted   bool
+	abortText string // the cause the processes were told
 	allGone   bool
 
 	el elastic
@@ -76,8 +86,9 @@ type elastic struct {
 	changeStart time.Time
 	waiting     bool // below MinSize, waiting for joiners
 	waitSince   time.Time
-	nextKey     int  // regs key of the next joiner
-	leftClean   bool // a member left the job cleanly: it is finishing
+	nextKey     int    // regs key of the next joiner
+	leftClean   bool   // a member left the job cleanly: it is finishing
+	reason      string // why the newest epoch began (its Reconfig's text)
 	// args: the arguments every rank of epoch 0 started with, which a
 	// joiner must have too; argsVary: they differed, so nothing is
 	// checked.
@@ -151,7 +162,7 @@ func (m *Machine) abort(a Abort) {
 	if m.aborted {
 		return
 	}
-	m.aborted = true
+	m.aborted, m.abortText = true, a.Cause
 	m.emit(a)
 }
 

@@ -14,8 +14,14 @@ import (
 
 // Config configures a Replica.
 type Config struct {
-	ID    uint64   // this replica's id, not 0
-	Peers []uint64 // every replica's id, this one's included
+	ID uint64 // this replica's id, not 0
+	// Peers: every replica's id, this one's included, for a group that
+	// starts with them; empty: this replica joins a running group, which
+	// adds it (AddReplica) and sends it the log.
+	Peers []uint64
+	// Addrs: where the Peers are reached (the driver's addresses), kept
+	// in the log with the group's changes so every replica learns them.
+	Addrs map[uint64]string
 	// ElectionTicks is how many Ticks without a leader's word start an
 	// election (at least 2×HeartbeatTicks); HeartbeatTicks how often a
 	// leader speaks. The caller picks the tick so that an election fits
@@ -30,6 +36,7 @@ type Replica struct {
 	rn      *raft.RawNode
 	storage *raft.MemoryStorage
 	m       *membership.Machine
+	addrs   map[uint64]string // every replica of the group, by id, as the log says
 }
 
 // Applied is what one committed event did: the actions its Step returned,
@@ -48,6 +55,8 @@ type Ready struct {
 	Messages []*raftpb.Message
 	Applied  []Applied
 	Leader   bool // this replica leads the group (as of this Ready)
+	// GroupChanged: a replica was added or removed (see Replicas).
+	GroupChanged bool
 }
 
 // New starts a replica of a new group.
@@ -69,15 +78,42 @@ func New(cfg Config) (*Replica, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raftgroup: replica %d: %w", cfg.ID, err)
 	}
-	peers := make([]raft.Peer, len(cfg.Peers))
-	for i, id := range cfg.Peers {
-		peers[i] = raft.Peer{ID: id}
+	if len(cfg.Peers) > 0 {
+		peers := make([]raft.Peer, len(cfg.Peers))
+		for i, id := range cfg.Peers {
+			peers[i] = raft.Peer{ID: id, Context: []byte(cfg.Addrs[id])}
+		}
+		if err := rn.Bootstrap(peers); err != nil {
+			return nil, fmt.Errorf("raftgroup: replica %d: %w", cfg.ID, err)
+		}
 	}
-	if err := rn.Bootstrap(peers); err != nil {
-		return nil, fmt.Errorf("raftgroup: replica %d: %w", cfg.ID, err)
-	}
-	return &Replica{id: cfg.ID, rn: rn, storage: st, m: membership.New(cfg.Membership)}, nil
+	return &Replica{id: cfg.ID, rn: rn, storage: st, m: membership.New(cfg.Membership), addrs: map[uint64]string{}}, nil
 }
+
+// AddReplica asks the group to add replica id, reached at addr: once the
+// change is applied the leader sends it the log, and it counts in the
+// majority.
+func (r *Replica) AddReplica(id uint64, addr string) error {
+	return r.rn.ProposeConfChange(&raftpb.ConfChange{Type: raftpb.ConfChangeAddNode.Enum(), NodeId: proto.Uint64(id), Context: []byte(addr)})
+}
+
+// Replicas returns every replica of the group by id, with its address, as
+// the applied log says (a replica that joined learns them as it catches
+// up).
+func (r *Replica) Replicas() map[uint64]string {
+	out := make(map[uint64]string, len(r.addrs))
+	for id, a := range r.addrs {
+		out[id] = a
+	}
+	return out
+}
+
+// ReportUnreachable tells raft that a message to id could not be sent, so
+// the leader stops streaming to it until it answers again.
+func (r *Replica) ReportUnreachable(id uint64) { r.rn.ReportUnreachable(id) }
+
+// ID is this replica's id.
+func (r *Replica) ID() uint64 { return r.id }
 
 // Tick advances the replica's logical clock by one tick.
 func (r *Replica) Tick() { r.rn.Tick() }
@@ -143,6 +179,13 @@ func (r *Replica) Ready() (Ready, error) {
 				return Ready{}, err
 			}
 			r.rn.ApplyConfChange(cc)
+			switch cc.GetType() {
+			case raftpb.ConfChangeAddNode, raftpb.ConfChangeAddLearnerNode:
+				r.addrs[cc.GetNodeId()] = string(cc.GetContext())
+			case raftpb.ConfChangeRemoveNode:
+				delete(r.addrs, cc.GetNodeId())
+			}
+			out.GroupChanged = true
 		}
 	}
 	r.rn.Advance(rd)

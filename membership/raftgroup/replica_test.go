@@ -240,3 +240,50 @@ func TestGroupPartitionMinorityStops(t *testing.T) {
 		t.Errorf("the healed replica: aborted %v, epoch %d; want the majority's epoch 1", m.Aborted(), m.Epoch())
 	}
 }
+
+// A group that starts with one replica (the launcher's, or rank 0's) and
+// adds the others once they are up: each added replica catches up to the
+// whole log, learns every replica's address, and the group survives the
+// loss of the one it started from.
+func TestGroupGrowsFromOne(t *testing.T) {
+	g := &group{t: t, reps: map[uint64]*Replica{}, down: map[uint64]bool{}, cut: map[[2]uint64]bool{},
+		applied: map[uint64][]Applied{}, now: time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC), ids: []uint64{1}}
+	first, err := New(Config{ID: 1, Peers: []uint64{1}, Addrs: map[uint64]string{1: "a1"}, Membership: jobConfig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.reps[1] = first
+	g.leaderAmong(1)
+	g.start(1)
+	for _, id := range []uint64{2, 3} {
+		r, err := New(Config{ID: id, Membership: jobConfig})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.reps[id], g.ids = r, append(g.ids, id)
+		if err := first.AddReplica(id, fmt.Sprintf("a%d", id)); err != nil {
+			t.Fatal(err)
+		}
+		g.settle()
+		for range 5 {
+			g.tick()
+		}
+	}
+	want := map[uint64]string{1: "a1", 2: "a2", 3: "a3"}
+	for _, id := range g.ids {
+		if got := g.reps[id].Replicas(); !reflect.DeepEqual(got, want) {
+			t.Errorf("replica %d knows the group as %v, want %v", id, got, want)
+		}
+		if m := g.reps[id].Machine(); !m.Started() || m.Members() != 4 || !m.Established() {
+			t.Errorf("replica %d: started %v, %d members, established %v; want the running job of 4", id, m.Started(), m.Members(), m.Established())
+		}
+	}
+	g.down[1] = true
+	g.leaderAmong(2, 3)
+	g.propose(2, membership.Disconnected{ID: 1, Timeout: true})
+	for _, id := range []uint64{2, 3} {
+		if m := g.reps[id].Machine(); m.Epoch() != 1 || m.Members() != 3 {
+			t.Errorf("replica %d after losing replica 1: epoch %d, %d members; want epoch 1 of 3", id, m.Epoch(), m.Members())
+		}
+	}
+}
