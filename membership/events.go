@@ -50,6 +50,9 @@ type Disconnected struct {
 	Timeout bool
 	Quit    string
 	Err     string // what ended it, for the log
+	// Cause, if set, is why it counts as lost in the job's messages
+	// (else "disconnected", or Timeout's or Quit's wording).
+	Cause string `json:",omitempty"`
 }
 
 // Leave: the process closed its communicator cleanly (its Disconnected

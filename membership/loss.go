@@ -116,7 +116,9 @@ func (m *Machine) elasticLost(now time.Time, p *proc, e Disconnected) {
 		return
 	}
 	cause := "disconnected"
-	if p.quitWhy != "" {
+	if e.Cause != "" {
+		cause = e.Cause
+	} else if p.quitWhy != "" {
 		cause = "left the job outside a commit: " + p.quitWhy
 	} else if e.Timeout {
 		cause = fmt.Sprintf("stopped responding: no heartbeat within %v", m.cfg.Heartbeat)

@@ -262,6 +262,13 @@ func (m *Machine) Waiting(since time.Time) bool {
 	return m.el.waiting && m.el.waitSince.Equal(since) && !m.aborted
 }
 
+// WaitingSince says whether the job is below its minimum size, and since
+// when: a new leader of a replicated rendezvous takes up that wait's
+// timers.
+func (m *Machine) WaitingSince() (time.Time, bool) {
+	return m.el.waitSince, m.el.waiting && !m.aborted
+}
+
 // ProgressSize is how many ranks the collective progress covers.
 func (m *Machine) ProgressSize() int {
 	if m.cfg.Elastic && m.el.tableSent {

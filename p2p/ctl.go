@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/peerstore"
 	ma "github.com/multiformats/go-multiaddr"
 )
@@ -44,6 +45,7 @@ type ctlClient struct {
 	progress progressReport // progress.go
 	hang     hangAnswers    // diagnose_rank.go
 	leave    leaveTracker   // leave.go
+	group    groupClient    // ctl_resume.go: a replicated rendezvous
 }
 
 func newCtlClient(n *Node) *ctlClient {
@@ -56,6 +58,7 @@ func newCtlClient(n *Node) *ctlClient {
 		progress:   progressReport{answer: make(chan []uint64, 1)},
 		hang:       hangAnswers{answer: make(chan hangAnswer, 1)},
 		leave:      leaveTracker{behind: map[int]uint64{}, lateOK: make(chan struct{}, 1)},
+		group:      groupClient{up: closedChan()},
 	}
 }
 
@@ -84,36 +87,64 @@ func (n *Node) register(ctx context.Context, rzAddrs []ma.Multiaddr) error {
 	// own dial backoff, which would otherwise turn retries into instant
 	// failures.
 	dctx := network.WithForceDirectDial(sctx, "gorun rendezvous")
+	pid, where := n.rzID, n.cfg.Rendezvous
 	var s network.Stream
+	var w *msg
 	for delay, logged := 50*time.Millisecond, false; ; delay = min(2*delay, time.Second) {
 		var err error
-		s, err = n.h.NewStream(dctx, n.rzID, rendezvousProto)
+		s, err = n.h.NewStream(dctx, pid, rendezvousProto)
 		if err == nil {
-			break
+			if w, err = n.hello(sctx, s, pid, false); err == nil {
+				break
+			}
+			// A replica of a replicated rendezvous that does not lead
+			// (yet) sends this rank to the one that does.
+			var re *redirectError
+			if !errors.As(err, &re) {
+				return fmt.Errorf("register with rendezvous at %s: %w", where, err)
+			}
+			if it := re.leaderItem(); it != nil {
+				if rpid, addrs, rerr := n.replicaAddrs(sctx, *it); rerr == nil {
+					n.h.Peerstore().AddAddrs(rpid, addrs, peerstore.PermanentAddrTTL)
+					pid, where = rpid, it.Addr
+					continue
+				}
+			}
 		}
 		if !logged {
-			n.logf("rendezvous at %s not reachable yet, retrying: %v", n.cfg.Rendezvous, err)
+			n.logf("rendezvous at %s not reachable yet, retrying: %v", where, err)
 			logged = true
 		}
 		t := time.NewTimer(delay)
 		select {
 		case <-sctx.Done():
 			t.Stop()
-			return fmt.Errorf("connect to rendezvous at %s: %v: %w", n.cfg.Rendezvous, err, context.Cause(sctx))
+			return fmt.Errorf("connect to rendezvous at %s: %v: %w", where, err, context.Cause(sctx))
 		case <-t.C:
 		}
 	}
-	if d, ok := sctx.Deadline(); ok {
+	n.ctl.learn(w)
+	n.logf("registered with rendezvous %s", n.cfg.Rendezvous)
+	n.ctl.start(s)
+	return nil
+}
+
+// hello runs the challenge-response on a new stream s with the
+// rendezvous replica pid, fresh or (resume) taking up this process' place
+// with a new leader, and returns the welcome. The stream is reset on an
+// error, and when ctx ends first.
+func (n *Node) hello(ctx context.Context, s network.Stream, pid peer.ID, resume bool) (*msg, error) {
+	if d, ok := ctx.Deadline(); ok {
 		s.SetDeadline(d)
 	}
-	stopWatch := context.AfterFunc(sctx, func() { s.Reset() })
-	fail := func(err error) error {
+	stopWatch := context.AfterFunc(ctx, func() { s.Reset() })
+	fail := func(err error) (*msg, error) {
 		stopWatch()
 		s.Reset()
-		if sctx.Err() != nil {
-			err = context.Cause(sctx)
+		if ctx.Err() != nil {
+			err = context.Cause(ctx)
 		}
-		return fmt.Errorf("register with rendezvous at %s: %w", n.cfg.Rendezvous, err)
+		return nil, err
 	}
 	ch, err := readMsg(s)
 	if err != nil {
@@ -137,6 +168,14 @@ func (n *Node) register(ctx context.Context, rzAddrs []ma.Multiaddr) error {
 		hello.Args = helloArgs(n.cfg.Args)
 		hello.HostName = n.cfg.HostName
 	}
+	if r := n.cfg.Replica; r != nil && r.grp != nil {
+		hello.Replica = &groupItem{ID: r.grp.cfg.ID, Addr: r.grp.cfg.Advertise}
+	}
+	if resume {
+		n.ctl.group.mu.Lock()
+		hello.Resume, hello.MID = true, n.ctl.group.mid
+		n.ctl.group.mu.Unlock()
+	}
 	if err := writeMsg(s, hello); err != nil {
 		return fail(err)
 	}
@@ -146,21 +185,23 @@ func (n *Node) register(ctx context.Context, rzAddrs []ma.Multiaddr) error {
 	}
 	switch w.T {
 	case tWelcome:
+	case tRedirect:
+		stopWatch()
+		s.Reset()
+		return nil, &redirectError{leader: w.Seq, group: w.Group}
 	case tError:
-		return fail(fmt.Errorf("refused: %s", w.Text))
+		return fail(fmt.Errorf("%w: %s", errRefused, w.Text))
 	default:
 		return fail(fmt.Errorf("expected welcome, got %q", w.T))
 	}
-	if !hmac.Equal(w.Proof, welcomeProof(n.cfg.JobKey, myNonce, n.rzID.String())) {
+	if !hmac.Equal(w.Proof, welcomeProof(n.cfg.JobKey, myNonce, pid.String())) {
 		return fail(errors.New("rendezvous failed to prove it knows the job key"))
 	}
 	if !stopWatch() {
-		return fail(context.Cause(sctx))
+		return fail(context.Cause(ctx))
 	}
 	s.SetDeadline(time.Time{})
-	n.logf("registered with rendezvous %s", n.cfg.Rendezvous)
-	n.ctl.start(s)
-	return nil
+	return w, nil
 }
 
 // start runs the client on the registered stream s: the reader, the
@@ -175,10 +216,23 @@ func (c *ctlClient) start(s network.Stream) {
 
 // send writes m on the control stream, bounded by Timeout.
 func (c *ctlClient) send(m *msg) error {
+	s, err := c.streamFor(m)
+	if err != nil || s == nil {
+		return err
+	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
+	if s != c.s {
+		return nil // resumed meanwhile: sent again on the new stream if it matters
+	}
 	c.s.SetWriteDeadline(time.Now().Add(c.n.cfg.Timeout))
-	return writeMsg(c.s, m)
+	err = writeMsg(c.s, m)
+	if err != nil && c.group.replicated() {
+		// The reader sees the stream break too and reconnects; what
+		// matters is sent again then (resend).
+		return nil
+	}
+	return err
 }
 
 // heartbeat pings the rendezvous every quarter of the heartbeat bound
@@ -208,7 +262,7 @@ func (c *ctlClient) tick(interval time.Duration, next func() *msg) {
 			if n.sim.frozen.Load() {
 				continue
 			}
-			if m := next(); m != nil && c.send(m) != nil {
+			if m := next(); m != nil && c.send(m) != nil && !c.group.replicated() {
 				return
 			}
 		}
@@ -224,13 +278,23 @@ func (c *ctlClient) read() {
 	defer close(c.dead)
 	gotTable := false
 	for {
-		c.s.SetReadDeadline(time.Now().Add(n.hbTimeout()))
-		m, err := readMsg(c.s)
+		c.writeMu.Lock()
+		s := c.s
+		c.writeMu.Unlock()
+		s.SetReadDeadline(time.Now().Add(n.hbTimeout()))
+		m, err := readMsg(s)
 		if err == nil && !n.sim.frozen.Load() {
 			c.lastRecv.Store(time.Now().UnixNano())
 		}
 		if !n.waitThaw() {
 			return
+		}
+		if err != nil && !n.life.closing.Load() && c.group.replicated() {
+			if rerr := c.reconnect(err); rerr == nil {
+				continue
+			} else {
+				err = rerr
+			}
 		}
 		if err != nil {
 			if !n.life.closing.Load() {
@@ -245,6 +309,7 @@ func (c *ctlClient) read() {
 		if n.cfg.Elastic && n.elasticCtl(m) {
 			continue
 		}
+		c.learn(m)
 		switch m.T {
 		case tPing:
 			n.mu.Lock()

@@ -81,3 +81,21 @@ func (n *Node) waitThaw() bool {
 		return false
 	}
 }
+
+// crash stops the rendezvous at once, as kill -9 does its process: its
+// streams break and nothing is said to anybody (tests of a replicated
+// rendezvous losing a replica).
+func (r *Rendezvous) crash() {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	r.closed = true
+	close(r.closeCh)
+	r.mu.Unlock()
+	r.h.Close()
+	if r.grp != nil {
+		r.closeGroup()
+	}
+}

@@ -93,6 +93,11 @@ type Config struct {
 	// hand with other flags would train something else, or call other
 	// collectives, and fail the job later).
 	Args []string
+	// Replica, if set, is the replica of the job's replicated rendezvous
+	// that this process hosts (StartRendezvous with a GroupConfig): the
+	// hello offers it, and the group adds it. The caller closes it after
+	// the node.
+	Replica *Rendezvous
 }
 
 // maxArgsBytes bounds the arguments a hello carries; longer ones are sent

@@ -71,6 +71,10 @@ type RendezvousConfig struct {
 	// the report (with every rank's state) itself, and the rank that
 	// asked first prints the diagnosis.
 	OnHang func(*HangReport) (dump string)
+	// Group, if set, makes this rendezvous one replica of a replicated
+	// group (rz_group.go): the membership survives the loss of its
+	// leader. nil: a lone rendezvous, as always.
+	Group *GroupConfig
 }
 
 // ProcEventKind is what became of a process (ProcEvent).
@@ -140,6 +144,7 @@ type Rendezvous struct {
 	hangs    map[hangKey]*hangGather
 	hangKept []keptHang
 	hangIDs  uint64
+	grp      *groupState // a replica of a group (rz_group.go); nil: a lone rendezvous
 }
 
 // rzConn is the server side of one rank's control stream. What the rank
@@ -152,6 +157,13 @@ type rzConn struct {
 	wmu  sync.Mutex
 	// heard is when a message from the rank was last read (UnixNano).
 	heard atomic.Int64
+	// A replicated rendezvous' registration (rz_group.go): the welcome to
+	// send once the group applied it, and the outcome; registered closes
+	// then.
+	welcome    *msg
+	registered chan struct{}
+	refused    string
+	welcomeErr error
 }
 
 func (c *rzConn) send(m *msg, timeout time.Duration) error {
@@ -210,6 +222,9 @@ func StartRendezvous(ctx context.Context, cfg RendezvousConfig) (*Rendezvous, er
 		cfg.Elastic = &ec
 	}
 	sk, id, err := rendezvousIdentity(cfg.JobKey)
+	if cfg.Group != nil {
+		sk, id, err = replicaIdentity(cfg.JobKey, cfg.Group.ID)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -240,13 +255,8 @@ func StartRendezvous(ctx context.Context, cfg RendezvousConfig) (*Rendezvous, er
 	if err != nil {
 		return nil, fmt.Errorf("p2p: rendezvous host: %w", err)
 	}
-	mc := membership.Config{Size: cfg.Size, Heartbeat: hb}
-	if e := cfg.Elastic; e != nil {
-		mc.Elastic, mc.MinSize, mc.MaxSize, mc.WaitTimeout = true, e.MinSize, e.MaxSize, e.WaitTimeout
-	}
 	r := &Rendezvous{
 		cfg: cfg, h: h, id: id,
-		m:       membership.New(mc),
 		conns:   map[membership.ID]*rzConn{},
 		allReg:  make(chan struct{}),
 		allGone: make(chan struct{}), abortDelivered: make(chan struct{}),
@@ -264,9 +274,30 @@ func StartRendezvous(ctx context.Context, cfg RendezvousConfig) (*Rendezvous, er
 		h.Close()
 		return nil, errors.New("p2p: rendezvous: no TCP listen address")
 	}
+	if cfg.Group != nil {
+		if err := r.startGroup(); err != nil {
+			h.Close()
+			return nil, fmt.Errorf("p2p: rendezvous replica %d: %w", cfg.Group.ID, err)
+		}
+	} else {
+		r.m = membership.New(r.machineConfig())
+	}
 	h.SetStreamHandler(rendezvousProto, r.handle)
-	cfg.Logf("rendezvous for %d ranks at %s (peer %s)", cfg.Size, r.addr, id)
+	if cfg.Group != nil {
+		cfg.Logf("rendezvous replica %d for %d ranks at %s (peer %s)", cfg.Group.ID, cfg.Size, r.addr, id)
+	} else {
+		cfg.Logf("rendezvous for %d ranks at %s (peer %s)", cfg.Size, r.addr, id)
+	}
 	return r, nil
+}
+
+// machineConfig is the membership's configuration.
+func (r *Rendezvous) machineConfig() membership.Config {
+	mc := membership.Config{Size: r.cfg.Size, Heartbeat: r.hb}
+	if e := r.cfg.Elastic; e != nil {
+		mc.Elastic, mc.MinSize, mc.MaxSize, mc.WaitTimeout = true, e.MinSize, e.MaxSize, e.WaitTimeout
+	}
+	return mc
 }
 
 // Addr returns the "host:port" the rendezvous listens on.
@@ -331,6 +362,9 @@ func (r *Rendezvous) Close() error {
 		for _, c := range conns {
 			c.s.Reset()
 		}
+		if r.grp != nil {
+			r.closeGroup()
+		}
 		err = r.h.Close()
 		r.wg.Wait()
 	})
@@ -381,9 +415,24 @@ func (r *Rendezvous) handle(s network.Stream) {
 		Rank: m.Rank, ID: remote.String(), Addrs: m.Addrs, HostID: m.HostID, Unix: m.Unix, TCPPort: m.TCPPort, TLSPort: m.TLSPort,
 	}}
 	reg := membership.Register{Rank: m.Rank, Joiner: m.Joiner, Heartbeat: m.Elastic, Args: m.Args,
-		Info: membership.Info{PeerID: remote.String(), Host: m.HostID, HostName: m.HostName, Addr: raddr, Proc: m.Proc}}
+		Info: membership.Info{PeerID: remote.String(), Host: m.HostID, HostName: m.HostName, Addr: raddr, Proc: m.Proc, Contact: contact(c.item)}}
 	welcome := &msg{T: tWelcome, Proof: welcomeProof(r.cfg.JobKey, m.Nonce, r.id.String())}
-	refused, err := r.register(c, reg, welcome)
+	var refused string
+	switch {
+	case r.grp != nil && !r.Leads():
+		r.redirect(c)
+		s.CloseWrite()
+		s.SetReadDeadline(time.Now().Add(time.Second))
+		readMsgMax(s, maxSmallFrame)
+		s.Reset()
+		return
+	case r.grp != nil && m.Resume:
+		refused = r.resume(c, membership.ID(m.MID), remote, welcome)
+	case r.grp != nil:
+		refused, err = r.registerReplicated(c, reg, welcome, m.Replica)
+	default:
+		refused, err = r.register(c, reg, welcome)
+	}
 	if refused != "" {
 		c.send(&msg{T: tError, Text: refused}, to)
 		s.CloseWrite()
@@ -412,8 +461,12 @@ func (r *Rendezvous) handle(s network.Stream) {
 			case <-t.C:
 				r.mu.Lock()
 				missing, epoch, pending := r.m.Ping()
+				var group []groupItem
+				if r.grp != nil {
+					group = r.groupItemsLocked()
+				}
 				r.mu.Unlock()
-				if c.send(&msg{T: tPing, Missing: missing, Epoch: epoch, Pending: pending}, to) != nil {
+				if c.send(&msg{T: tPing, Missing: missing, Epoch: epoch, Pending: pending, Group: group}, to) != nil {
 					return
 				}
 			}
@@ -469,7 +522,7 @@ func (r *Rendezvous) serve(c *rzConn, m *msg) bool {
 	case tLinkFail:
 		r.step(membership.LinkFailed{ID: c.mid, Epoch: m.Epoch, Rank: m.Rank, Text: m.Text})
 	case tGrow:
-		r.step(membership.Grow{ID: c.mid, Epoch: m.Epoch, Leave: m.Leave, Why: m.Text})
+		r.step(membership.Grow{ID: c.mid, Epoch: m.Epoch, Leave: m.Leave, Why: m.Text, Seq: m.Seq})
 	case tQuit:
 		// A member that leaves outside a commit: a loss, with its own
 		// reason instead of "disconnected".
@@ -560,6 +613,13 @@ func (r *Rendezvous) step(ev membership.Event) {
 		r.mu.Unlock()
 		return
 	}
+	if r.grp != nil {
+		// The group applies it once a majority has it; the raft loop
+		// carries out what it does.
+		r.proposeLocked(ev)
+		r.mu.Unlock()
+		return
+	}
 	acts := r.m.Step(time.Now(), ev)
 	r.mu.Unlock()
 	r.do(acts)
@@ -571,7 +631,11 @@ func (r *Rendezvous) connsLocked() []*rzConn {
 	ids := r.m.Conns()
 	out := make([]*rzConn, 0, len(ids))
 	for _, id := range ids {
-		out = append(out, r.conns[id])
+		// In a replicated rendezvous, a member that has not reconnected
+		// to a new leader yet has no stream here.
+		if c := r.conns[id]; c != nil {
+			out = append(out, c)
+		}
 	}
 	return out
 }
@@ -640,5 +704,13 @@ func (r *Rendezvous) lost(c *rzConn, err error) {
 func (r *Rendezvous) end(c *rzConn, ev membership.Disconnected) {
 	c.s.Reset()
 	r.abortRead(c)
+	if r.grp != nil {
+		r.mu.Lock()
+		current := c.mid != 0 && r.conns[c.mid] == c
+		r.mu.Unlock()
+		if !current {
+			return // replaced by the stream it resumed on, or dropped when this replica stepped down
+		}
+	}
 	r.step(ev)
 }

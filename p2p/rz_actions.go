@@ -60,14 +60,25 @@ func (r *Rendezvous) do(acts []membership.Action) {
 	for _, a := range acts {
 		switch a := a.(type) {
 		case membership.Send:
+			if a.Msg.Kind == membership.Welcome {
+				if r.grp != nil {
+					r.welcomeNow(a.To)
+				}
+				continue // a lone rendezvous' register wrote it
+			}
 			r.mu.Lock()
 			c := r.conns[a.To]
 			m := r.wireLocked(a.Msg)
 			r.mu.Unlock()
-			if c != nil && a.Msg.Kind != membership.Welcome {
+			if c != nil {
 				out.add(c, m)
 			}
 			continue
+		case membership.Refuse:
+			if r.grp != nil {
+				r.refuseNow(a)
+			}
+			continue // a lone rendezvous' register read it
 		case membership.Log:
 			r.cfg.Logf("%s", a.Text)
 			continue
@@ -78,9 +89,7 @@ func (r *Rendezvous) do(acts []membership.Action) {
 			}
 			continue
 		case membership.ResetProgress:
-			r.mu.Lock()
-			r.progress = nil
-			r.mu.Unlock()
+			r.doLocal(a)
 			continue
 		}
 		r.deliver(out)
@@ -91,29 +100,72 @@ func (r *Rendezvous) do(acts []membership.Action) {
 				m.Left, m.Rank, m.Seq = true, a.Rank, a.Seq
 			}
 			r.abortWith(m, Abort{Unresponsive: a.Unresponsive, Rank: a.Rank, Addr: a.Addr, Why: a.Why})
-		case membership.Established:
-			if r.cfg.OnChange != nil {
-				ch := Change{Epoch: a.Epoch, Lost: lostMembers(a.Lost), Size: a.Size, Took: a.Took}
-				for _, j := range a.Joined {
-					ch.Joined = append(ch.Joined, memberOf(j.Rank, j.Info))
-				}
-				r.cfg.OnChange(ch)
-			}
-		case membership.AllRegistered:
-			close(r.allReg)
-		case membership.AllGone:
-			close(r.allGone)
 		case membership.WaitForMembers:
 			r.afterWaiting(a.Since)
 		case membership.CheckLinkLater:
 			r.afterLinkCheck(a)
-		case membership.LeaveNotice:
-			if r.cfg.OnLeave != nil {
-				r.cfg.OnLeave(a.Rank, a.LastCall)
-			}
+		default:
+			r.doLocal(a)
 		}
 	}
 	r.deliver(out)
+}
+
+// doLocal carries out an action that concerns only this process: the
+// launcher's callbacks and the rendezvous' own state. Every replica of a
+// group does (report), not only the leader.
+func (r *Rendezvous) doLocal(a membership.Action) {
+	switch a := a.(type) {
+	case membership.ResetProgress:
+		r.mu.Lock()
+		r.progress = nil
+		r.mu.Unlock()
+	case membership.Established:
+		if r.cfg.OnChange != nil {
+			ch := Change{Epoch: a.Epoch, Lost: lostMembers(a.Lost), Size: a.Size, Took: a.Took}
+			for _, j := range a.Joined {
+				ch.Joined = append(ch.Joined, memberOf(j.Rank, j.Info))
+			}
+			r.cfg.OnChange(ch)
+		}
+	case membership.AllRegistered:
+		close(r.allReg)
+	case membership.AllGone:
+		close(r.allGone)
+	case membership.LeaveNotice:
+		if r.cfg.OnLeave != nil {
+			r.cfg.OnLeave(a.Rank, a.LastCall)
+		}
+	}
+}
+
+// welcomeNow writes the welcome of a registration the group applied,
+// before anything else goes to that process.
+func (r *Rendezvous) welcomeNow(id membership.ID) {
+	r.mu.Lock()
+	c := r.conns[id]
+	r.mu.Unlock()
+	if c == nil || c.welcome == nil {
+		return // registered through another replica, or its stream is gone
+	}
+	c.welcomeErr = c.send(c.welcome, r.hb)
+	c.welcome = nil
+	close(c.registered)
+}
+
+// refuseNow ends a registration the group refused.
+func (r *Rendezvous) refuseNow(f membership.Refuse) {
+	r.mu.Lock()
+	c := r.conns[f.To]
+	if c != nil && c.welcome != nil {
+		delete(r.conns, f.To)
+	}
+	r.mu.Unlock()
+	if c == nil || c.welcome == nil {
+		return
+	}
+	c.refused, c.welcome = f.Why, nil
+	close(c.registered)
 }
 
 // wireLocked is m as it goes on a control stream.
@@ -124,7 +176,8 @@ func (r *Rendezvous) wireLocked(m membership.Message) *msg {
 	case membership.Table:
 		table := make([]tableItem, len(m.Members))
 		for i, id := range m.Members {
-			table[i] = r.conns[id].item
+			info, _ := r.m.Info(id)
+			table[i] = itemOf(info)
 			table[i].Rank = i
 		}
 		return &msg{T: tTable, Epoch: m.Epoch, Table: table, Lost: lostItems(m.Lost), Joined: m.JoinedRanks}

@@ -63,6 +63,9 @@ const (
 	tDropped  = "dropped"  // server -> member: you are no longer a member (Text); stop
 	tDeparted = "departed" // server -> member that asked to leave at a grow (Leave): it left the job; stop
 	tQuit     = "quit"     // member -> server: I leave now, outside a commit (Text: why); a loss
+
+	// A replicated rendezvous only (see rz_group.go).
+	tRedirect = "redirect" // replica -> client: I do not lead the group; replica Seq (0: unknown yet) does
 )
 
 // msg is the single wire message type; unused fields are omitted.
@@ -109,6 +112,22 @@ type msg struct {
 	// Shm, in a data hello over a unix socket: the dialer offers to move
 	// the link to shared memory; in the answer: the acceptor agrees.
 	Shm bool `json:"shm,omitempty"`
+
+	// A replicated rendezvous only (rz_group.go). MID, in a welcome: the
+	// process' id in the membership; in a hello with Resume: the id it
+	// had, to take up again with a new leader. Group, in a welcome or a
+	// ping: every replica of the group. Replica, in a hello: the replica
+	// this process hosts, for the group to add.
+	MID     int64       `json:"mid,omitempty"`
+	Resume  bool        `json:"resume,omitempty"`
+	Group   []groupItem `json:"group,omitempty"`
+	Replica *groupItem  `json:"replica,omitempty"`
+}
+
+// groupItem is one replica of a replicated rendezvous.
+type groupItem struct {
+	ID   uint64 `json:"id"`
+	Addr string `json:"addr"` // "host:port"
 }
 
 // lostItem is a member that left the job without a clean Close.
@@ -222,7 +241,7 @@ func (m *msg) check() error {
 			return fmt.Errorf("bad %s: negative rank", m.T)
 		}
 	case tAbort, tAbortOK, tError, tAck, tGo, tPing, tLeave, tBye, tLeaving, tLate, tLateOK,
-		tReconfig, tWaiting, tLinkFail, tGrow, tGrowNone, tDropped, tDeparted, tQuit:
+		tReconfig, tWaiting, tLinkFail, tGrow, tGrowNone, tDropped, tDeparted, tQuit, tRedirect:
 		if m.Rank < 0 {
 			return fmt.Errorf("bad %s: negative rank", m.T)
 		}

@@ -90,11 +90,36 @@ func New(cfg Config) (*Replica, error) {
 	return &Replica{id: cfg.ID, rn: rn, storage: st, m: membership.New(cfg.Membership), addrs: map[uint64]string{}}, nil
 }
 
-// AddReplica asks the group to add replica id, reached at addr: once the
-// change is applied the leader sends it the log, and it counts in the
-// majority.
+// AddReplica asks the group to add replica id, reached at addr. It comes
+// in as a learner, which receives the log but does not count in the
+// majority: a replica that is unreachable, or slow to catch up, can not
+// take the group's majority away. PromoteCaughtUp makes it a voter once
+// it has the log.
 func (r *Replica) AddReplica(id uint64, addr string) error {
-	return r.rn.ProposeConfChange(&raftpb.ConfChange{Type: raftpb.ConfChangeAddNode.Enum(), NodeId: proto.Uint64(id), Context: []byte(addr)})
+	return r.rn.ProposeConfChange(&raftpb.ConfChange{Type: raftpb.ConfChangeAddLearnerNode.Enum(), NodeId: proto.Uint64(id), Context: []byte(addr)})
+}
+
+// PromoteCaughtUp, on the leader, proposes to make a voter of the first
+// learner that has every committed entry; it returns its id (0: none).
+// One group change at a time: the caller waits for GroupChanged before
+// the next.
+func (r *Replica) PromoteCaughtUp() (uint64, error) {
+	st := r.rn.Status()
+	if st.RaftState != raft.StateLeader {
+		return 0, nil
+	}
+	for id := range st.Config.Learners {
+		if pr, ok := st.Progress[id]; ok && pr.Match >= st.HardState.GetCommit() {
+			cc := &raftpb.ConfChange{Type: raftpb.ConfChangeAddNode.Enum(), NodeId: proto.Uint64(id), Context: []byte(r.addrs[id])}
+			return id, r.rn.ProposeConfChange(cc)
+		}
+	}
+	return 0, nil
+}
+
+// Voters is how many replicas count in the group's majority.
+func (r *Replica) Voters() int {
+	return len(r.rn.Status().Config.Voters.IDs())
 }
 
 // Replicas returns every replica of the group by id, with its address, as
@@ -111,6 +136,10 @@ func (r *Replica) Replicas() map[uint64]string {
 // ReportUnreachable tells raft that a message to id could not be sent, so
 // the leader stops streaming to it until it answers again.
 func (r *Replica) ReportUnreachable(id uint64) { r.rn.ReportUnreachable(id) }
+
+// Campaign makes the replica stand for leader now rather than after an
+// election timeout: a group that starts from one replica leads at once.
+func (r *Replica) Campaign() error { return r.rn.Campaign() }
 
 // ID is this replica's id.
 func (r *Replica) ID() uint64 { return r.id }

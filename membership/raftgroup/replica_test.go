@@ -242,9 +242,10 @@ func TestGroupPartitionMinorityStops(t *testing.T) {
 }
 
 // A group that starts with one replica (the launcher's, or rank 0's) and
-// adds the others once they are up: each added replica catches up to the
-// whole log, learns every replica's address, and the group survives the
-// loss of the one it started from.
+// adds the others once they are up, as learners promoted once they have
+// the log: each added replica catches up to the whole log, learns every
+// replica's address, and the group survives the loss of the one it
+// started from.
 func TestGroupGrowsFromOne(t *testing.T) {
 	g := &group{t: t, reps: map[uint64]*Replica{}, down: map[uint64]bool{}, cut: map[[2]uint64]bool{},
 		applied: map[uint64][]Applied{}, now: time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC), ids: []uint64{1}}
@@ -267,6 +268,17 @@ func TestGroupGrowsFromOne(t *testing.T) {
 		g.settle()
 		for range 5 {
 			g.tick()
+		}
+		// A learner first: the group's majority is still the voters'.
+		if v := first.Voters(); v != len(g.ids)-1 {
+			t.Fatalf("replica %d added: %d voters, want %d until it is promoted", id, v, len(g.ids)-1)
+		}
+		if p, err := first.PromoteCaughtUp(); err != nil || p != id {
+			t.Fatalf("promote: %d, %v; want replica %d, caught up", p, err, id)
+		}
+		g.settle()
+		if v := first.Voters(); v != len(g.ids) {
+			t.Fatalf("replica %d promoted: %d voters, want %d", id, v, len(g.ids))
 		}
 	}
 	want := map[uint64]string{1: "a1", 2: "a2", 3: "a3"}

@@ -1,0 +1,779 @@
+package p2p
+
+// A replicated rendezvous: the job's membership survives the loss of the
+// process (or host) that leads it.
+//
+// A few Rendezvous, the group's replicas, keep the same membership.Machine
+// through raft (membership/raftgroup): every event the leader hears from
+// the ranks is proposed, and each replica Steps its Machine once the group
+// committed it, so all hold the same membership. Only the leader has the
+// ranks' control streams and carries out the Machine's actions (messages,
+// timers, the abort); a follower only applies the log, and says what
+// happens if it reports (the launcher's replica, whose callbacks the
+// launcher reads).
+//
+// The group starts from one replica (ID 1: the launcher's, or rank 0's
+// under a batch system) and grows to GroupConfig.Size as ranks that host
+// a replica register: their hello offers it, and the leader adds it to the
+// group. The ranks learn every replica's address from the welcome and the
+// pings.
+//
+// When the leader is lost, its control streams end; the others elect a
+// new leader within the heartbeat bound, and every rank reconnects to it
+// (a follower it reaches redirects it) and resumes its place: the new
+// leader tells it again what it may have missed (Machine.Resync), and the
+// rank sends again what the old leader may not have taken. The data plane
+// does not wait for any of this, so a leader change alone costs no step.
+// A rank that has not come back a heartbeat bound and a half after the new
+// leader took over is lost, as any rank whose control stream ends.
+//
+// Only a majority of the group can commit: a replica cut off with a
+// minority stops leading (raft's CheckQuorum), drops its ranks' streams,
+// and those ranks, reaching no leader, stop as cut off.
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"crypto/hkdf"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gorun/gorun/membership"
+	"github.com/gorun/gorun/membership/raftgroup"
+)
+
+const raftProto protocol.ID = "/gorun/raft/1"
+
+// GroupConfig makes a Rendezvous one replica of a replicated group.
+type GroupConfig struct {
+	// ID is this replica's id: 1 for the replica the group starts from,
+	// ReplicaID(rank) for one a rank hosts.
+	ID uint64
+	// Size is how many replicas the group grows to (3, or 5 to survive
+	// two losses); 0 = 3. Only the first replica's counts.
+	Size int
+	// Advertise is the "host:port" the other replicas and the ranks reach
+	// this one at; "" = the listen address.
+	Advertise string
+	// Reports: this replica logs the membership's lines and calls the
+	// RendezvousConfig callbacks even when it does not lead (the
+	// launcher's). Otherwise only the leader logs.
+	Reports bool
+}
+
+// ReplicaID is the group id of the replica that rank hosts.
+func ReplicaID(rank int) uint64 { return uint64(rank) + 2 }
+
+// maxRaftFrame bounds one raft message on the wire (raftgroup sends at
+// most 1 MiB of entries at a time).
+const maxRaftFrame = 8 << 20
+
+// groupState is a Rendezvous' part in the group.
+type groupState struct {
+	cfg     GroupConfig
+	rep     *raftgroup.Replica // under Rendezvous.mu
+	tick    time.Duration
+	recv    chan *raftpb.Message
+	unreach chan uint64
+	kick    chan struct{}
+
+	// Under Rendezvous.mu.
+	leading   bool
+	leadTerm  int // counts this replica's terms as leader
+	nextID    int // the last membership id this replica gave out
+	offers    []groupItem
+	confBusy  bool   // a group change is proposed and not applied yet
+	told      string // the group as last logged
+	replicas  map[uint64]string
+	peerIDs   map[uint64]peer.ID
+	jobKey    []byte
+	peersMu   sync.Mutex
+	peers     map[uint64]*raftPeer // under peersMu
+	inboundMu sync.Mutex
+	inbound   map[network.Stream]bool
+}
+
+// replicaIdentity is replica id's libp2p key, derived from the job key as
+// the lone rendezvous' is (replica 1 has that one): a rank knows every
+// replica's peer ID from the key alone, and TLS proves it.
+func replicaIdentity(jobKey []byte, id uint64) (crypto.PrivKey, peer.ID, error) {
+	if id <= 1 {
+		return rendezvousIdentity(jobKey)
+	}
+	seed, err := hkdf.Key(sha256.New, jobKey, nil, "gorun rendezvous replica "+strconv.FormatUint(id, 10)+" ed25519 identity v1", ed25519.SeedSize)
+	if err != nil {
+		return nil, "", err
+	}
+	sk, err := crypto.UnmarshalEd25519PrivateKey(ed25519.NewKeyFromSeed(seed))
+	if err != nil {
+		return nil, "", err
+	}
+	pid, err := peer.IDFromPrivateKey(sk)
+	return sk, pid, err
+}
+
+// startGroup makes r a replica (StartRendezvous, before the stream
+// handlers are set).
+func (r *Rendezvous) startGroup() error {
+	gc := *r.cfg.Group
+	if gc.Size <= 0 {
+		gc.Size = 3
+	}
+	if gc.Advertise == "" {
+		gc.Advertise = r.addr
+	}
+	// A tick of a twentieth of the heartbeat bound, an election after 5–10
+	// ticks without the leader: a new leader within half the bound.
+	g := &groupState{cfg: gc, tick: max(r.hb/20, 5*time.Millisecond),
+		recv: make(chan *raftpb.Message, 256), unreach: make(chan uint64, 16), kick: make(chan struct{}, 1),
+		replicas: map[uint64]string{}, peerIDs: map[uint64]peer.ID{}, jobKey: r.cfg.JobKey,
+		peers: map[uint64]*raftPeer{}, inbound: map[network.Stream]bool{}}
+	rc := raftgroup.Config{ID: gc.ID, ElectionTicks: 5, HeartbeatTicks: 1, Membership: r.machineConfig()}
+	if gc.ID == 1 {
+		rc.Peers, rc.Addrs = []uint64{1}, map[uint64]string{1: gc.Advertise}
+	}
+	rep, err := raftgroup.New(rc)
+	if err != nil {
+		return err
+	}
+	g.rep = rep
+	r.grp = g
+	r.m = rep.Machine()
+	if gc.ID == 1 {
+		// Alone in its group at first: it leads at once, before the
+		// first hello, instead of after an election timeout.
+		if err := rep.Campaign(); err != nil {
+			return err
+		}
+		if err := r.groupReady(); err != nil {
+			return err
+		}
+	}
+	r.h.SetStreamHandler(raftProto, r.handleRaft)
+	r.wg.Add(1)
+	go r.raftLoop()
+	return nil
+}
+
+// kickGroup wakes the raft loop after a proposal.
+func (g *groupState) kickGroup() {
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// propose asks the group to apply ev; only the leader proposes (a
+// follower has no ranks' streams, and what a deposed leader still hears
+// must not reach the log through the new one). The caller holds mu.
+func (r *Rendezvous) proposeLocked(ev membership.Event) bool {
+	g := r.grp
+	if !g.leading {
+		return false
+	}
+	if err := g.rep.Propose(time.Now(), ev); err != nil {
+		r.cfg.Logf("rendezvous: replica %d could not propose %T: %v", g.cfg.ID, ev, err)
+		return false
+	}
+	g.kickGroup()
+	return true
+}
+
+// raftLoop drives the replica: ticks, messages from the other replicas,
+// and what raft asks for after each.
+func (r *Rendezvous) raftLoop() {
+	defer r.wg.Done()
+	g := r.grp
+	t := time.NewTicker(g.tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.closeCh:
+			return
+		case <-t.C:
+			r.mu.Lock()
+			g.rep.Tick()
+			r.mu.Unlock()
+		case m := <-g.recv:
+			r.mu.Lock()
+			_ = g.rep.Step(m) // a stale or foreign-term message is raft's to ignore
+			r.mu.Unlock()
+		case id := <-g.unreach:
+			r.mu.Lock()
+			g.rep.ReportUnreachable(id)
+			r.mu.Unlock()
+		case <-g.kick:
+		}
+		if err := r.groupReady(); err != nil {
+			r.cfg.Logf("rendezvous: replica %d: %v", g.cfg.ID, err)
+			return
+		}
+	}
+}
+
+// groupReady carries out what the replica's Ready asks: raft messages
+// out, and the applied events' actions (all of them on the leader, only
+// the reports elsewhere), in log order.
+func (r *Rendezvous) groupReady() error {
+	g := r.grp
+	r.relayMu.Lock()
+	defer r.relayMu.Unlock()
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	rd, err := g.rep.Ready()
+	if err != nil {
+		r.mu.Unlock()
+		return err
+	}
+	was := g.leading
+	g.leading = rd.Leader
+	if rd.GroupChanged {
+		g.confBusy = false
+		g.replicas = g.rep.Replicas()
+	}
+	replicas := maps.Clone(g.replicas)
+	r.mu.Unlock()
+	for _, m := range rd.Messages {
+		r.sendRaft(m, replicas)
+	}
+	if rd.Leader && !was {
+		r.becameLeader()
+	} else if !rd.Leader && was {
+		r.steppedDown()
+	}
+	for _, a := range rd.Applied {
+		if rd.Leader {
+			r.do(a.Actions)
+		} else {
+			r.report(a.Actions)
+		}
+	}
+	if rd.GroupChanged && (rd.Leader || g.cfg.Reports) {
+		r.mu.Lock()
+		voters := g.rep.Voters()
+		r.mu.Unlock()
+		if text := fmt.Sprintf("%d of %d replicas vote: %s", voters, len(replicas), groupText(replicas)); text != g.told {
+			g.told = text
+			r.cfg.Logf("rendezvous: the group has %s", text)
+		}
+	}
+	if rd.Leader {
+		r.mu.Lock()
+		r.proposeOfferLocked()
+		r.mu.Unlock()
+	}
+	return nil
+}
+
+func groupText(replicas map[uint64]string) string {
+	ids := slices.Sorted(maps.Keys(replicas))
+	s := ""
+	for i, id := range ids {
+		if i > 0 {
+			s += ", "
+		}
+		s += fmt.Sprintf("%d at %s", id, replicas[id])
+	}
+	return s
+}
+
+// report carries out, on a follower, the actions that are the replica's
+// own: the log lines if it reports, and the launcher's callbacks.
+func (r *Rendezvous) report(acts []membership.Action) {
+	for _, a := range acts {
+		switch a := a.(type) {
+		case membership.Log:
+			if r.grp.cfg.Reports {
+				r.cfg.Logf("%s", a.Text)
+			}
+		case membership.ProcEvent:
+			if r.cfg.OnProc != nil {
+				r.cfg.OnProc(ProcEvent{Kind: ProcEventKind(a.Kind), Member: memberOf(a.Rank, a.Info), Cause: a.Cause,
+					AfterLeave: a.AfterLeave, Members: a.Members})
+			}
+		case membership.Abort:
+			if r.cfg.OnAbort != nil {
+				r.cfg.OnAbort(Abort{Cause: a.Cause, Unresponsive: a.Unresponsive, Rank: a.Rank, Addr: a.Addr, Why: a.Why})
+			}
+			r.abortDone.Do(func() { close(r.abortDelivered) })
+		default:
+			r.doLocal(a)
+		}
+	}
+}
+
+// becameLeader takes up the leader's duties: the timers the membership is
+// in (a wait below the minimum size), and, after a grace of a heartbeat
+// bound and a half, the loss of every member that has not reconnected.
+// The caller holds relayMu.
+func (r *Rendezvous) becameLeader() {
+	g := r.grp
+	r.mu.Lock()
+	g.leadTerm++
+	term := g.leadTerm
+	since, waiting := r.m.WaitingSince()
+	started := r.m.Started()
+	r.mu.Unlock()
+	r.cfg.Logf("rendezvous: replica %d leads the group", g.cfg.ID)
+	if waiting {
+		r.afterWaiting(since)
+	}
+	if !started && r.m.Registered() == 0 {
+		return
+	}
+	grace := r.hb + r.hb/2
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return
+	}
+	r.wg.Add(1) // under mu and !closed: never races with Close's Wait
+	go func() {
+		defer r.wg.Done()
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-r.closeCh:
+			return
+		case <-t.C:
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if !g.leading || g.leadTerm != term {
+			return
+		}
+		var missing []int
+		for _, id := range r.m.Conns() {
+			if r.conns[id] == nil {
+				missing = append(missing, r.m.Rank(id))
+				r.proposeLocked(membership.Disconnected{ID: id, Timeout: true,
+					Err:   fmt.Sprintf("it did not reconnect to the new rendezvous leader within %v", grace),
+					Cause: fmt.Sprintf("stopped responding: it did not reconnect to the rendezvous within %v of its leader's loss", grace)})
+			}
+		}
+		if len(missing) == 0 {
+			r.cfg.Logf("rendezvous: every rank reconnected to replica %d", g.cfg.ID)
+		} else {
+			r.cfg.Logf("rendezvous: ranks %v did not reconnect to replica %d within %v", missing, g.cfg.ID, grace)
+		}
+	}()
+}
+
+// steppedDown drops the ranks' streams: they reconnect to the new leader.
+// The caller holds relayMu.
+func (r *Rendezvous) steppedDown() {
+	r.mu.Lock()
+	conns := slices.Collect(maps.Values(r.conns))
+	clear(r.conns)
+	r.mu.Unlock()
+	r.cfg.Logf("rendezvous: replica %d no longer leads the group; its ranks reconnect to the leader", r.grp.cfg.ID)
+	for _, c := range conns {
+		c.s.Reset()
+	}
+}
+
+// proposeOfferLocked makes a voter of a learner that caught up, or adds
+// the next replica a rank offered (as a learner), one group change at a
+// time (raft takes one at a time), until the group has its size.
+func (r *Rendezvous) proposeOfferLocked() {
+	g := r.grp
+	if !g.confBusy {
+		if id, err := g.rep.PromoteCaughtUp(); err != nil {
+			r.cfg.Logf("rendezvous: could not promote replica %d: %v", id, err)
+		} else if id != 0 {
+			g.confBusy = true
+			g.kickGroup()
+		}
+	}
+	for !g.confBusy && len(g.offers) > 0 && len(g.replicas) < g.cfg.Size {
+		o := g.offers[0]
+		g.offers = g.offers[1:]
+		if _, ok := g.replicas[o.ID]; ok {
+			continue
+		}
+		if err := g.rep.AddReplica(o.ID, o.Addr); err != nil {
+			r.cfg.Logf("rendezvous: could not add replica %d at %s: %v", o.ID, o.Addr, err)
+			continue
+		}
+		g.confBusy = true
+		g.kickGroup()
+	}
+}
+
+// offerLocked records a rank's offer of a replica.
+func (r *Rendezvous) offerLocked(o *groupItem) {
+	g := r.grp
+	if o == nil || o.ID <= 1 || o.Addr == "" || len(g.offers)+len(g.replicas) >= 2*g.cfg.Size {
+		return
+	}
+	g.offers = append(g.offers, *o)
+}
+
+// groupItemsLocked is the group as a welcome or a ping gives it.
+func (r *Rendezvous) groupItemsLocked() []groupItem {
+	g := r.grp
+	out := make([]groupItem, 0, len(g.replicas))
+	for _, id := range slices.Sorted(maps.Keys(g.replicas)) {
+		out = append(out, groupItem{ID: id, Addr: g.replicas[id]})
+	}
+	return out
+}
+
+// leaderLocked returns the leader's id as this replica knows it (0:
+// none).
+func (r *Rendezvous) leaderLocked() uint64 { return r.grp.rep.Leader() }
+
+// Leads says whether this replica leads its group (true for a lone
+// rendezvous).
+func (r *Rendezvous) Leads() bool {
+	if r.grp == nil {
+		return true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.grp.leading
+}
+
+// registerReplicated proposes c's registration and waits until the group
+// applied it (the welcome, or why it is refused, went out then).
+func (r *Rendezvous) registerReplicated(c *rzConn, reg membership.Register, welcome *msg, offer *groupItem) (refused string, err error) {
+	g := r.grp
+	c.registered = make(chan struct{})
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return "rendezvous closed", nil
+	}
+	g.nextID++
+	c.mid = membership.ID(int(g.cfg.ID)<<32 | g.nextID)
+	reg.ID = c.mid
+	welcome.MID = int64(c.mid)
+	welcome.Group = r.groupItemsLocked()
+	c.welcome = welcome
+	r.conns[c.mid] = c
+	ok := r.proposeLocked(reg)
+	if ok {
+		r.offerLocked(offer)
+	}
+	r.mu.Unlock()
+	if !ok {
+		return "", errors.New("this replica no longer leads the rendezvous group")
+	}
+	t := time.NewTimer(r.hb)
+	defer t.Stop()
+	select {
+	case <-c.registered:
+		return c.refused, c.welcomeErr
+	case <-t.C:
+		err = fmt.Errorf("the rendezvous group did not take the registration within %v (no majority of its replicas reachable?)", r.hb)
+	case <-r.closeCh:
+		err = errors.New("rendezvous closed")
+	}
+	r.mu.Lock()
+	if r.conns[c.mid] == c {
+		delete(r.conns, c.mid)
+	}
+	r.mu.Unlock()
+	return "", err
+}
+
+// resume binds c, a rank that reconnected after the leader changed, to
+// the membership id it had, and tells it again what it may have missed. It
+// returns why c can not resume ("" if it did).
+func (r *Rendezvous) resume(c *rzConn, mid membership.ID, remote peer.ID, welcome *msg) string {
+	r.relayMu.Lock()
+	defer r.relayMu.Unlock()
+	r.mu.Lock()
+	if r.closed || r.grp == nil || !r.grp.leading {
+		r.mu.Unlock()
+		return "this replica does not lead the rendezvous group"
+	}
+	info, known := r.m.Info(mid)
+	if !known || info.PeerID != remote.String() {
+		r.mu.Unlock()
+		return "the rendezvous does not know this process"
+	}
+	msgs, refused := r.m.Resync(mid)
+	if refused != "" {
+		r.mu.Unlock()
+		return refused
+	}
+	old := r.conns[mid]
+	c.mid = mid
+	r.conns[mid] = c
+	welcome.MID = int64(mid)
+	welcome.Group = r.groupItemsLocked()
+	wire := make([]*msg, 0, len(msgs))
+	for _, m := range msgs {
+		wire = append(wire, r.wireLocked(m))
+	}
+	rank := r.m.Rank(mid)
+	r.mu.Unlock()
+	if old != nil && old != c {
+		old.s.Reset()
+	}
+	c.wmu.Lock()
+	err := c.sendLocked(welcome, r.hb)
+	for _, m := range wire {
+		if err == nil {
+			err = c.sendLocked(m, r.hb)
+		}
+	}
+	c.wmu.Unlock()
+	if err != nil {
+		return "" // its reader reports the broken stream
+	}
+	r.cfg.Logf("rendezvous: rank %d reconnected to replica %d", rank, r.grp.cfg.ID)
+	return ""
+}
+
+// redirect tells a rank that reached a follower where the leader is.
+func (r *Rendezvous) redirect(c *rzConn) {
+	r.mu.Lock()
+	leader := r.leaderLocked()
+	group := r.groupItemsLocked()
+	r.mu.Unlock()
+	c.send(&msg{T: tRedirect, Seq: leader, Group: group}, r.hb)
+}
+
+// raftPeer is the outgoing side of this replica's link with another.
+type raftPeer struct {
+	id   uint64
+	addr string
+	q    chan []byte
+}
+
+// sendRaft queues m for its replica; raft takes a lost message as it
+// takes a lossy network, so a full queue drops it.
+func (r *Rendezvous) sendRaft(m *raftpb.Message, replicas map[uint64]string) {
+	g := r.grp
+	// A replica that joined has not applied the entries that give the
+	// others' addresses before it must answer: it answers on the
+	// connection the leader opened (an empty address: the existing
+	// connection only).
+	to := m.GetTo()
+	addr := replicas[to]
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return
+	}
+	g.peersMu.Lock()
+	p := g.peers[to]
+	if p == nil || p.addr != addr {
+		p = &raftPeer{id: to, addr: addr, q: make(chan []byte, 256)}
+		g.peers[to] = p
+		r.mu.Lock()
+		run := !r.closed
+		if run {
+			r.wg.Add(1) // under mu and !closed: never races with Close's Wait
+		}
+		r.mu.Unlock()
+		if run {
+			go r.raftSender(p)
+		}
+	}
+	g.peersMu.Unlock()
+	select {
+	case p.q <- b:
+	default:
+	}
+}
+
+// raftSender writes the queued messages to replica p over one stream,
+// dialling it again after a failure (what was queued meanwhile is
+// dropped, and the replica reported unreachable).
+func (r *Rendezvous) raftSender(p *raftPeer) {
+	defer r.wg.Done()
+	g := r.grp
+	var s network.Stream
+	defer func() {
+		if s != nil {
+			s.Reset()
+		}
+	}()
+	var failedAt time.Time
+	for {
+		var b []byte
+		select {
+		case <-r.closeCh:
+			return
+		case b = <-p.q:
+		}
+		g.peersMu.Lock()
+		current := g.peers[p.id] == p
+		g.peersMu.Unlock()
+		if !current {
+			return // the replica moved; a new sender has its address
+		}
+		if s == nil {
+			if time.Since(failedAt) < g.tick {
+				continue // do not dial for every message while it is down
+			}
+			var err error
+			if s, err = r.dialReplica(p); err != nil {
+				failedAt = time.Now()
+				r.unreachable(p.id)
+				continue
+			}
+		}
+		_ = s.SetWriteDeadline(time.Now().Add(r.hb))
+		var hdr [4]byte
+		binary.BigEndian.PutUint32(hdr[:], uint32(len(b)))
+		if _, err := s.Write(append(hdr[:], b...)); err != nil {
+			s.Reset()
+			s, failedAt = nil, time.Now()
+			r.unreachable(p.id)
+		}
+	}
+}
+
+func (r *Rendezvous) unreachable(id uint64) {
+	select {
+	case r.grp.unreach <- id:
+	default:
+	}
+}
+
+func (r *Rendezvous) dialReplica(p *raftPeer) (network.Stream, error) {
+	g := r.grp
+	pid, err := g.peerID(p.id)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.hb/2)
+	defer cancel()
+	if p.addr == "" {
+		return r.h.NewStream(ctx, pid, raftProto)
+	}
+	addrs, err := resolveHostPort(ctx, p.addr)
+	if err != nil {
+		return nil, err
+	}
+	r.h.Peerstore().AddAddrs(pid, addrs, peerstore.PermanentAddrTTL)
+	return r.h.NewStream(network.WithForceDirectDial(ctx, "gorun raft"), pid, raftProto)
+}
+
+// peerID is replica id's peer ID (derived from the job key).
+func (g *groupState) peerID(id uint64) (peer.ID, error) {
+	g.peersMu.Lock()
+	defer g.peersMu.Unlock()
+	if pid, ok := g.peerIDs[id]; ok {
+		return pid, nil
+	}
+	_, pid, err := replicaIdentity(g.jobKey, id)
+	if err == nil {
+		g.peerIDs[id] = pid
+	}
+	return pid, err
+}
+
+// handleRaft reads another replica's messages; each must come from the
+// replica it names (its peer ID, derived from the job key, proves it).
+func (r *Rendezvous) handleRaft(s network.Stream) {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		s.Reset()
+		return
+	}
+	r.wg.Add(1) // under mu and !closed: never races with Close's Wait
+	r.mu.Unlock()
+	defer r.wg.Done()
+	defer s.Reset()
+	g := r.grp
+	g.inboundMu.Lock()
+	g.inbound[s] = true
+	g.inboundMu.Unlock()
+	defer func() {
+		g.inboundMu.Lock()
+		delete(g.inbound, s)
+		g.inboundMu.Unlock()
+	}()
+	remote := s.Conn().RemotePeer()
+	var hdr [4]byte
+	for {
+		// The leader speaks every tick; a follower that is silent for long
+		// is only a follower with nothing to say: the deadline only bounds
+		// a stream whose sender is gone without a reset.
+		_ = s.SetReadDeadline(time.Now().Add(10 * r.hb))
+		if _, err := io.ReadFull(s, hdr[:]); err != nil {
+			return
+		}
+		n := binary.BigEndian.Uint32(hdr[:])
+		if n > maxRaftFrame {
+			r.cfg.Logf("rendezvous: replica %s sent a raft frame of %d bytes; dropping its stream", remote, n)
+			return
+		}
+		b := make([]byte, n)
+		if _, err := io.ReadFull(s, b); err != nil {
+			return
+		}
+		m := &raftpb.Message{}
+		if err := proto.Unmarshal(b, m); err != nil {
+			r.cfg.Logf("rendezvous: bad raft message from %s: %v", remote, err)
+			return
+		}
+		if pid, err := g.peerID(m.GetFrom()); err != nil || pid != remote {
+			r.cfg.Logf("rendezvous: peer %s sent a raft message as replica %d; dropping its stream", remote, m.GetFrom())
+			return
+		}
+		select {
+		case g.recv <- m:
+		case <-r.closeCh:
+			return
+		}
+	}
+}
+
+// closeGroup ends the replica's streams (Close).
+func (r *Rendezvous) closeGroup() {
+	g := r.grp
+	g.inboundMu.Lock()
+	for s := range g.inbound {
+		s.Reset()
+	}
+	g.inboundMu.Unlock()
+}
+
+// contact is a rank's table entry as the membership keeps it
+// (Info.Contact): the log carries it, since every replica may have to send
+// the tables.
+func contact(it tableItem) string {
+	b, _ := json.Marshal(it)
+	return string(b)
+}
+
+func itemOf(info membership.Info) tableItem {
+	var it tableItem
+	_ = json.Unmarshal([]byte(info.Contact), &it) // written by contact
+	return it
+}
+
+// groupSize is how many replicas count in the majority, as this one
+// knows.
+func (r *Rendezvous) groupSize() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.grp.rep.Voters()
+}

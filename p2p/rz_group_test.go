@@ -1,0 +1,196 @@
+package p2p
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// groupJob is an elastic job whose rendezvous is a replicated group, in
+// this process: replicas[0] is replica 1 (the launcher's, or rank 0's),
+// and the ranks in hosts host the others.
+type groupJob struct {
+	key      []byte
+	log      *logRec
+	hb       time.Duration
+	replicas []*Rendezvous
+	byRank   map[int]*Rendezvous
+	nodes    []*Node
+}
+
+// startGroupJob starts replica 1 and size ranks; the ranks in hosts host
+// a replica each (rank 0 in hosts: it hosts replica 1, as under srun).
+func startGroupJob(t *testing.T, size int, hosts []int) *groupJob {
+	t.Helper()
+	j := &groupJob{key: NewJobKey(), log: &logRec{}, hb: 2 * time.Second, byRank: map[int]*Rendezvous{}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rc := func(id uint64) RendezvousConfig {
+		return RendezvousConfig{ListenAddr: "127.0.0.1:0", Size: size, JobKey: j.key, Timeout: 20 * time.Second,
+			Logf:    func(f string, a ...any) { j.log.logf("replica %d: "+f, append([]any{id}, a...)...) },
+			Elastic: &ElasticConfig{MinSize: 1, MaxSize: size, HeartbeatTimeout: j.hb},
+			Group:   &GroupConfig{ID: id, Size: 3, Reports: id == 1}}
+	}
+	first, err := StartRendezvous(ctx, rc(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.replicas = append(j.replicas, first)
+	for _, r := range hosts {
+		if r == 0 {
+			j.byRank[0] = first
+			continue
+		}
+		rz, err := StartRendezvous(ctx, rc(ReplicaID(r)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		j.replicas = append(j.replicas, rz)
+		j.byRank[r] = rz
+	}
+	t.Cleanup(func() {
+		var wg sync.WaitGroup
+		for _, n := range j.nodes {
+			if n != nil {
+				wg.Add(1)
+				go func() { defer wg.Done(); n.Close() }()
+			}
+		}
+		wg.Wait()
+		for _, rz := range j.replicas {
+			rz.crash()
+			rz.wg.Wait()
+		}
+	})
+	j.nodes = make([]*Node, size)
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for r := range size {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cfg := Config{Rank: r, Size: size, JobKey: j.key, Rendezvous: first.Addr(), Timeout: 20 * time.Second,
+				Logf: func(f string, a ...any) { j.log.logf(fmt.Sprintf("rank %d: ", r)+f, a...) }, Elastic: true, HeartbeatTimeout: j.hb,
+				HostID: otherHosts(r)}
+			if rz := j.byRank[r]; rz != nil && rz != first {
+				cfg.Replica = rz
+			}
+			j.nodes[r], errs[r] = Join(ctx, cfg)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the group grows to 3 replicas, all knowing it", func() bool {
+		for _, rz := range j.replicas {
+			if rz.groupSize() != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	eventually(t, 10*time.Second, "every rank learns the group", func() bool {
+		for _, n := range j.nodes {
+			if !n.ctl.group.replicated() {
+				return false
+			}
+		}
+		return true
+	})
+	return j
+}
+
+func (j *groupJob) leader() *Rendezvous {
+	for _, rz := range j.replicas {
+		if !rz.isClosed() && rz.Leads() {
+			return rz
+		}
+	}
+	return nil
+}
+
+func (r *Rendezvous) isClosed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closed
+}
+
+// The launcher's replica, which leads the group, is lost (its process is
+// not a rank): another replica takes over, every rank reconnects to it,
+// no member is lost and the ranks go on in the same epoch, data flowing
+// throughout.
+func TestFailoverLeaderReplicaLost(t *testing.T) {
+	j := startGroupJob(t, 4, []int{1, 2})
+	if j.leader() != j.replicas[0] {
+		t.Fatal("replica 1 does not lead the group it started")
+	}
+	exchange(t, j.nodes, []int{1, 1000})
+	j.replicas[0].crash()
+	// The data plane does not wait for the control plane.
+	exchange(t, j.nodes, []int{10, 300 << 10})
+	waitLogWithin(t, j.log, 3*j.hb+5*time.Second, "rendezvous: every rank reconnected to replica")
+	for r, n := range j.nodes {
+		if n.ctl.group.current == 1 || n.Err() != nil || n.Epoch() != 0 {
+			t.Errorf("rank %d: on replica %d, err %v, epoch %d; want another replica, no error, epoch 0", r, n.ctl.group.current, n.Err(), n.Epoch())
+		}
+	}
+	// The new leader serves the membership: a Grow round with nobody to
+	// admit comes back in the same epoch.
+	views := growAll(t, j.nodes)
+	for r, v := range views {
+		if v.Epoch != 0 || v.Size != 4 || v.Rank != r {
+			t.Errorf("rank %d after the failover: %+v, want epoch 0 of 4", r, v)
+		}
+	}
+	exchange(t, j.nodes, []int{100})
+}
+
+// Rank 0 hosts replica 1, which leads (as under srun or on Kubernetes),
+// and is killed: the group elects another leader, the survivors reconnect
+// to it, rank 0 is lost, and they go on in epoch 1 without it.
+func TestFailoverRankHostingLeaderKilled(t *testing.T) {
+	j := startGroupJob(t, 4, []int{0, 1, 2})
+	j.nodes[0].crash()
+	j.replicas[0].crash()
+	survivors := j.nodes[1:]
+	for _, n := range survivors {
+		waitDone(t, n, 4*j.hb+5*time.Second, "rank 0 (", "call Reconfigure to go on in epoch 1")
+	}
+	views := reconfigureAll(t, survivors)
+	checkViews(t, views, survivors, 1, []int{0}, nil)
+	exchange(t, survivors, []int{1, 1000, 300 << 10})
+	if l := j.leader(); l == nil || l == j.replicas[0] {
+		t.Errorf("leader after the loss: %v", l)
+	}
+}
+
+// growAll calls Grow on every node at once.
+func growAll(t *testing.T, nodes []*Node) []View {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	views := make([]View, len(nodes))
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			views[i], errs[i] = n.Grow(ctx)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return views
+}
+
+func waitLogWithin(t *testing.T, log *logRec, within time.Duration, want string) {
+	t.Helper()
+	eventually(t, within, fmt.Sprintf("log line %q", want), func() bool { return log.has(want) })
+}
