@@ -289,6 +289,14 @@ func (c *ctlClient) read() {
 		if !n.waitThaw() {
 			return
 		}
+		if err == nil && m.T == tRedirect {
+			// The leader handed the lead over (or lost it): follow.
+			c.learn(m)
+			c.group.mu.Lock()
+			c.group.hint = m.Seq
+			c.group.mu.Unlock()
+			err = fmt.Errorf("the rendezvous leader handed over to replica %d", m.Seq)
+		}
 		if err != nil && !n.life.closing.Load() && c.group.replicated() {
 			if rerr := c.reconnect(err); rerr == nil {
 				continue

@@ -63,6 +63,7 @@ type groupClient struct {
 	// (sent again after a reconnection); growSeq numbers Grow requests.
 	again   map[string]*msg
 	growSeq uint64
+	hint    uint64 // the replica a redirect on the stream named as leader
 }
 
 func closedChan() chan struct{} {
@@ -155,6 +156,8 @@ func (c *ctlClient) reconnect(cause error) error {
 	g.up = make(chan struct{})
 	lost := g.current
 	members := slices.Clone(g.members)
+	hint := g.hint
+	g.hint = 0
 	g.mu.Unlock()
 	n.logf("lost the rendezvous leader (replica %d: %v); reconnecting to the group", lost, cause)
 	bound := 2 * n.hbTimeout()
@@ -177,7 +180,6 @@ func (c *ctlClient) reconnect(cause error) error {
 		}
 		return 0
 	})
-	var hint uint64
 	var last error = cause
 	delay := 20 * time.Millisecond
 	for i := 0; ; i++ {

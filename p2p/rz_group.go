@@ -77,6 +77,11 @@ type GroupConfig struct {
 	// RendezvousConfig callbacks even when it does not lead (the
 	// launcher's). Otherwise only the leader logs.
 	Reports bool
+	// HandOff: once the group has Size voters, this replica hands the
+	// lead to another (the launcher's does: the ranks' control streams
+	// then stay among the ranks' hosts, and a launcher that is paused, or
+	// on a busy login node, costs the job nothing).
+	HandOff bool
 }
 
 // ReplicaID is the group id of the replica that rank hosts.
@@ -102,6 +107,11 @@ type groupState struct {
 	offers    []groupItem
 	confBusy  bool   // a group change is proposed and not applied yet
 	told      string // the group as last logged
+	handedOff bool   // HandOff was done
+	handedTo  uint64 // the replica this one last handed the lead to
+	// leadCh is closed (and replaced) when this replica gains or loses
+	// the lead.
+	leadCh    chan struct{}
 	replicas  map[uint64]string
 	peerIDs   map[uint64]peer.ID
 	jobKey    []byte
@@ -145,7 +155,7 @@ func (r *Rendezvous) startGroup() error {
 	g := &groupState{cfg: gc, tick: max(r.hb/20, 5*time.Millisecond),
 		recv: make(chan *raftpb.Message, 256), unreach: make(chan uint64, 16), kick: make(chan struct{}, 1),
 		replicas: map[uint64]string{}, peerIDs: map[uint64]peer.ID{}, jobKey: r.cfg.JobKey,
-		peers: map[uint64]*raftPeer{}, inbound: map[network.Stream]bool{}}
+		peers: map[uint64]*raftPeer{}, inbound: map[network.Stream]bool{}, leadCh: make(chan struct{})}
 	rc := raftgroup.Config{ID: gc.ID, ElectionTicks: 5, HeartbeatTicks: 1, Membership: r.machineConfig()}
 	if gc.ID == 1 {
 		rc.Peers, rc.Addrs = []uint64{1}, map[uint64]string{1: gc.Advertise}
@@ -248,6 +258,10 @@ func (r *Rendezvous) groupReady() error {
 	}
 	was := g.leading
 	g.leading = rd.Leader
+	if was != rd.Leader {
+		close(g.leadCh)
+		g.leadCh = make(chan struct{})
+	}
 	if rd.GroupChanged {
 		g.confBusy = false
 		g.replicas = g.rep.Replicas()
@@ -269,6 +283,16 @@ func (r *Rendezvous) groupReady() error {
 			r.report(a.Actions)
 		}
 	}
+	if rd.GroupChanged && rd.Leader {
+		// Every rank must know the group before the leader can be lost:
+		// tell them now rather than at the next ping.
+		r.mu.Lock()
+		missing, epoch, pending := r.m.Ping()
+		ping := &msg{T: tPing, Missing: missing, Epoch: epoch, Pending: pending, Group: r.groupItemsLocked()}
+		conns := r.connsLocked()
+		r.mu.Unlock()
+		r.broadcast(conns, ping)
+	}
 	if rd.GroupChanged && (rd.Leader || g.cfg.Reports) {
 		r.mu.Lock()
 		voters := g.rep.Voters()
@@ -281,8 +305,83 @@ func (r *Rendezvous) groupReady() error {
 	if rd.Leader {
 		r.mu.Lock()
 		r.proposeOfferLocked()
+		to := r.handOffLocked()
 		r.mu.Unlock()
+		if to != 0 {
+			r.cfg.Logf("rendezvous: replica %d hands the lead to replica %d", g.cfg.ID, to)
+		}
 	}
+	return nil
+}
+
+// handOffLocked hands the lead to another voter, once, when HandOff asks
+// for it and the group is complete; it returns that voter (0: none).
+func (r *Rendezvous) handOffLocked() uint64 {
+	g := r.grp
+	if !g.cfg.HandOff || g.handedOff || g.confBusy || g.rep.Voters() < g.cfg.Size {
+		return 0
+	}
+	for _, id := range g.rep.VoterIDs() {
+		if id != g.cfg.ID {
+			g.handedOff, g.handedTo = true, id
+			g.rep.TransferLeader(id)
+			g.kickGroup()
+			return id
+		}
+	}
+	return 0
+}
+
+// CloseNow closes a replica whose process leaves the job while the job
+// goes on (a rank that departs, or was dropped): if it leads, it hands the
+// lead to another voter first (waiting at most the heartbeat bound), so
+// the ranks reconnect at once rather than after an election; it does not
+// wait for the ranks to leave, as Close does. A lone rendezvous just
+// closes.
+func (r *Rendezvous) CloseNow() error {
+	if g := r.grp; g != nil {
+		r.mu.Lock()
+		var to uint64
+		changed := g.leadCh
+		if g.leading && !r.closed {
+			for _, id := range g.rep.VoterIDs() {
+				if id != g.cfg.ID {
+					to = id
+					break
+				}
+			}
+			if to != 0 {
+				g.handedTo = to
+				g.rep.TransferLeader(to)
+				g.kickGroup()
+			}
+		}
+		r.mu.Unlock()
+		if to != 0 {
+			t := time.NewTimer(r.hb)
+			select {
+			case <-changed:
+			case <-t.C:
+			case <-r.closeCh:
+			}
+			t.Stop()
+		}
+	}
+	r.closeOnce.Do(func() {
+		r.mu.Lock()
+		r.closed = true
+		close(r.closeCh)
+		conns := slices.Collect(maps.Values(r.conns))
+		r.mu.Unlock()
+		for _, c := range conns {
+			c.s.Reset()
+		}
+		if r.grp != nil {
+			r.closeGroup()
+		}
+		r.h.Close()
+		r.wg.Wait()
+	})
 	return nil
 }
 
@@ -386,11 +485,32 @@ func (r *Rendezvous) steppedDown() {
 	r.mu.Lock()
 	conns := slices.Collect(maps.Values(r.conns))
 	clear(r.conns)
+	leader := r.leaderLocked()
+	if leader == 0 || leader == r.grp.cfg.ID {
+		leader = r.grp.handedTo // a hand-over under way: the leader-to-be
+	}
+	redirect := &msg{T: tRedirect, Seq: leader, Group: r.groupItemsLocked()}
 	r.mu.Unlock()
 	r.cfg.Logf("rendezvous: replica %d no longer leads the group; its ranks reconnect to the leader", r.grp.cfg.ID)
+	// Where the lead went, if this replica knows (it handed it over): the
+	// ranks go there at once instead of searching.
+	var wg sync.WaitGroup
 	for _, c := range conns {
-		c.s.Reset()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Closed for writing, not reset: a reset would drop the
+			// redirect before the rank read it. The rank ends the stream
+			// once it has; its reader here then ends (bounded by the
+			// heartbeat deadline).
+			if c.send(redirect, r.hb/4) != nil {
+				c.s.Reset()
+				return
+			}
+			c.s.CloseWrite()
+		}()
 	}
+	wg.Wait()
 }
 
 // proposeOfferLocked makes a voter of a learner that caught up, or adds

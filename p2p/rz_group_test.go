@@ -23,7 +23,7 @@ type groupJob struct {
 
 // startGroupJob starts replica 1 and size ranks; the ranks in hosts host
 // a replica each (rank 0 in hosts: it hosts replica 1, as under srun).
-func startGroupJob(t *testing.T, size int, hosts []int) *groupJob {
+func startGroupJob(t *testing.T, size int, hosts []int, handOff bool) *groupJob {
 	t.Helper()
 	j := &groupJob{key: NewJobKey(), log: &logRec{}, hb: 2 * time.Second, byRank: map[int]*Rendezvous{}}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -32,7 +32,7 @@ func startGroupJob(t *testing.T, size int, hosts []int) *groupJob {
 		return RendezvousConfig{ListenAddr: "127.0.0.1:0", Size: size, JobKey: j.key, Timeout: 20 * time.Second,
 			Logf:    func(f string, a ...any) { j.log.logf("replica %d: "+f, append([]any{id}, a...)...) },
 			Elastic: &ElasticConfig{MinSize: 1, MaxSize: size, HeartbeatTimeout: j.hb},
-			Group:   &GroupConfig{ID: id, Size: 3, Reports: id == 1}}
+			Group:   &GroupConfig{ID: id, Size: 3, Reports: id == 1, HandOff: handOff && id == 1}}
 	}
 	first, err := StartRendezvous(ctx, rc(1))
 	if err != nil {
@@ -124,7 +124,7 @@ func (r *Rendezvous) isClosed() bool {
 // no member is lost and the ranks go on in the same epoch, data flowing
 // throughout.
 func TestFailoverLeaderReplicaLost(t *testing.T) {
-	j := startGroupJob(t, 4, []int{1, 2})
+	j := startGroupJob(t, 4, []int{1, 2}, false)
 	if j.leader() != j.replicas[0] {
 		t.Fatal("replica 1 does not lead the group it started")
 	}
@@ -153,7 +153,7 @@ func TestFailoverLeaderReplicaLost(t *testing.T) {
 // and is killed: the group elects another leader, the survivors reconnect
 // to it, rank 0 is lost, and they go on in epoch 1 without it.
 func TestFailoverRankHostingLeaderKilled(t *testing.T) {
-	j := startGroupJob(t, 4, []int{0, 1, 2})
+	j := startGroupJob(t, 4, []int{0, 1, 2}, false)
 	j.nodes[0].crash()
 	j.replicas[0].crash()
 	survivors := j.nodes[1:]
@@ -164,6 +164,40 @@ func TestFailoverRankHostingLeaderKilled(t *testing.T) {
 	checkViews(t, views, survivors, 1, []int{0}, nil)
 	exchange(t, survivors, []int{1, 1000, 300 << 10})
 	if l := j.leader(); l == nil || l == j.replicas[0] {
+		t.Errorf("leader after the loss: %v", l)
+	}
+}
+
+// The launcher's replica hands the lead to a rank's once the group is
+// complete (as gorun's does); that rank is killed: another replica
+// leads, and the others go on in epoch 1 without it.
+func TestFailoverHandedOffLeaderKilled(t *testing.T) {
+	j := startGroupJob(t, 4, []int{1, 2}, true)
+	var victim int
+	eventually(t, 10*time.Second, "a rank's replica leads", func() bool {
+		for r, rz := range j.byRank {
+			if rz.Leads() {
+				victim = r
+				return true
+			}
+		}
+		return false
+	})
+	j.nodes[victim].crash()
+	j.byRank[victim].crash()
+	var survivors []*Node
+	for r, n := range j.nodes {
+		if r != victim {
+			survivors = append(survivors, n)
+		}
+	}
+	for _, n := range survivors {
+		waitDone(t, n, 4*j.hb+5*time.Second, fmt.Sprintf("rank %d (", victim), "call Reconfigure to go on in epoch 1")
+	}
+	views := reconfigureAll(t, survivors)
+	checkViews(t, views, survivors, 1, []int{victim}, nil)
+	exchange(t, survivors, []int{1, 1000, 300 << 10})
+	if l := j.leader(); l == nil || l == j.byRank[victim] {
 		t.Errorf("leader after the loss: %v", l)
 	}
 }

@@ -3,6 +3,8 @@ package raftgroup
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"go.etcd.io/raft/v3"
@@ -115,6 +117,15 @@ func (r *Replica) PromoteCaughtUp() (uint64, error) {
 		}
 	}
 	return 0, nil
+}
+
+// TransferLeader, on the leader, hands the lead to replica to (a voter
+// that has the log): it takes over at once instead of after an election.
+func (r *Replica) TransferLeader(to uint64) { r.rn.TransferLeader(to) }
+
+// VoterIDs returns the replicas that count in the majority.
+func (r *Replica) VoterIDs() []uint64 {
+	return slices.Sorted(maps.Keys(r.rn.Status().Config.Voters.IDs()))
 }
 
 // Voters is how many replicas count in the group's majority.
