@@ -31,6 +31,9 @@ type Comm struct {
 
 	node *p2p.Node
 	rdv  *p2p.Rendezvous // non-nil when this rank hosts the rendezvous
+	// replica is this rank's replica of the job's rendezvous group (nil:
+	// it hosts none; env_replica.go).
+	replica *p2p.Rendezvous
 
 	// recorder is the flight recorder a hang diagnosis reads (flightrec.go).
 	recorder flightRecorder
@@ -121,7 +124,11 @@ type config struct {
 	compression          compressionConfig
 	elastic              bool
 	heartbeat            time.Duration
-	minSize, maxSize     int // StartLocal's elastic rendezvous
+	minSize, maxSize     int // StartLocal's elastic rendezvous, or the bounds of a replica's membership
+	// replica: host a replica of the job's rendezvous group (a rank gorun
+	// chose), with the job's bounds minSize, maxSize and elasticWait.
+	replica     bool
+	elasticWait time.Duration
 }
 
 // WithRank sets this process's rank and the job size instead of reading them
@@ -204,6 +211,7 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 		rank: env.rank, size: env.size, localRank: env.localRank, localSize: env.localSize,
 		rendezvous: env.rendezvous, hostRendezvous: env.hostRendezvous, jobKey: env.jobKey,
 		listenIP: os.Getenv(EnvListenIP), dataPlane: os.Getenv(EnvDataPlane),
+		replica: env.replica, minSize: env.minNP, maxSize: env.maxNP, elasticWait: env.elasticWait,
 	}
 	if env.source == "" {
 		cfg.size, cfg.localSize = 1, 1
@@ -354,6 +362,11 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 				return nil, fmt.Errorf("gorun: rank 0: hosting the rendezvous on %s: %w", cfg.rendezvous, err)
 			}
 		}
+		if cfg.elastic && cfg.replica && cfg.rank >= 0 {
+			if c.replica, err = startReplica(setup, cfg, c.heartbeat); err != nil {
+				return nil, fmt.Errorf("gorun: rank %d: %w", cfg.rank, err)
+			}
+		}
 		if cfg.elastic && cfg.rank == -1 {
 			// A joiner waits as long as the job runs without it: the
 			// members admit it at their next commit (Grow).
@@ -362,7 +375,7 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		c.node, err = p2p.Join(setup, p2p.Config{
 			Rank: cfg.rank, Size: cfg.size, JobKey: cfg.jobKey, Rendezvous: cfg.rendezvous,
 			ListenIP: cfg.listenIP, DataPlane: cfg.dataPlane, Timeout: cfg.timeout, Logf: cfg.logf,
-			Elastic: cfg.elastic, HeartbeatTimeout: c.heartbeat,
+			Elastic: cfg.elastic, HeartbeatTimeout: c.heartbeat, Replica: c.replica,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("gorun: %s: joining the job at %s: %w", who, cfg.rendezvous, err)
@@ -526,6 +539,16 @@ func (c *Comm) shutdown(cause error) error {
 	}
 	if c.rdv != nil {
 		errs = append(errs, c.rdv.Close())
+	}
+	if c.replica != nil {
+		if failed != nil || errors.Is(context.Cause(c.life), ErrLeft) {
+			// The job goes on without this process (it left, was cut
+			// off or dropped), or failed: hand the lead over and go,
+			// rather than wait for the others to finish.
+			c.replica.CloseNow()
+		} else {
+			c.replica.Close()
+		}
 	}
 	if c.metrics != nil {
 		c.metrics.close()

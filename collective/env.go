@@ -141,6 +141,11 @@ type launchEnv struct {
 	elastic              bool          // GORUN_ELASTIC=1; rank -1 is a joiner
 	heartbeat            time.Duration // GORUN_HEARTBEAT_TIMEOUT, 0 if unset
 	localSizeKnown       bool          // the source said how many ranks share this host
+	// replica: this rank hosts a replica of the rendezvous group, whose
+	// membership has the job's elastic bounds (env_replica.go).
+	replica      bool
+	minNP, maxNP int
+	elasticWait  time.Duration
 }
 
 // readEnv reads the launch environment through getenv (os.Getenv in
@@ -206,6 +211,9 @@ func readEnv(getenv func(string) string) (launchEnv, error) {
 	}
 
 	if err := readRendezvous(getenv, &e); err != nil {
+		return e, err
+	}
+	if err := readReplica(getenv, &e); err != nil {
 		return e, err
 	}
 	if (e.size > 1 || e.elastic) && e.rendezvous == "" {

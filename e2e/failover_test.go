@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"fmt"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv/netns"
 )
 
 // Failover: no single process or host may end the job (issue 28). These
@@ -31,5 +35,86 @@ func TestFailoverGorunPausedWithinHeartbeat(t *testing.T) {
 	}
 	if errOut := j.err.String(); strings.Contains(errOut, "membership epoch") || strings.Contains(errOut, " was lost") {
 		t.Errorf("gorun's pause changed the membership:\n%s", errOut)
+	}
+}
+
+// failoverJob starts elastictrain under gorun on host 0 of 3 namespace
+// hosts, with the membership on 3 replicas: rank 0 with gorun on host 0,
+// ranks 1 and 2 on host 1, rank 3 on host 2. Ranks 1 and 3 host the
+// rank replicas (3 and 5); gorun hands the lead to replica 3, rank 1's,
+// and failoverJob returns once it has.
+func failoverJob(t *testing.T) (*etJob, *netns.Cluster) {
+	t.Helper()
+	c := netns.New(t, 3)
+	h0, h1, h2 := c.Hosts[0], c.Hosts[1], c.Hosts[2]
+	j := etStartIn(t, c, h0, etDefault, "-H", fmt.Sprintf("%s:1,%s:2,%s:1", h0.IP, h1.IP, h2.IP), "--min-np", "1",
+		"--blacklist-cooldown", "10m", "--heartbeat-timeout", etHeartbeat.String(), "--grace", "2s",
+		"--rdzv-replicas", "3")
+	if err := j.err.waitFor("rendezvous: replica 1 hands the lead to replica 3", 1, time.Minute, j.done); err != nil {
+		j.fail("%v", err)
+	}
+	return j, c
+}
+
+// The rank whose replica leads the rendezvous group is killed (kill -9):
+// another replica leads, the other ranks reconnect to it, and the job
+// goes on without that rank and ends with the uninterrupted run's
+// parameters.
+func TestFailoverLeaderRankKilled(t *testing.T) {
+	j, c := failoverJob(t)
+	pids := j.pids(4)
+	j.waitStep("step 3", time.Minute, func(s etStep) bool { return s.steps >= 3 })
+	killed := time.Now()
+	etKill(t, pids[1], syscall.SIGKILL)
+	resets := j.waitResets(3, 1, time.Minute)
+	for _, m := range resets {
+		if m[3] != "4" || m[4] != "3" || m[5] != "1" {
+			t.Errorf("reset %q: want 4->3 ranks, lost rank 1", m[0])
+		}
+	}
+	took := time.Since(killed)
+	j.open()
+	j.finish(3)
+	noneLeft(t, c)
+	checkNewLeader(t, j.err.String())
+	t.Logf("rank 1 (the leader's process) killed; the others reset %v later", took.Round(time.Millisecond))
+}
+
+// The host of the replica that leads goes down (its link cut) with ranks
+// 1 and 2: another replica leads, the ranks on the other hosts go on
+// without them and end with the uninterrupted run's parameters; the
+// cut-off ranks stop by themselves.
+func TestFailoverLeaderHostDown(t *testing.T) {
+	j, c := failoverJob(t)
+	h1 := c.Hosts[1]
+	j.pids(4)
+	j.waitStep("step 3", time.Minute, func(s etStep) bool { return s.steps >= 3 })
+	remote := etRemotePIDs(c, h1, etTrainBin(t))
+	if len(remote) != 2 {
+		j.fail("%d elastictrain processes on %s, want 2", len(remote), h1.IP)
+	}
+	cut := time.Now()
+	etIP(t, c, h1, "link", "set", "eth0", "down")
+	j.waitResets(2, 1, time.Minute)
+	took := time.Since(cut)
+	j.open()
+	j.waitOut("2 final lines", time.Minute, func(out string) bool { return len(etFinalRE.FindAllString(out, -1)) >= 2 })
+	for _, pid := range remote {
+		j.waitLog(pid, "cut off from the rendezvous", time.Minute)
+	}
+	etIP(t, c, h1, "link", "set", "eth0", "up")
+	j.finish(2)
+	noneLeft(t, c)
+	checkNewLeader(t, j.err.String())
+	t.Logf("host %s (the leader's) cut off; the others reset %v later", h1.IP, took.Round(time.Millisecond))
+}
+
+// checkNewLeader checks that gorun says which replica leads once replica 3
+// (rank 1's) was lost: its own, or replica 5 (rank 3's).
+func checkNewLeader(t *testing.T, errOut string) {
+	t.Helper()
+	i := strings.Index(errOut, "rendezvous: replica 3 leads the group")
+	if i < 0 || !regexp.MustCompile(`rendezvous: replica [15] leads the group`).MatchString(errOut[i:]) {
+		t.Errorf("gorun does not say another replica leads after replica 3:\n%s", errOut)
 	}
 }

@@ -69,9 +69,11 @@ func (a *attempt) startRendezvous(cfg p2p.RendezvousConfig, more string) error {
 	if !job.Verbose {
 		// A refused process (a stranger, a joiner with other arguments)
 		// learns why itself, but the job's owner should too, even when
-		// quiet.
+		// quiet; and where the rendezvous group's lead is (a replicated
+		// rendezvous: rdzv_group.go).
 		cfg.Logf = func(format string, args ...any) {
-			if line := fmt.Sprintf(format, args...); strings.HasPrefix(line, "rendezvous: refused") {
+			if line := fmt.Sprintf(format, args...); strings.HasPrefix(line, "rendezvous: refused") ||
+				strings.HasPrefix(line, "rendezvous: replica ") {
 				job.Logf("%s", line)
 			}
 		}

@@ -53,6 +53,11 @@ type Elastic struct {
 	// else created, mode 0600, with a new key. gorun then prints the
 	// command that starts such a joiner (joinCommand).
 	JobKeyFile string
+	// Replicas is how many replicas keep the job's membership (see
+	// rdzv_group.go): 1 (0 counts as 1) is gorun's rendezvous alone; 3
+	// or 5, a group of gorun's and those of ranks on other hosts, which
+	// survives the loss of its leader's process or host.
+	Replicas int
 }
 
 func (e *Elastic) withDefaults(np int) Elastic {

@@ -22,6 +22,10 @@ type elasticRun struct {
 	*attempt
 	el    Elastic
 	multi bool // output prefixes and messages name hosts
+	// replicas: the ranks of the start that host a replica of the
+	// rendezvous group (rdzv_group.go); empty: gorun's rendezvous is
+	// alone.
+	replicas map[int]bool
 
 	hosts   []Host         // where ranks may run now: -H, or the script's last list
 	perHost map[string]int // running processes per host
@@ -80,13 +84,15 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, n
 		cd: newCooldown(el.CooldownBase, el.CooldownMax), warned: map[string]bool{},
 		rdvWake: make(chan struct{}, 1), aborted: make(chan struct{}, 1), unreachable: map[string]bool{}}
 	e.heartbeat = el.HeartbeatTimeout
+	e.replicas = replicaRanks(lay, el.Replicas)
 	if err := e.startRendezvous(); err != nil {
 		return err
 	}
 	defer e.rdv.Close()
 	e.rdvMembers = e.rdv.Members
 	e.logJoinCommand()
-	e.setEnv(collective.EnvElastic+"=1", collective.EnvHeartbeatTimeout+"="+el.HeartbeatTimeout.String())
+	e.setEnv(append([]string{collective.EnvElastic + "=1", collective.EnvHeartbeatTimeout + "=" + el.HeartbeatTimeout.String()},
+		e.replicaEnv()...)...)
 	labels, hostLabels := make([]string, job.NP), make([]string, job.NP)
 	for r := range job.NP {
 		labels[r], hostLabels[r] = e.label(r, lay.hosts[lay.pl.host[r]].Name)
@@ -142,7 +148,7 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, n
 // --job-key-file if there is one. Its reports are queued for the run's
 // goroutine (report).
 func (e *elasticRun) startRendezvous() error {
-	job, el := e.job, e.el
+	el := e.el
 	e.key = p2p.NewJobKey()
 	if el.JobKeyFile != "" {
 		var err error
@@ -150,11 +156,8 @@ func (e *elasticRun) startRendezvous() error {
 			return err
 		}
 	}
-	maxSize := el.MaxNP
-	if maxSize == 0 {
-		maxSize = max(maxRendezvousSize, job.NP)
-	}
 	return e.attempt.startRendezvous(p2p.RendezvousConfig{
+		Group:   e.groupConfig(),
 		OnLeave: func(int, uint64) { e.report(rdvReport{leaving: true}) },
 		OnAbort: func(p2p.Abort) {
 			select {
@@ -162,7 +165,7 @@ func (e *elasticRun) startRendezvous() error {
 			default:
 			}
 		},
-		Elastic: &p2p.ElasticConfig{MinSize: el.MinNP, MaxSize: maxSize, WaitTimeout: el.Timeout, HeartbeatTimeout: el.HeartbeatTimeout},
+		Elastic: &p2p.ElasticConfig{MinSize: el.MinNP, MaxSize: e.maxSize(), WaitTimeout: el.Timeout, HeartbeatTimeout: el.HeartbeatTimeout},
 		// Called on rendezvous goroutines (OnProc under its lock):
 		// queued for the run's goroutine, never blocking (so is OnLeave's
 		// report).
@@ -317,6 +320,9 @@ func (e *elasticRun) start(host string, r, localRank, localSize int) error {
 		collective.EnvHost+"="+host,
 		EnvProcID+"="+strconv.Itoa(n),
 	)
+	if r >= 0 && e.replicas[r] && n == r {
+		env = append(env, collective.EnvRdzvReplica+"=1")
+	}
 	p := &rankProc{rank: n, host: hostLabel, hostName: host, joiner: r < 0, localRank: localRank,
 		remote: remote, via: e.job.SSH.via(), tail: &tail{max: 20}, out: e.out, done: make(chan struct{})}
 	if err := e.startRank(p, host, env, e.lay.listenIP != "127.0.0.1"); err != nil {

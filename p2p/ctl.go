@@ -87,7 +87,7 @@ func (n *Node) register(ctx context.Context, rzAddrs []ma.Multiaddr) error {
 	// own dial backoff, which would otherwise turn retries into instant
 	// failures.
 	dctx := network.WithForceDirectDial(sctx, "gorun rendezvous")
-	pid, where := n.rzID, n.cfg.Rendezvous
+	pid, where, replicaOf := n.rzID, n.cfg.Rendezvous, uint64(1)
 	var s network.Stream
 	var w *msg
 	for delay, logged := 50*time.Millisecond, false; ; delay = min(2*delay, time.Second) {
@@ -106,7 +106,7 @@ func (n *Node) register(ctx context.Context, rzAddrs []ma.Multiaddr) error {
 			if it := re.leaderItem(); it != nil {
 				if rpid, addrs, rerr := n.replicaAddrs(sctx, *it); rerr == nil {
 					n.h.Peerstore().AddAddrs(rpid, addrs, peerstore.PermanentAddrTTL)
-					pid, where = rpid, it.Addr
+					pid, where, replicaOf = rpid, it.Addr, it.ID
 					continue
 				}
 			}
@@ -124,7 +124,10 @@ func (n *Node) register(ctx context.Context, rzAddrs []ma.Multiaddr) error {
 		}
 	}
 	n.ctl.learn(w)
-	n.logf("registered with rendezvous %s", n.cfg.Rendezvous)
+	n.ctl.group.mu.Lock()
+	n.ctl.group.current = replicaOf
+	n.ctl.group.mu.Unlock()
+	n.logf("registered with rendezvous %s", where)
 	n.ctl.start(s)
 	return nil
 }

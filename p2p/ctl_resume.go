@@ -87,9 +87,6 @@ func (c *ctlClient) learn(m *msg) {
 	if m.T == tWelcome && m.MID != 0 {
 		g.mu.Lock()
 		g.mid = m.MID
-		if g.current == 0 {
-			g.current = 1
-		}
 		g.mu.Unlock()
 	}
 	if len(m.Group) == 0 {
@@ -147,9 +144,9 @@ func (c *ctlClient) streamFor(m *msg) (network.Stream, error) {
 }
 
 // reconnect finds the group's leader after the stream with the old one
-// ended (cause) and takes up this rank's place there, within twice the
-// heartbeat bound: a new leader is elected within half of it, and waits a
-// bound and a half for the ranks to come back.
+// ended (cause) and takes up this rank's place there, within three
+// heartbeat bounds: a new leader is elected within one, and waits two for
+// the ranks to come back.
 func (c *ctlClient) reconnect(cause error) error {
 	n, g := c.n, &c.group
 	g.mu.Lock()
@@ -160,7 +157,7 @@ func (c *ctlClient) reconnect(cause error) error {
 	g.hint = 0
 	g.mu.Unlock()
 	n.logf("lost the rendezvous leader (replica %d: %v); reconnecting to the group", lost, cause)
-	bound := 2 * n.hbTimeout()
+	bound := 3 * n.hbTimeout()
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	go func() {

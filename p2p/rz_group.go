@@ -24,7 +24,7 @@ package p2p
 // leader tells it again what it may have missed (Machine.Resync), and the
 // rank sends again what the old leader may not have taken. The data plane
 // does not wait for any of this, so a leader change alone costs no step.
-// A rank that has not come back a heartbeat bound and a half after the new
+// A rank that has not come back twice the heartbeat bound after the new
 // leader took over is lost, as any rank whose control stream ends.
 //
 // Only a majority of the group can commit: a replica cut off with a
@@ -44,6 +44,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"crypto/hkdf"
@@ -101,14 +102,15 @@ type groupState struct {
 	kick    chan struct{}
 
 	// Under Rendezvous.mu.
-	leading   bool
-	leadTerm  int // counts this replica's terms as leader
-	nextID    int // the last membership id this replica gave out
-	offers    []groupItem
-	confBusy  bool   // a group change is proposed and not applied yet
-	told      string // the group as last logged
-	handedOff bool   // HandOff was done
-	handedTo  uint64 // the replica this one last handed the lead to
+	leading    bool
+	leadTerm   int // counts this replica's terms as leader
+	nextID     int // the last membership id this replica gave out
+	offers     []groupItem
+	confBusy   bool   // a group change is proposed and not applied yet
+	told       string // the group as last logged
+	handedOff  bool   // HandOff was done
+	handedTo   uint64 // the replica this one last handed the lead to
+	lastLeader uint64 // the leader as last logged
 	// leadCh is closed (and replaced) when this replica gains or loses
 	// the lead.
 	leadCh    chan struct{}
@@ -150,13 +152,15 @@ func (r *Rendezvous) startGroup() error {
 	if gc.Advertise == "" {
 		gc.Advertise = r.addr
 	}
-	// A tick of a twentieth of the heartbeat bound, an election after 5–10
-	// ticks without the leader: a new leader within half the bound.
+	// A tick of a twentieth of the heartbeat bound, an election after
+	// 10–20 ticks without the leader: a new leader within the bound, and
+	// a leader that a loaded host holds up for less than half of it keeps
+	// the lead (as a rank is lost only after the whole bound).
 	g := &groupState{cfg: gc, tick: max(r.hb/20, 5*time.Millisecond),
 		recv: make(chan *raftpb.Message, 256), unreach: make(chan uint64, 16), kick: make(chan struct{}, 1),
 		replicas: map[uint64]string{}, peerIDs: map[uint64]peer.ID{}, jobKey: r.cfg.JobKey,
 		peers: map[uint64]*raftPeer{}, inbound: map[network.Stream]bool{}, leadCh: make(chan struct{})}
-	rc := raftgroup.Config{ID: gc.ID, ElectionTicks: 5, HeartbeatTicks: 1, Membership: r.machineConfig()}
+	rc := raftgroup.Config{ID: gc.ID, ElectionTicks: 10, HeartbeatTicks: 1, Membership: r.machineConfig()}
 	if gc.ID == 1 {
 		rc.Peers, rc.Addrs = []uint64{1}, map[uint64]string{1: gc.Advertise}
 	}
@@ -164,6 +168,7 @@ func (r *Rendezvous) startGroup() error {
 	if err != nil {
 		return err
 	}
+	r.cfg.Logf = r.asyncLogf(r.cfg.Logf)
 	g.rep = rep
 	r.grp = g
 	r.m = rep.Machine()
@@ -262,6 +267,11 @@ func (r *Rendezvous) groupReady() error {
 		close(g.leadCh)
 		g.leadCh = make(chan struct{})
 	}
+	leader := g.rep.Leader()
+	newLeader := leader != 0 && leader != g.lastLeader
+	if newLeader {
+		g.lastLeader = leader
+	}
 	if rd.GroupChanged {
 		g.confBusy = false
 		g.replicas = g.rep.Replicas()
@@ -270,6 +280,9 @@ func (r *Rendezvous) groupReady() error {
 	r.mu.Unlock()
 	for _, m := range rd.Messages {
 		r.sendRaft(m, replicas)
+	}
+	if newLeader && (rd.Leader || g.cfg.Reports) {
+		r.cfg.Logf("rendezvous: replica %d leads the group", leader)
 	}
 	if rd.Leader && !was {
 		r.becameLeader()
@@ -318,7 +331,9 @@ func (r *Rendezvous) groupReady() error {
 // for it and the group is complete; it returns that voter (0: none).
 func (r *Rendezvous) handOffLocked() uint64 {
 	g := r.grp
-	if !g.cfg.HandOff || g.handedOff || g.confBusy || g.rep.Voters() < g.cfg.Size {
+	// Not before the job's first epoch is established: the ranks that
+	// are still registering would have to follow it.
+	if !g.cfg.HandOff || g.handedOff || g.confBusy || g.rep.Voters() < g.cfg.Size || !r.m.Established() {
 		return 0
 	}
 	for _, id := range g.rep.VoterIDs() {
@@ -423,8 +438,10 @@ func (r *Rendezvous) report(acts []membership.Action) {
 }
 
 // becameLeader takes up the leader's duties: the timers the membership is
-// in (a wait below the minimum size), and, after a grace of a heartbeat
-// bound and a half, the loss of every member that has not reconnected.
+// in (a wait below the minimum size), and, after a grace of twice the
+// heartbeat bound, the loss of every member that has not reconnected (a
+// rank notices the old leader's silence within the bound, and may have to
+// try every replica).
 // The caller holds relayMu.
 func (r *Rendezvous) becameLeader() {
 	g := r.grp
@@ -434,14 +451,13 @@ func (r *Rendezvous) becameLeader() {
 	since, waiting := r.m.WaitingSince()
 	started := r.m.Started()
 	r.mu.Unlock()
-	r.cfg.Logf("rendezvous: replica %d leads the group", g.cfg.ID)
 	if waiting {
 		r.afterWaiting(since)
 	}
 	if !started && r.m.Registered() == 0 {
 		return
 	}
-	grace := r.hb + r.hb/2
+	grace := 2 * r.hb
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -896,4 +912,36 @@ func (r *Rendezvous) groupSize() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.grp.rep.Voters()
+}
+
+// asyncLogf writes a replica's log lines on a goroutine of their own: the
+// raft loop logs with its locks held, and a rank's output may be stuck (an
+// ssh session whose link is cut holds its pipe full) while the group must
+// go on, or step down. Lines that find the queue full are dropped, and
+// counted in the next line that gets through.
+func (r *Rendezvous) asyncLogf(logf func(string, ...any)) func(string, ...any) {
+	lines := make(chan string, 256)
+	var dropped atomic.Int64
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		for {
+			select {
+			case l := <-lines:
+				if n := dropped.Swap(0); n > 0 {
+					l += fmt.Sprintf(" (%d earlier lines dropped: the output was stuck)", n)
+				}
+				logf("%s", l)
+			case <-r.closeCh:
+				return
+			}
+		}
+	}()
+	return func(format string, args ...any) {
+		select {
+		case lines <- fmt.Sprintf(format, args...):
+		default:
+			dropped.Add(1)
+		}
+	}
 }

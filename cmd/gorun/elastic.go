@@ -47,6 +47,9 @@ func (f *runFlags) checkElasticFlags(fl *pflag.FlagSet) error {
 	if _, _, err := parseCooldown(f.cooldown); err != nil {
 		return err
 	}
+	if r := f.rdzvReplicas; r != 1 && r != 3 && r != 5 {
+		return fmt.Errorf("--rdzv-replicas must be 1 (gorun's rendezvous alone), 3 or 5 (a group that survives losing 1 or 2 of them), got %d", r)
+	}
 	if f.jobKeyFile != "" {
 		path, err := filepath.Abs(f.jobKeyFile)
 		if err != nil {
@@ -140,6 +143,7 @@ func (f *runFlags) elastic(fl *pflag.FlagSet) (*launcher.Elastic, error) {
 			{"--heartbeat-timeout", fl.Changed("heartbeat-timeout")},
 			{"--blacklist-cooldown", fl.Changed("blacklist-cooldown")},
 			{"--job-key-file", fl.Changed("job-key-file")},
+			{"--rdzv-replicas", fl.Changed("rdzv-replicas")},
 		} {
 			if c.set {
 				return nil, fmt.Errorf("%s applies to elastic jobs only: make the job elastic with --min-np below -np (%d), --max-np above it, or --host-discovery-script", c.name, f.np)
@@ -158,7 +162,7 @@ func (f *runFlags) elastic(fl *pflag.FlagSet) (*launcher.Elastic, error) {
 	return &launcher.Elastic{
 		MinNP: minNP, MaxNP: f.maxNP, DiscoveryScript: f.discovery,
 		DiscoveryInterval: f.discoveryInterval, Timeout: f.elasticTimeout, HeartbeatTimeout: f.heartbeatTimeout,
-		CooldownBase: base, CooldownMax: limit, JobKeyFile: f.jobKeyFile,
+		CooldownBase: base, CooldownMax: limit, JobKeyFile: f.jobKeyFile, Replicas: f.rdzvReplicas,
 	}, nil
 }
 

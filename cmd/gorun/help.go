@@ -19,12 +19,11 @@ var flagGroups = []struct {
 	title string
 	flags []string
 }{
-	{"Launch flags", []string{"help", "np", "env", "bind-to", "timeout", "start-timeout", "grace", "max-restarts", "config"}},
+	{"Launch flags", []string{"help", "np", "env", "bind-to", "timeout", "start-timeout", "grace", "max-restarts", "config", "checkpoint-replicas"}},
 	{"Host flags", []string{"hosts", "hostfile", "launcher", "ssh-port", "ssh-identity-file", "network-interface"}},
 	{"Elastic flags", []string{"min-np", "max-np", "host-discovery-script", "discovery-interval", "elastic-timeout",
-		"heartbeat-timeout", "blacklist-cooldown", "job-key-file"}},
+		"heartbeat-timeout", "blacklist-cooldown", "job-key-file", "rdzv-replicas"}},
 	{"Output flags", []string{"output-dir", "verbose", "timeline"}},
-	{"Checkpoint flags", []string{"checkpoint-replicas"}},
 }
 
 // setUpHelp gives gorun's root command its one-page usage and the help
@@ -263,6 +262,16 @@ stop by themselves. gorun's ssh sessions give up on a host silent for twice
 unreachable, which of its ranks were cut off, and to check the network, and
 it never waits for that host at the end of the job.
 
+With --rdzv-replicas 3 (or 5), the membership is kept by a group of
+replicas, gorun's and those of ranks on other hosts (GORUN_RDZV_REPLICA=1,
+the first rank of each remote host), replicated with raft. gorun hands the
+group's lead to a rank's replica once the group is complete. When the
+leader's process or host is lost, another replica leads within
+--heartbeat-timeout, the ranks reconnect to it, and the job loses only the
+ranks that were there (no step, if none was). Only a side holding a
+majority of the replicas goes on: with 3 replicas on 3 hosts, any one host
+but gorun's may be lost; a partition leaves the side with two of them.
+
 With --host-discovery-script, the script is run at start (its hosts replace
 -H; without -np, one rank per slot it lists, at most --max-np) and then every
 --discovery-interval (3s), each run bounded by 10s; it prints one host:slots
@@ -322,6 +331,10 @@ Flags:
       Keep the job key in FILE (created mode 0600 if missing) and print the
       environment with which a rank started by hand joins the job
       (GORUN_RANK=-1 GORUN_JOB_KEY_FILE=FILE ...).
+  --rdzv-replicas N (default 1)
+      Keep the membership on N replicas (1, 3 or 5): 1 is gorun's
+      rendezvous alone; 3 or 5 adds replicas in ranks on other hosts, so
+      that losing the leader's process or host does not end the job.
 
 Examples:
   gorun -np 4 --min-np 2 --max-np 6 ./train

@@ -56,6 +56,7 @@ type runFlags struct {
 	elasticTimeout    time.Duration
 	heartbeatTimeout  time.Duration
 	jobKeyFile        string
+	rdzvReplicas      int
 	cooldown          string
 }
 
@@ -130,6 +131,7 @@ with their rank, and stops every rank when one fails, unless the job is elastic.
 	fl.DurationVar(&f.heartbeatTimeout, "heartbeat-timeout", launcher.DefaultHeartbeatTimeout, "a rank or host silent this long is lost")
 	fl.StringVar(&f.cooldown, "blacklist-cooldown", defaultCooldown, "no ranks on a failed host for `MIN[,MAX]`")
 	fl.StringVar(&f.jobKeyFile, "job-key-file", "", "keep the job key in `FILE`; print how to join by hand")
+	fl.IntVar(&f.rdzvReplicas, "rdzv-replicas", 1, "keep the membership on `N` replicas: 1, 3 or 5 (gorun help elastic)")
 
 	fl.StringVar(&f.outputDir, "output-dir", "", "also write each rank's output to `DIR`/rank.N/{stdout,stderr}")
 	fl.BoolVar(&f.verbose, "verbose", false, "say what gorun does: hosts, addresses, rendezvous, stops")

@@ -1,0 +1,73 @@
+package launcher
+
+// The replicated rendezvous of an elastic job across hosts (p2p's
+// GroupConfig): gorun's rendezvous is replica 1 of a group of three, and
+// ranks of the start on other hosts host the others (--rdzv-replicas 3 or
+// 5). Once the group
+// is complete gorun's replica hands the lead to a rank's, so the ranks'
+// control streams stay among their hosts; gorun's replica still votes and
+// says what happens. Losing the leader's process or host then costs the
+// job at most the ranks that were there: another replica leads within
+// the heartbeat bound and the ranks reconnect to it.
+
+import (
+	"strconv"
+
+	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/p2p"
+)
+
+// replicaRanks picks the ranks that host a replica, for a group of n
+// (gorun's among them): the first rank of each host, remote hosts first
+// (gorun's own host has its replica), then more ranks of hosts already
+// chosen if there are not enough hosts; none for n <= 1.
+func replicaRanks(lay *layout, n int) map[int]bool {
+	if n <= 1 {
+		return nil
+	}
+	groupSize := n
+	out := map[int]bool{}
+	seen := map[int]bool{}
+	for pass := range 3 {
+		for r, h := range lay.pl.host {
+			if len(out) == groupSize-1 {
+				return out
+			}
+			remote := !IsLocalHost(lay.hosts[h].Name)
+			if out[r] || pass < 2 && seen[h] || pass == 0 && !remote {
+				continue
+			}
+			seen[h], out[r] = true, true
+		}
+	}
+	return out
+}
+
+// groupConfig is gorun's replica's part (nil: a lone rendezvous).
+func (e *elasticRun) groupConfig() *p2p.GroupConfig {
+	if len(e.replicas) == 0 {
+		return nil
+	}
+	return &p2p.GroupConfig{ID: 1, Size: len(e.replicas) + 1, Reports: true, HandOff: true}
+}
+
+// maxSize is the rendezvous' (and every replica's) largest membership.
+func (e *elasticRun) maxSize() int {
+	if e.el.MaxNP == 0 {
+		return max(maxRendezvousSize, e.job.NP)
+	}
+	return e.el.MaxNP
+}
+
+// replicaEnv is what every rank is told of the job's bounds, which the
+// replicas' memberships share.
+func (e *elasticRun) replicaEnv() []string {
+	if len(e.replicas) == 0 {
+		return nil
+	}
+	return []string{
+		collective.EnvMinNP + "=" + strconv.Itoa(e.el.MinNP),
+		collective.EnvMaxNP + "=" + strconv.Itoa(e.maxSize()),
+		collective.EnvElasticWait + "=" + e.el.Timeout.String(),
+	}
+}
