@@ -34,6 +34,8 @@ type Comm struct {
 	// replica is this rank's replica of the job's rendezvous group (nil:
 	// it hosts none; env_replica.go).
 	replica *p2p.Rendezvous
+	// cfgGroup: rdv is replica 1 of the job's rendezvous group (srun).
+	cfgGroup bool
 
 	// recorder is the flight recorder a hang diagnosis reads (flightrec.go).
 	recorder flightRecorder
@@ -129,6 +131,7 @@ type config struct {
 	// chose), with the job's bounds minSize, maxSize and elasticWait.
 	replica     bool
 	elasticWait time.Duration
+	group       bool // rank 0 hosts replica 1 of the group (srun)
 }
 
 // WithRank sets this process's rank and the job size instead of reading them
@@ -211,7 +214,7 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 		rank: env.rank, size: env.size, localRank: env.localRank, localSize: env.localSize,
 		rendezvous: env.rendezvous, hostRendezvous: env.hostRendezvous, jobKey: env.jobKey,
 		listenIP: os.Getenv(EnvListenIP), dataPlane: os.Getenv(EnvDataPlane),
-		replica: env.replica, minSize: env.minNP, maxSize: env.maxNP, elasticWait: env.elasticWait,
+		replica: env.replica, group: env.group, minSize: env.minNP, maxSize: env.maxNP, elasticWait: env.elasticWait,
 	}
 	if env.source == "" {
 		cfg.size, cfg.localSize = 1, 1
@@ -339,8 +342,8 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		if len(cfg.jobKey) == 0 {
 			return nil, fmt.Errorf("gorun: %s of %d: no job key (WithJobKey, %s, or launch with gorun)", who, cfg.size, EnvJobKey)
 		}
-		if cfg.elastic && cfg.hostRendezvous {
-			return nil, fmt.Errorf("gorun: %s: an elastic job needs a rendezvous that outlives every rank: launch it with gorun (--min-np/--max-np), or use StartLocal with WithElastic, not a rendezvous hosted by rank 0", who)
+		if cfg.elastic && cfg.hostRendezvous && !cfg.group {
+			return nil, fmt.Errorf("gorun: %s: an elastic job needs a rendezvous that outlives every rank: launch it with gorun (--min-np/--max-np) or srun, or use StartLocal with WithElastic, not a rendezvous hosted by rank 0", who)
 		}
 		setup, cancel := context.WithTimeout(ctx, cfg.timeout)
 		defer cancel()
@@ -352,9 +355,14 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 			if err != nil {
 				return nil, fmt.Errorf("gorun: rank 0: %w", err)
 			}
-			c.rdv, err = p2p.StartRendezvous(setup, p2p.RendezvousConfig{
-				ListenAddr: listenAddr, Size: cfg.size, JobKey: cfg.jobKey, Timeout: cfg.timeout, Logf: cfg.logf,
-			})
+			rc := p2p.RendezvousConfig{ListenAddr: listenAddr, Size: cfg.size, JobKey: cfg.jobKey, Timeout: cfg.timeout, Logf: cfg.logf}
+			if cfg.group {
+				// Replica 1 of the job's rendezvous group (env_replica.go).
+				rc.Elastic = &p2p.ElasticConfig{MinSize: cfg.minSize, MaxSize: cfg.maxSize, WaitTimeout: cfg.elasticWait, HeartbeatTimeout: c.heartbeat}
+				rc.Group = &p2p.GroupConfig{ID: 1, Advertise: cfg.rendezvous}
+				c.cfgGroup = true
+			}
+			c.rdv, err = p2p.StartRendezvous(setup, rc)
 			if err != nil {
 				if errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use") {
 					return nil, fmt.Errorf("gorun: rank 0: hosting the rendezvous on %s: %w: another job on this host may hold the port; choose another with %s (the port) or %s (host:port) for every rank", cfg.rendezvous, err, EnvRendezvousPort, EnvRendezvousAddr)
@@ -538,7 +546,11 @@ func (c *Comm) shutdown(cause error) error {
 		}
 	}
 	if c.rdv != nil {
-		errs = append(errs, c.rdv.Close())
+		if c.cfgGroup && (failed != nil || errors.Is(context.Cause(c.life), ErrLeft)) {
+			c.rdv.CloseNow() // as a replica below: the job goes on without this process
+		} else {
+			errs = append(errs, c.rdv.Close())
+		}
 	}
 	if c.replica != nil {
 		if failed != nil || errors.Is(context.Cause(c.life), ErrLeft) {

@@ -146,6 +146,12 @@ type launchEnv struct {
 	replica      bool
 	minNP, maxNP int
 	elasticWait  time.Duration
+	// group: rank 0 hosts replica 1 of a rendezvous group (an elastic job
+	// under srun); nodeID, nodeCounts: this task's node in the step and
+	// the tasks of each (Slurm).
+	group      bool
+	nodeID     int
+	nodeCounts []int
 }
 
 // readEnv reads the launch environment through getenv (os.Getenv in

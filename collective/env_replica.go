@@ -31,30 +31,46 @@ const (
 )
 
 // readReplica reads whether this rank hosts a replica, and the bounds its
-// membership needs.
+// membership needs. Under gorun, gorun says (GORUN_RDZV_REPLICA) and gives
+// the bounds. An elastic job under srun has no gorun to keep its
+// membership: rank 0 hosts replica 1 where the ranks meet, and the tasks
+// that schedulerReplica picks on other nodes host the others; the bounds
+// are GORUN_MIN_NP (default 1), GORUN_MAX_NP (default the step's tasks)
+// and GORUN_ELASTIC_WAIT (default 600s), the same for every task.
 func readReplica(getenv func(string) string, e *launchEnv) error {
 	switch v := strings.TrimSpace(getenv(EnvRdzvReplica)); v {
 	case "", "0":
-		return nil
 	case "1":
+		e.replica = true
 	default:
 		return fmt.Errorf("%s=%q: want 1 (host a replica of the rendezvous) or 0", EnvRdzvReplica, v)
 	}
 	if !e.elastic || e.rank < 0 {
-		return nil // only the members of an elastic job's start host one
+		e.replica = false // only the members of an elastic job's start host one
+		return nil
 	}
-	e.replica = true
+	if e.hostRendezvous && e.source == "slurm" {
+		e.group = true
+		e.replica = e.rank != 0 && schedulerReplica(e.nodeID, e.localRank, e.nodeCounts)
+	}
+	if !e.replica && !e.group {
+		return nil
+	}
+	defaults := e.group
 	var err error
-	if e.minNP, err = positiveInt(getenv, EnvMinNP); err != nil {
+	if e.minNP, err = boundVar(getenv, EnvMinNP, 1, defaults); err != nil {
 		return err
 	}
-	if e.maxNP, err = positiveInt(getenv, EnvMaxNP); err != nil {
+	if e.maxNP, err = boundVar(getenv, EnvMaxNP, e.size, defaults); err != nil {
 		return err
 	}
 	if e.minNP > e.size || e.size > e.maxNP {
 		return fmt.Errorf("%s=%d, %s=%d: the job's %d ranks are not within them", EnvMinNP, e.minNP, EnvMaxNP, e.maxNP, e.size)
 	}
 	s := getenv(EnvElasticWait)
+	if s == "" && defaults {
+		s = "600s"
+	}
 	if s == "" {
 		return fmt.Errorf("%s is not set: a replica of the rendezvous needs the job's wait below %s", EnvElasticWait, EnvMinNP)
 	}
@@ -62,6 +78,44 @@ func readReplica(getenv func(string) string, e *launchEnv) error {
 		return fmt.Errorf("%s=%q is not a positive duration (write 600s)", EnvElasticWait, s)
 	}
 	return nil
+}
+
+// schedulerReplica says whether the task with local rank local on node
+// node of a step (counts: tasks per node) hosts one of the two replicas
+// beside rank 0's: the first task of nodes 1 and 2; with two nodes, the
+// first two of node 1, so that losing rank 0's node leaves a majority;
+// on one node, local ranks 1 and 2.
+func schedulerReplica(node, local int, counts []int) bool {
+	if len(counts) == 0 {
+		counts = []int{max(local+1, 1)}
+	}
+	picked := 0
+	for l := 0; picked < 2; l++ {
+		more := false
+		for n := 1; n <= len(counts) && picked < 2; n++ {
+			i := n % len(counts) // nodes 1, 2, ... and rank 0's last
+			if i == 0 && l == 0 || l >= counts[i] {
+				continue
+			}
+			more = true
+			if i == node && l == local {
+				return true
+			}
+			picked++
+		}
+		if !more && l > 0 {
+			return false
+		}
+	}
+	return false
+}
+
+// boundVar reads a positive bound, def when unset and defaults allowed.
+func boundVar(getenv func(string) string, name string, def int, defaults bool) (int, error) {
+	if strings.TrimSpace(getenv(name)) == "" && defaults {
+		return def, nil
+	}
+	return positiveInt(getenv, name)
 }
 
 func positiveInt(getenv func(string) string, name string) (int, error) {

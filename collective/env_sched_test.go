@@ -914,3 +914,42 @@ func TestRendezvousPortTaken(t *testing.T) {
 		}
 	}
 }
+
+// Under srun, an elastic job's rendezvous is a group: rank 0 hosts replica
+// 1 and two tasks on other nodes the others, placed so that losing rank
+// 0's node leaves a majority.
+func TestSchedulerReplica(t *testing.T) {
+	for _, tc := range []struct {
+		counts []int
+		want   [][2]int // node, local rank
+	}{
+		{[]int{2, 2, 2}, [][2]int{{1, 0}, {2, 0}}},
+		{[]int{2, 2}, [][2]int{{1, 0}, {1, 1}}},
+		{[]int{1, 1}, [][2]int{{1, 0}}},
+		{[]int{4}, [][2]int{{0, 1}, {0, 2}}},
+		{[]int{1, 1, 1, 1}, [][2]int{{1, 0}, {2, 0}}},
+	} {
+		var got [][2]int
+		for node, n := range tc.counts {
+			for l := range n {
+				if schedulerReplica(node, l, tc.counts) {
+					got = append(got, [2]int{node, l})
+				}
+			}
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("tasks per node %v: replicas on %v, want %v", tc.counts, got, tc.want)
+		}
+	}
+	env := map[string]string{"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
+		"SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "1",
+		EnvElastic: "1", EnvJobKey: strings.Repeat("ab", 32)}
+	e, err := readEnv(func(k string) string { return env[k] })
+	if err != nil || !e.group || !e.replica || e.minNP != 1 || e.maxNP != 4 || e.elasticWait != 600*time.Second {
+		t.Fatalf("task 2 of an elastic srun step: %+v, %v; want a replica of a group with bounds 1..4, 600s", e, err)
+	}
+	env["SLURM_PROCID"], env["SLURM_NODEID"] = "0", "0"
+	if e, err := readEnv(func(k string) string { return env[k] }); err != nil || !e.group || e.replica || !e.hostRendezvous {
+		t.Fatalf("task 0: %+v, %v; want the group's first replica (the rendezvous), no other", e, err)
+	}
+}

@@ -68,6 +68,7 @@ func readSlurm(getenv func(string) string, e *launchEnv) error {
 		default:
 			e.localSize = counts[nodeID]
 		}
+		e.nodeID, e.nodeCounts = nodeID, counts
 		if e.localRank >= e.localSize {
 			return fmt.Errorf("SLURM_LOCALID=%d is not below this node's task count %d (from %s=%q)", e.localRank, e.localSize, name, s)
 		}
