@@ -146,7 +146,17 @@ func (c *Comm) do(ctx context.Context, call ring.Call, opts []CallOption, run ru
 		return h.Wait(ctx)
 	}
 	defer c.execMu.Unlock()
-	return c.execute(h)
+	start := time.Now()
+	err := c.execute(h)
+	c.stats.inlineNanos.Add(uint64(time.Since(start)))
+	return err
+}
+
+// blockedTime is how long callers have spent blocked in collectives: in
+// Handle.Wait, and running synchronous calls on their own goroutine. A
+// load-balancing Reducer takes it out of a step's compute time.
+func (c *Comm) blockedTime() time.Duration {
+	return time.Duration(c.stats.waitNanos.Load() + c.stats.inlineNanos.Load())
 }
 
 // prepare validates the Comm's state and numbers the call. With mayInline

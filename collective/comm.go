@@ -90,6 +90,7 @@ type Comm struct {
 	stats struct {
 		collectives, bytes, nanos atomic.Uint64
 		queueNanos, waitNanos     atomic.Uint64
+		inlineNanos               atomic.Uint64 // synchronous calls run on the caller's goroutine
 		stalls                    atomic.Uint64
 	}
 

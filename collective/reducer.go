@@ -82,6 +82,10 @@ type ReducerOptions struct {
 	// gradient's residuals survive from step to step (ResetResiduals
 	// forgets them, e.g. after loading a checkpoint).
 	Compression func(name string, bytes int) string
+	// Balance sizes each rank's share of GlobalBatch by its measured
+	// compute speed (see BalanceOptions); the zero value leaves the
+	// shares even. It implies UnevenSplit.
+	Balance BalanceOptions
 }
 
 // CompressLarge returns a ReducerOptions.Compression policy: codec for
@@ -131,6 +135,7 @@ type Reducer struct {
 	plan      []int
 	weighted  bool
 	planEpoch int
+	bal       *balancer // nil: no load balancing
 
 	micro  int    // micro-batches completed in this step
 	handed int    // gradients handed over in the current micro-batch
@@ -170,8 +175,18 @@ func NewReducer(comm *Comm, o ReducerOptions) (*Reducer, error) {
 	if k < 0 {
 		return nil, fmt.Errorf("gorun: Reducer: BackwardPassesPerStep %d is negative", k)
 	}
-	uneven := o.UnevenSplit || comm.Elastic()
-	r := &Reducer{comm: comm, opts: o, byName: map[string]int{}}
+	bal, err := newBalancer(o.Balance)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case bal != nil && (o.GlobalBatch <= 0 || o.LocalBatch <= 0):
+		return nil, fmt.Errorf("gorun: Reducer: Balance needs GlobalBatch and LocalBatch: it splits the global batch")
+	case bal != nil && k != 0:
+		return nil, fmt.Errorf("gorun: Reducer: BackwardPassesPerStep %d can not be combined with Balance, which changes each rank's number of micro-batches: leave it 0", k)
+	}
+	r := &Reducer{comm: comm, opts: o, byName: map[string]int{}, bal: bal}
+	uneven := r.unevenAllowed()
 	if o.GlobalBatch > 0 || o.LocalBatch > 0 {
 		kk, err := PassesPerStep(o.GlobalBatch, comm.Size(), o.LocalBatch)
 		if err != nil && uneven && o.GlobalBatch > 0 && o.LocalBatch > 0 {
@@ -333,8 +348,18 @@ func (r *Reducer) ready(ctx context.Context, i int) error {
 			tl.instant(r.comm.Rank(), laneReducer, fmt.Sprintf("micro-batch %d/%d", r.micro, r.k), map[string]any{"step": r.steps + 1})
 		}
 	}
-	if final {
-		return r.launch(ctx)
+	if !final {
+		return nil
+	}
+	if err := r.launch(ctx); err != nil {
+		return err
+	}
+	if r.bal != nil && r.micro == r.k {
+		samples := 0
+		for _, n := range r.plan {
+			samples += n
+		}
+		r.bal.handedOver(ctx, r.comm, samples)
 	}
 	return nil
 }
@@ -447,6 +472,9 @@ func (r *Reducer) Step(ctx context.Context) error {
 	r.steps++
 	if tl := r.comm.trace(); tl != nil {
 		tl.span(r.comm.Rank(), laneReducer, fmt.Sprintf("step %d wait", r.steps), start, time.Now(), nil)
+	}
+	if len(errs) == 0 && r.bal != nil {
+		return r.balanceStepDone(ctx)
 	}
 	return errors.Join(errs...)
 }

@@ -12,19 +12,20 @@ import (
 // change or a new global batch.
 
 // replan computes this rank's micro-batches for the global batch at the
-// Comm's current rank and size: its Share of GlobalBatch samples in
-// micro-batches of at most LocalBatch (at least one, possibly empty).
+// Comm's current rank and size: its share of GlobalBatch samples (Share's,
+// or the load balancer's) in micro-batches of at most LocalBatch (at least
+// one, possibly empty).
 func (r *Reducer) replan() {
 	g, l := r.opts.GlobalBatch, r.opts.LocalBatch
 	size := r.comm.Size()
 	r.planEpoch = r.comm.Epoch()
-	if g%(size*l) == 0 {
+	shares := r.bal.shares(g, size)
+	if g%(size*l) == 0 && slices.Equal(shares, evenShares(g, size)) {
 		r.k, r.weighted = g/(size*l), false
 		r.plan = slices.Repeat([]int{l}, r.k)
 		return
 	}
-	lo, hi := Share(g, r.comm.Rank(), size)
-	n := hi - lo
+	n := shares[r.comm.Rank()]
 	r.plan = r.plan[:0]
 	for n > l {
 		r.plan = append(r.plan, l)
@@ -42,6 +43,9 @@ func (r *Reducer) replan() {
 func (r *Reducer) follow() {
 	if !r.comm.Elastic() || r.planEpoch == r.comm.Epoch() {
 		return
+	}
+	if r.bal != nil {
+		r.bal.membershipChanged()
 	}
 	r.relayout()
 }
@@ -73,7 +77,7 @@ func (r *Reducer) SetGlobalBatch(n int) error {
 	case r.micro > 0 || r.handed > 0:
 		return fmt.Errorf("gorun: Reducer: SetGlobalBatch(%d) in the middle of a step (after %d micro-batches): call it between steps", n, r.micro)
 	}
-	if _, err := PassesPerStep(n, r.comm.Size(), r.opts.LocalBatch); err != nil && !r.opts.UnevenSplit && !r.comm.Elastic() {
+	if _, err := PassesPerStep(n, r.comm.Size(), r.opts.LocalBatch); err != nil && !r.unevenAllowed() {
 		return fmt.Errorf("gorun: Reducer: SetGlobalBatch: %w (or set ReducerOptions.UnevenSplit)", err)
 	}
 	if n == r.opts.GlobalBatch {
@@ -82,6 +86,12 @@ func (r *Reducer) SetGlobalBatch(n int) error {
 	r.opts.GlobalBatch = n
 	r.relayout()
 	return nil
+}
+
+// unevenAllowed reports whether the global batch may be split unevenly:
+// UnevenSplit, an elastic Comm (whose size changes), or load balancing.
+func (r *Reducer) unevenAllowed() bool {
+	return r.opts.UnevenSplit || r.comm.Elastic() || r.bal != nil
 }
 
 // MicroBatches lists this rank's micro-batch sizes for one step when

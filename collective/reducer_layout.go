@@ -24,7 +24,7 @@ func (r *Reducer) describe() []string {
 		// k differs between ranks; the split rule they share is what counts.
 		opts = fmt.Sprintf("options: global=%d local=%d uneven fusion=%d", r.opts.GlobalBatch, r.opts.LocalBatch, r.threshold)
 	}
-	lines := []string{opts}
+	lines := []string{opts + r.bal.describe()}
 	for _, e := range r.entries {
 		p := "-"
 		if e.param != nil {

@@ -18,7 +18,9 @@ import (
 // its epoch and cursor are then committed with the model, and after a
 // membership change the survivors resume from the committed cursor and
 // split the interrupted step's batch, and every later one, among
-// themselves. The Reducer splits a global batch with the same rule.
+// themselves. The Reducer splits a global batch with the same rule; a
+// load-balancing one (ReducerOptions.Balance) splits it by its Shares,
+// which NextSplit takes.
 //
 // A loop over epochs:
 //
@@ -93,17 +95,54 @@ func (s *ElasticSampler) Next(globalBatch, rank, size int) []int {
 	if b == 0 {
 		return nil
 	}
-	if s.permOf != s.epoch {
-		// The same permutation on every rank: from (seed, epoch) only.
-		r := rand.New(rand.NewPCG(s.seed, uint64(s.epoch)))
-		s.perm = r.Perm(s.n)
-		s.permOf = s.epoch
-	}
+	s.draw()
 	lo, hi := Share(b, rank, size)
 	out := make([]int, hi-lo)
 	copy(out, s.perm[s.cursor+int64(lo):s.cursor+int64(hi)])
 	s.cursor += int64(b)
 	return out
+}
+
+// NextSplit is Next for a batch split unevenly, as a load-balancing
+// Reducer splits it (Reducer.Shares): the next global batch has the
+// shares' sum of samples, and rank takes shares[rank] of them, after the
+// shares of the ranks before it. Every rank must pass the same shares;
+// the cursor advances by the whole batch, so every sample of an epoch is
+// still used once. At the end of an epoch the batch is shorter and the
+// parts past its end are cut off: re-plan for the shorter batch first
+// (Reducer.SetGlobalBatch with BatchLen), so that the parts fit it.
+func (s *ElasticSampler) NextSplit(shares []int, rank int) []int {
+	total, lo := 0, 0
+	for r, n := range shares {
+		if r == rank {
+			lo = total
+		}
+		total += max(n, 0)
+	}
+	b := s.BatchLen(total)
+	if b == 0 {
+		return nil
+	}
+	s.draw()
+	var out []int
+	if rank >= 0 && rank < len(shares) {
+		hi := min(lo+max(shares[rank], 0), b)
+		lo = min(lo, b)
+		out = make([]int, hi-lo)
+		copy(out, s.perm[s.cursor+int64(lo):s.cursor+int64(hi)])
+	}
+	s.cursor += int64(b)
+	return out
+}
+
+// draw makes perm the current epoch's permutation: the same on every
+// rank, from (seed, epoch) only.
+func (s *ElasticSampler) draw() {
+	if s.permOf != s.epoch {
+		r := rand.New(rand.NewPCG(s.seed, uint64(s.epoch)))
+		s.perm = r.Perm(s.n)
+		s.permOf = s.epoch
+	}
 }
 
 func (s *ElasticSampler) String() string {
