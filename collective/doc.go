@@ -123,4 +123,22 @@
 // (fewer members than --min-np for too long) are final. On a Comm that is
 // not elastic, RunElastic runs the loop once and Commit does nothing, so
 // one program serves both.
+//
+// # Unequal ranks and slow links
+//
+// A Reducer with ReducerOptions.Balance sizes each rank's share of the
+// global batch by its measured compute speed, so that a slower or busier
+// rank no longer sets the pace of every step: the ranks agree on their
+// rates every few steps and each computes the same split (PlanShares).
+// The loop reads the split every step (Reducer.Shares, MicroBatches) and
+// takes its samples with ElasticSampler.NextSplit; each micro-batch's
+// gradient is weighted by its sample count, so a step is still the exact
+// mean over the global batch. A membership change goes back to the even
+// split until the next agreement.
+//
+// Across slow links, LocalSGD replaces the every-step gradient allreduce:
+// each rank steps on its own gradients and the ranks average their models
+// every Every steps, optionally with DiLoCo's outer Nesterov step and
+// 8-bit deltas under error feedback. In an elastic job (RegisterElastic) a
+// reset re-syncs every rank from the last average.
 package collective
