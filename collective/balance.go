@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"slices"
 	"time"
 )
 
@@ -17,9 +16,11 @@ import (
 // Each rank times its own compute: from the end of one Step to the moment
 // it hands over the last gradient of the next step, less the time it spent
 // blocked in collectives meanwhile (a commit, an evaluation's allreduce),
-// which measure the other ranks, not this one. Its rate, samples per
-// second, is smoothed over the last steps (a median, which an odd slow
-// step, such as one with an evaluation in it, does not move). Every Every
+// which measure the other ranks, not this one. Its rate is smoothed over
+// the last steps: their samples over their compute time, which counts a
+// rank that runs in bursts (a CPU quota that stops it every period) at
+// its average speed, where a median of per-step rates would see only its
+// bursts. Every Every
 // steps the ranks agree on their rates with one small allgather, queued
 // behind the step's gradients so that it costs no wait of its own, and
 // each rank computes the same new split (PlanShares) from the same
@@ -48,18 +49,19 @@ type BalanceOptions struct {
 // defaultMinGainPercent: below it, a re-plan would chase measurement noise.
 const defaultMinGainPercent = 10
 
-// rateWindow is how many steps a rank's rate is smoothed over: enough for
-// a median to ignore a few odd steps, few enough to follow a change of
-// load within a few re-plans.
-const rateWindow = 15
+// rateWindow is how many steps a rank's rate is smoothed over: enough to
+// span a few periods of a CPU quota (100 ms by default) at steps of a few
+// milliseconds, few enough to follow a change of load within a re-plan
+// or two.
+const rateWindow = 32
 
 // BalanceStatus is a Reducer's current split of the global batch.
 type BalanceStatus struct {
 	// Shares is every rank's share of a step's global batch.
 	Shares []int
-	// Rates are the compute rates, in samples per second, that the
-	// current split was planned from, per rank (0: not measured yet); nil
-	// while the split is the even one.
+	// Rates are the ranks' compute rates, in samples per second, as they
+	// agreed on them last (0: not measured yet), whether or not that moved
+	// the split; nil before the first agreement of this membership epoch.
 	Rates []float64
 	// Replans counts the splits adopted since the Reducer was made; a
 	// membership change, which goes back to the even split, counts too.
@@ -74,12 +76,13 @@ type balancer struct {
 	// of the current plan, by rank of the current membership epoch; nil:
 	// the even split.
 	weights []int64
+	agreed  []int64 // the rates of the last agreement (the same unit)
 	replans int
 
-	// This rank's measurements: its rates in the last steps (a ring of
-	// rateWindow), and the start of its current compute interval (zero:
-	// none, after a start or a membership change).
-	rates       []float64
+	// This rank's measurements: the samples and compute time of its last
+	// steps (a ring of rateWindow), and the start of its current compute
+	// interval (zero: none, after a start or a membership change).
+	window      []measure
 	nextRate    int
 	mark        time.Time
 	markBlocked time.Duration
@@ -89,6 +92,12 @@ type balancer struct {
 	h      *Handle
 
 	testRate func() float64 // tests: this rank's rate in every step, instead of its clock's
+}
+
+// measure is one step of this rank: its samples and its compute time.
+type measure struct {
+	samples int
+	compute time.Duration
 }
 
 func newBalancer(o BalanceOptions) (*balancer, error) {
@@ -130,7 +139,7 @@ func (b *balancer) membershipChanged() {
 	if b.weights != nil {
 		b.replans++
 	}
-	b.weights, b.since, b.h, b.gather, b.mark = nil, 0, nil, nil, time.Time{}
+	b.weights, b.agreed, b.since, b.h, b.gather, b.mark = nil, nil, 0, nil, nil, time.Time{}
 }
 
 // handedOver ends this rank's compute interval of a step of samples
@@ -140,15 +149,15 @@ func (b *balancer) membershipChanged() {
 func (b *balancer) handedOver(ctx context.Context, c *Comm, samples int) {
 	if !b.mark.IsZero() && samples > 0 {
 		compute := time.Since(b.mark) - (c.blockedTime() - b.markBlocked)
+		if b.testRate != nil {
+			compute = time.Duration(float64(samples) / b.testRate() * float64(time.Second))
+		}
 		if compute > 0 {
-			rate := float64(samples) / compute.Seconds()
-			if b.testRate != nil {
-				rate = b.testRate()
-			}
-			if len(b.rates) < rateWindow {
-				b.rates = append(b.rates, rate)
+			m := measure{samples, compute}
+			if len(b.window) < rateWindow {
+				b.window = append(b.window, m)
 			} else {
-				b.rates[b.nextRate] = rate
+				b.window[b.nextRate] = m
 			}
 			b.nextRate = (b.nextRate + 1) % rateWindow
 		}
@@ -160,15 +169,20 @@ func (b *balancer) handedOver(ctx context.Context, c *Comm, samples int) {
 	b.h = c.AllgatherAsync(ctx, []int64{b.smoothed()}, b.gather, Name("reducer balance rates"))
 }
 
-// smoothed is this rank's rate for the agreement: the median of its last
-// rates, in thousandths of samples per second (0: none measured).
+// smoothed is this rank's rate for the agreement: the samples of its last
+// steps over their compute time, in thousandths of samples per second (0:
+// none measured).
 func (b *balancer) smoothed() int64 {
-	if len(b.rates) == 0 {
+	var samples int
+	var compute time.Duration
+	for _, m := range b.window {
+		samples += m.samples
+		compute += m.compute
+	}
+	if compute <= 0 {
 		return 0
 	}
-	s := slices.Clone(b.rates)
-	slices.Sort(s)
-	return int64(math.Min(math.Max(1, 1000*s[len(s)/2]), 1<<50))
+	return int64(math.Min(math.Max(1, 1000*float64(samples)/compute.Seconds()), 1<<50))
 }
 
 // stepDone ends a Reducer's Step: on the step of an agreement it collects
@@ -182,7 +196,7 @@ func (r *Reducer) balanceStepDone(ctx context.Context) error {
 		if err := h.Wait(ctx); err != nil {
 			return err
 		}
-		b.since = 0
+		b.since, b.agreed = 0, b.gather
 		g, size := r.opts.GlobalBatch, r.comm.Size()
 		planned := PlanShares(g, b.gather)
 		if worthReplanning(b.shares(g, size), planned, b.gather, b.minGain) {
@@ -229,9 +243,9 @@ func (r *Reducer) Balance() BalanceStatus {
 	st := BalanceStatus{Shares: r.Shares()}
 	if b := r.bal; b != nil {
 		st.Replans = b.replans
-		if b.weights != nil {
-			st.Rates = make([]float64, len(b.weights))
-			for i, w := range b.weights {
+		if b.agreed != nil {
+			st.Rates = make([]float64, len(b.agreed))
+			for i, w := range b.agreed {
 				st.Rates[i] = float64(w) / 1000
 			}
 		}

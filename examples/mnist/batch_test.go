@@ -76,7 +76,7 @@ func TestUnevenSplitAveragesOverTheGlobalBatch(t *testing.T) {
 	}
 
 	one := BatchPlan{Global: n, K: 1, Size: 1}
-	if _, _, err := trainMicroBatch(model, d, idx, one, make([]float32, n*pixels), make([]uint8, n), none); err != nil {
+	if _, _, err := trainMicroBatch(model, d, idx, one.Weight(n), make([]float32, n*pixels), make([]uint8, n), none); err != nil {
 		t.Fatal(err)
 	}
 	want := gradsOf()
@@ -90,7 +90,7 @@ func TestUnevenSplitAveragesOverTheGlobalBatch(t *testing.T) {
 		for micro := range plan.K {
 			lo, hi := plan.Slot(micro, rank)
 			xbuf, labels := make([]float32, plan.MaxLocal()*pixels), make([]uint8, plan.MaxLocal())
-			if _, _, err := trainMicroBatch(model, d, idx[lo:hi], plan, xbuf, labels, none); err != nil {
+			if _, _, err := trainMicroBatch(model, d, idx[lo:hi], plan.Weight(hi-lo), xbuf, labels, none); err != nil {
 				t.Fatal(err)
 			}
 			for i, g := range gradsOf() {

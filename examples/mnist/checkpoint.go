@@ -140,6 +140,9 @@ func (c *checkpointer) dir(cfg *Config) string {
 // stepLoc names the checkpoint of step: its directory or s3:// prefix.
 func (c *checkpointer) stepLoc(step int) string { return c.mgr.StepLocation(int64(step)) }
 
+// due reports whether maybeSave saves at step.
+func (c *checkpointer) due(step int) bool { return c.mgr != nil && step%c.every == 0 }
+
 // maybeSave saves after every --checkpoint-every optimizer steps.
 func (c *checkpointer) maybeSave(ctx context.Context, step int) error {
 	if c.mgr == nil || step%c.every != 0 {

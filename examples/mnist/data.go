@@ -194,6 +194,12 @@ func (s *Sharder) Epoch(e int) {
 	s.perm = rng.Perm(s.N)
 }
 
+// Global returns the sample indices of step's whole global batch.
+func (s *Sharder) Global(step int) []int {
+	off := step * s.Plan.Global
+	return s.perm[off : off+s.Plan.Global]
+}
+
 // Batch returns the sample indices of this rank's micro-batch j of step.
 func (s *Sharder) Batch(step, micro int) []int {
 	lo, hi := s.Plan.Slot(micro, s.Rank)

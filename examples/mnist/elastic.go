@@ -130,12 +130,13 @@ func where(gstep, epoch, steps, epochs int) string {
 }
 
 // resetLines describe a reset in one line (two when ranks were both lost
-// and admitted; ev.Notes are left out), e.g.
+// and admitted; ev.Notes are left out), with the split of the global batch
+// among the ranks now (BatchPlan.Describe, or the balanced shares), e.g.
 //
 //	elastic: lost rank 2 (host a, disconnected) at step 412 (epoch 4, step 37 of 125); reset took 0.310 s; going on with 3 ranks (global batch 64: 21, 21, 22)
-func resetLines(ev collective.ElasticEvent, plan BatchPlan, gstep, epoch, steps, epochs int) []string {
+func resetLines(ev collective.ElasticEvent, global int, split string, gstep, epoch, steps, epochs int) []string {
 	at := where(gstep, epoch, steps, epochs)
-	tail := fmt.Sprintf("reset took %.3f s; going on with %d ranks (global batch %d: %s)", ev.Took.Seconds(), ev.NewSize, plan.Global, plan.Describe())
+	tail := fmt.Sprintf("reset took %.3f s; going on with %d ranks (global batch %d: %s)", ev.Took.Seconds(), ev.NewSize, global, split)
 	var lines []string
 	lost := slices.Clone(ev.Lost)
 	slices.SortFunc(lost, func(a, b collective.LostMember) int { return a.Rank - b.Rank })

@@ -61,10 +61,11 @@ type process struct {
 
 var errCrashed = errors.New("crashed by the test")
 
-// runJob trains with n ranks in this process. crashAt > 0 crashes the
-// process that starts as rank crashRank (as kill -9 would) after the
-// optimizer update of step crashAt, before its commit.
-func runJob(t *testing.T, n int, elastic bool, crashRank, crashAt int) []*process {
+// runJob trains with n ranks in this process, with flags besides the
+// defaults. crashAt > 0 crashes the process that starts as rank crashRank
+// (as kill -9 would) after the optimizer update of step crashAt, before
+// its commit.
+func runJob(t *testing.T, n int, elastic bool, crashRank, crashAt int, flags ...string) []*process {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -81,7 +82,7 @@ func runJob(t *testing.T, n int, elastic bool, crashRank, crashAt int) []*proces
 			t.Errorf("closing the job: %v", err)
 		}
 	}()
-	cfg, err := parseFlags([]string{"--epochs", fmt.Sprint(elasticEpochs), "--progress", "off"})
+	cfg, err := parseFlags(append([]string{"--epochs", fmt.Sprint(elasticEpochs), "--progress", "off"}, flags...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,10 +185,13 @@ func finalAcc(p *process) float64 { return 100 * p.res.History[len(p.res.History
 // They end with identical parameters, every epoch used every sample once,
 // and the test accuracy is within 0.5 points of the uninterrupted run's.
 // An elastic job that loses nobody trains exactly what a fixed-size job
-// trains.
+// trains (with even shares: balanced by the ranks' measured speeds, the
+// sums would differ in their rounding). The job that loses a rank
+// balances, rank 3 computing twice as long: the shares go back to the
+// even split after the loss.
 func TestElasticLosesARank(t *testing.T) {
-	fixed := runJob(t, 4, false, -1, 0)
-	whole := runJob(t, 4, true, -1, 0)
+	fixed := runJob(t, 4, false, -1, 0, "--balance=false")
+	whole := runJob(t, 4, true, -1, 0, "--balance=false")
 	if a, b := fixed[0].res.Hash, whole[0].res.Hash; a != b {
 		t.Errorf("an elastic job that loses no rank ends with parameters %s, a fixed-size one with %s", b, a)
 	}
@@ -200,7 +204,7 @@ func TestElasticLosesARank(t *testing.T) {
 	checkSamplesOnce(t, whole, steps)
 
 	const crashAt = 21 // epoch 2, step 5 of 16
-	procs := runJob(t, 4, true, 2, crashAt)
+	procs := runJob(t, 4, true, 2, crashAt, "--balance-every", "4", "--slow-rank", "3:2")
 	alive := survivors(procs)
 	if len(alive) != 3 {
 		t.Fatalf("%d survivors, want 3", len(alive))
@@ -245,6 +249,9 @@ func TestElasticLosesARank(t *testing.T) {
 	line := regexp.MustCompile(`(?m)^elastic: lost rank 2 \(host [^,]+, [^)]+\) at step (21 \(epoch 2, step 5|22 \(epoch 2, step 6) of 16\); reset took [0-9.]+ s; going on with 3 ranks \(global batch 64: 21, 21, 22\)$`)
 	if !line.MatchString(out) {
 		t.Errorf("rank 0's output lacks the reset line (want %s)", line)
+	}
+	if !regexp.MustCompile(`(?m)^balance: shares \d+, \d+, \d+, \d+ \(rank 3 at 0\.\d\dx the fastest\)$`).MatchString(out) {
+		t.Errorf("rank 0's output lacks a line of balanced shares, with rank 3 the slowest")
 	}
 }
 
@@ -430,7 +437,7 @@ func TestResetLines(t *testing.T) {
 			[]string{"elastic: lost rank 0 (host a, disconnected) at step 1 (epoch 1, step 1 of 125)",
 				"elastic: rank 2 joined at step 1 (epoch 1, step 1 of 125) and got the parameters from a live rank; reset took 0.000 s; going on with 3 ranks (global batch 64: 21, 21, 22)"}},
 	} {
-		got := resetLines(c.ev, c.plan, c.gstep, c.epoch, c.steps, c.epochs)
+		got := resetLines(c.ev, c.plan.Global, c.plan.Describe(), c.gstep, c.epoch, c.steps, c.epochs)
 		if fmt.Sprint(got) != fmt.Sprint(c.want) {
 			t.Errorf("resetLines:\n got %q\nwant %q", got, c.want)
 		}

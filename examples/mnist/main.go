@@ -10,8 +10,10 @@
 // MLP with its forward and backward pass on gorgonia tensors), cnn.go (the
 // optional convolutional network), optim.go
 // (SGD and Adam), train.go (the distributed loop: broadcast, Reducer,
-// consistency check), elastic.go (what changes when gorun --min-np makes
-// the job elastic), checkpoint.go (asynchronous saves and resume),
+// consistency check), balance.go (each rank's share of the global batch
+// by its speed), localsgd.go (--sync-every: averaging the models every K
+// steps), elastic.go (what changes when gorun --min-np makes the job
+// elastic), checkpoint.go (asynchronous saves and resume),
 // output.go and progress.go (summaries, progress bar or lines, plot,
 // metrics).
 //
@@ -93,6 +95,13 @@ type Config struct {
 	CheckpointSync  bool
 	FailAtStep      int
 	CommitEvery     int
+	Balance         bool // size the ranks' shares by their speed (balance.go)
+	BalanceEvery    int
+	SlowRank        slowRank
+	SyncEvery       int // local SGD when > 1 (localsgd.go)
+	OuterLR         float64
+	OuterMomentum   float64
+	EvalEvery       int // 0: evaluate at the end of each epoch only
 }
 
 func parseFlags(args []string) (*Config, error) {
@@ -122,6 +131,13 @@ func parseFlags(args []string) (*Config, error) {
 	fs.IntVar(&c.FailAtStep, "fail-at-step", 0, "testing aid: the last rank fails after this optimizer step on the first launch (GORUN_RESTART_COUNT unset or 0); in an elastic job it kills itself with SIGKILL, as kill -9 would")
 	fs.IntVar(&c.CommitEvery, "commit-every", 1, "in an elastic job, optimizer steps between in-memory commits (0: only at the end of each epoch); a lost rank costs the steps since the last commit, and a rank leaves (SIGTERM) at the next one")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this rank to this file (rank N writes FILE.rankN when N > 0)")
+	fs.BoolVar(&c.Balance, "balance", true, "size each rank's share of the global batch by its measured speed, so that a slower rank does not hold the others up; the result is the same up to float rounding (--balance=false: even shares, bit-for-bit reproducible runs)")
+	fs.IntVar(&c.BalanceEvery, "balance-every", 25, "optimizer steps between re-plans of the shares (with --balance)")
+	slow := fs.String("slow-rank", "", "testing aid: R:F makes rank R compute F times as long (it sleeps F-1 times its compute), e.g. 3:2.0")
+	fs.IntVar(&c.SyncEvery, "sync-every", 1, "local SGD: each rank steps on its own gradients and the models are averaged every K steps (1: the gradients are averaged at every step)")
+	fs.Float64Var(&c.OuterLR, "outer-lr", 1, "local SGD: the factor of the mean delta applied at an average (1: plain model averaging)")
+	fs.Float64Var(&c.OuterMomentum, "outer-momentum", 0, "local SGD: momentum of the outer step, applied as Nesterov's (DiLoCo: 0.9 with --outer-lr 0.7)")
+	fs.IntVar(&c.EvalEvery, "eval-every", 0, "also evaluate the test set every N optimizer steps and print the time of training so far (0: at the end of each epoch only)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -154,6 +170,20 @@ func parseFlags(args []string) (*Config, error) {
 		return nil, fmt.Errorf("--commit-every %d must not be negative (0: commit only at the end of each epoch)", c.CommitEvery)
 	case c.Accumulate < 0:
 		return nil, fmt.Errorf("--accumulate %d must not be negative", c.Accumulate)
+	case c.BalanceEvery <= 0:
+		return nil, fmt.Errorf("--balance-every %d must be positive", c.BalanceEvery)
+	case c.SyncEvery <= 0:
+		return nil, fmt.Errorf("--sync-every %d must be positive (1: average the gradients at every step)", c.SyncEvery)
+	case c.EvalEvery < 0:
+		return nil, fmt.Errorf("--eval-every %d must not be negative", c.EvalEvery)
+	case c.OuterLR <= 0:
+		return nil, fmt.Errorf("--outer-lr %g must be positive", c.OuterLR)
+	case c.OuterMomentum < 0 || c.OuterMomentum >= 1:
+		return nil, fmt.Errorf("--outer-momentum %g must be in [0, 1)", c.OuterMomentum)
+	}
+	var err error
+	if c.SlowRank, err = parseSlowRank(*slow); err != nil {
+		return nil, err
 	}
 	switch c.Progress {
 	case "auto", "on", "off":

@@ -210,7 +210,7 @@ func benchSteps(ctx context.Context, cfg *Config, comm *collective.Comm, data *D
 			if commit {
 				prepare = st
 			}
-			if err := work.step(ctx, red, plan, micro, local, nil, prepare); err != nil {
+			if err := work.step(ctx, red, planBatchesOf(plan, micro), local, nil, prepare); err != nil {
 				return err
 			}
 			gstep++

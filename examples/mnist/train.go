@@ -39,6 +39,10 @@ type EpochResult struct {
 	Compression  string  `json:"compression"`
 	WireBytes    uint64  `json:"wire_bytes_sent_rank0"`
 	BytesReduced uint64  `json:"bytes_reduced_rank0"`
+	// With load balancing: each rank's share of a step at the end of the
+	// epoch, and the compute rates (samples/s) the ranks last agreed on.
+	Shares       []int     `json:"shares,omitempty"`
+	ComputeRates []float64 `json:"compute_rates,omitempty"`
 }
 
 // Train runs the whole job on this rank.
@@ -133,6 +137,14 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 	if err != nil {
 		return nil, err
 	}
+	if err := checkLocalSGD(cfg, plan); err != nil {
+		return nil, err
+	}
+	// Local SGD (localsgd.go) averages models, not gradients; otherwise the
+	// Reducer averages the gradients, balancing the shares by speed unless
+	// --balance=false (balance.go).
+	localSGD := cfg.SyncEvery > 1
+	balanced := cfg.Balance && !localSGD
 
 	// 2. Data: every rank loads the (small) files (Train did, before it
 	// joined), but trains only on its shard of every global batch.
@@ -168,9 +180,20 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 			return nil, fmt.Errorf("--compression: %w", err)
 		}
 	}
+	// With load balancing, the most samples a rank computes at once: the
+	// plan's micro-batch at the start. Every rank's Reducer must have the
+	// same, and a joiner, whose plan is for the size it joins at, takes it
+	// from the job's state.
+	localBatch := plan.MaxLocal()
+	redLocal := localBatch // the local batch red was made with
 	newReducer := func(plan BatchPlan) (*collective.Reducer, error) {
 		ropts := collective.ReducerOptions{BackwardPassesPerStep: plan.K, FusionThreshold: cfg.FusionThreshold}
-		if plan.Even() && !elastic {
+		switch {
+		case balanced:
+			// The Reducer splits the global batch and weights the
+			// micro-batches itself, and follows membership changes.
+			ropts, redLocal = balancedReducerOptions(cfg, plan.Global, localBatch), localBatch
+		case plan.Even() && !elastic:
 			// The Reducer checks the arithmetic too: k = global / (ranks × local).
 			// (An elastic job's size changes under the Reducer: the plan is
 			// the example's, and the Reducer just averages K × Size
@@ -215,6 +238,13 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 		return nil, fmt.Errorf("global batch %d is larger than the %d training samples", plan.Global, train.Len())
 	}
 	out.header(train, test, model, plan, cfg)
+	switch {
+	case localSGD:
+		out.printf("mnist: local SGD: each rank steps on its own gradients, and the ranks average their models every %d steps (outer lr %g, momentum %g); --sync-every 1 averages the gradients at every step\n",
+			cfg.SyncEvery, cfg.OuterLR, cfg.OuterMomentum)
+	case balanced && (size > 1 || elastic):
+		out.printf("mnist: load balancing: each rank's share of the global batch follows its measured speed, re-planned every %d steps (--balance=false: even shares)\n", cfg.BalanceEvery)
+	}
 	if elastic {
 		out.printf("mnist: elastic job: %d ranks now; the global batch stays %d when ranks are lost or join; the state is committed in memory after every step\n",
 			size, plan.Global)
@@ -286,6 +316,7 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 	global := plan.Global
 	var (
 		sampler *collective.ElasticSampler
+		lsync   *localSync // local SGD only
 		res     = &runResult{Steps: steps}
 		// Rank 0's cost of the commits, against that of the steps.
 		commits               int
@@ -301,7 +332,7 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 		// end of training is saved again must not depend on when a rank
 		// joined.
 		if err := registerElastic(st, names, params, opt, &local, "step", &gstep, "epoch", &epoch, "global batch", &global, "sampler", sampler,
-			"last checkpoint", &ck.lastSaved); err != nil {
+			"last checkpoint", &ck.lastSaved, "local batch", &localBatch); err != nil {
 			return nil, err
 		}
 		// After a reset (and on a joiner, once it holds the state): the
@@ -312,15 +343,30 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 			if err != nil {
 				return err
 			}
-			if np.K != plan.K {
+			split := np.Describe()
+			switch {
+			case balanced:
+				// The Reducer re-planned by itself: even shares until
+				// the ranks agree on their speeds again. (A joiner's was
+				// made for its own plan.)
+				if redLocal != localBatch {
+					if red, err = newReducer(np); err != nil {
+						return err
+					}
+				}
+				split = describeShares(red.Shares())
+			case np.K != plan.K:
 				if red, err = newReducer(np); err != nil {
 					return err
 				}
 			}
+			if lsync != nil {
+				lsync.synced = true // LocalSGD's reset re-syncs the ranks from the last average
+			}
 			plan, steps = np, train.Len()/global
 			ck.global = global
 			out.setRank(rank, size, gstep)
-			for _, l := range resetLines(ev, plan, gstep, epoch, steps, cfg.Epochs) {
+			for _, l := range resetLines(ev, global, split, gstep, epoch, steps, cfg.Epochs) {
 				out.printf("%s\n", l)
 			}
 			if cfg.Verbose {
@@ -333,26 +379,35 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 		})
 	}
 
+	if localSGD {
+		// The parameters hold their starting values now (restored, or
+		// broadcast at RunElastic's start): the first anchor.
+		ls, err := newLocalSGD(comm, cfg, names, params, st)
+		if err != nil {
+			return nil, err
+		}
+		lsync = &localSync{ls: ls, synced: true}
+	}
+
 	work := &stepper{model: model, params: params, grads: grads, opt: opt, data: train}
 	var stepIdx []int
 	out.startProgress(cfg.Epochs, steps, plan.Global, gstep)
+	var (
+		trainStart  time.Time     // the first step of this run
+		evalTime    time.Duration // spent in --eval-every's evaluations
+		balanceSeen int           // the Reducer's re-plans reported
+	)
 
 	// One optimizer step: gstep+1 of the run, step+1 of the epoch.
 	trainStep := func(ctx context.Context) error {
 		t0 := time.Now()
-		step := gstep - (epoch-1)*steps
-		var batch []int // the step's global batch, in an elastic job
-		if sampler != nil {
-			if batch = sampler.Next(plan.Global, 0, 1); len(batch) != plan.Global {
-				return fmt.Errorf("internal error: the sampler gave %d samples for step %d, want %d", len(batch), gstep+1, plan.Global)
-			}
+		if trainStart.IsZero() {
+			trainStart = t0
 		}
-		micro := func(k int) []int {
-			if batch != nil {
-				lo, hi := plan.Slot(k, rank)
-				return batch[lo:hi]
-			}
-			return sh.Batch(step, k)
+		step := gstep - (epoch-1)*steps
+		b, err := stepBatchesOf(plan, step, rank, balanced, localSGD, red, sampler, sh)
+		if err != nil {
+			return err
 		}
 		var seen func(idx []int)
 		if h.samples != nil {
@@ -361,11 +416,27 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 		}
 		// A commit after this step is prepared within it.
 		var commit *collective.ElasticState
-		if st != nil && cfg.CommitEvery > 0 && (gstep+1)%cfg.CommitEvery == 0 {
+		if st != nil && cfg.CommitEvery > 0 && (gstep+1)%cfg.CommitEvery == 0 && !localSGD {
 			commit = st
 		}
-		if err := work.step(ctx, red, plan, micro, local, seen, commit); err != nil {
+		stepRed := red
+		if localSGD {
+			stepRed = nil // each rank steps on its own gradients
+		}
+		work.slow = cfg.SlowRank.of(rank)
+		if err := work.step(ctx, stepRed, b, local, seen, commit); err != nil {
 			return err
+		}
+		if _, err := lsync.step(ctx); err != nil {
+			return err
+		}
+		if balanced {
+			if bs := red.Balance(); bs.Replans != balanceSeen {
+				balanceSeen = bs.Replans
+				if bs.Rates != nil {
+					out.printf("%s\n", balanceLine(bs))
+				}
+			}
 		}
 		if h.samples != nil {
 			h.samples(comm, gstep+1, stepIdx)
@@ -378,6 +449,11 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 			return err
 		}
 		if step+1 < steps { // the epoch's last step is saved after its summary
+			if ck.due(gstep) {
+				if err := lsync.sync(ctx); err != nil { // a checkpoint of the one model
+					return err
+				}
+			}
 			if err := ck.maybeSave(ctx, gstep); err != nil {
 				return err
 			}
@@ -399,7 +475,8 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 				return err
 			}
 		}
-		if commit != nil {
+		if commit != nil || st != nil && lsync != nil && lsync.synced {
+			// (Local SGD commits the averaged model only.)
 			t1 := time.Now()
 			if err := st.Commit(ctx); err != nil {
 				return err
@@ -407,6 +484,18 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 			commits++
 			commitTime += time.Since(t1)
 			stepsTime += t1.Sub(t0)
+		}
+		if cfg.EvalEvery > 0 && gstep%cfg.EvalEvery == 0 {
+			if err := lsync.sync(ctx); err != nil {
+				return err
+			}
+			t1 := time.Now()
+			_, acc, err := evaluate(ctx, comm, model, test)
+			if err != nil {
+				return err
+			}
+			evalTime += time.Since(t1)
+			out.printf("eval: step %d (epoch %d), %.2f s of training, test accuracy %.2f%%\n", gstep, epoch, (time.Since(trainStart) - evalTime).Seconds(), 100*acc)
 		}
 		return nil
 	}
@@ -422,6 +511,9 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 		first      int // > 0 only when resuming mid-epoch
 	)
 	endEpoch := func(ctx context.Context) error {
+		if err := lsync.sync(ctx); err != nil { // evaluate and check the one model
+			return err
+		}
 		sums := slices.Clone(local)
 		if err := comm.Allreduce(ctx, sums, collective.Sum); err != nil {
 			return err
@@ -446,6 +538,10 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 			BytesReduced: cs.Bytes - stats0.Bytes,
 		}
 		r.CommShare = r.CommSeconds / r.Seconds
+		if balanced {
+			bs := red.Balance()
+			r.Shares, r.ComputeRates = bs.Shares, bs.Rates
+		}
 		if n := steps * plan.Global; elastic && int(sums[2]) != n {
 			// Each rank's sums have one copy, on the next rank.
 			out.printf("elastic: the training loss and accuracy of epoch %d cover %d of its %d samples: the sums of ranks lost together with the next rank, which kept their copy, are gone (the training itself used every sample)\n",
