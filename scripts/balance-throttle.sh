@@ -16,9 +16,12 @@
 # A quota per rank makes each rank's speed its own: on a host with fewer
 # cores than ranks, the CPU a throttled rank leaves would otherwise go to
 # the others, and the job would lose less than the rank's share. With 4
-# ranks on 2 cores, 45 % each leaves a little for the rest of the host.
-# The quotas are enforced with a period of 10 ms, so that a throttled rank
-# is stopped often and briefly rather than for tens of milliseconds.
+# ranks on 2 cores, 45 % each leaves a little for the rest of the host;
+# on a host that other jobs load, a quota below the share of a CPU each
+# rank would get anyway (say 12 %) still sets the ranks' speeds. The
+# quotas are enforced with a period of 20 ms (the kernel takes no quota
+# below 1 ms), so that a throttled rank is stopped often and briefly
+# rather than for a whole 100 ms period.
 #
 # The example's default model is too small for this: its steps are mostly
 # fixed costs (the optimizer's update, the allreduce), which no split of the
@@ -27,16 +30,14 @@
 #
 # Reported per way: samples/s over the epochs after the first (the first
 # has the start and the steps before the first re-plan), the final test
-# accuracy, and, for balanced runs, the ranks' compute rates as the
-# Reducer measured them (samples/s of compute, collectives left out) and
-# the shares at the end. The summary gives the medians over the rounds:
-# for balanced runs the sum of the ranks' compute rates (what the job
-# would do if no rank ever waited and the allreduce cost nothing) and the
-# efficiency, samples/s over that sum; the throttled job's throughput
-# against the unbalanced job's, against the even one's and against the
-# even one's scaled by the throttled ranks' summed speed (the even job's
-# throughput × the sum of the throttled job's rates / the even job's), and
-# its efficiency against the even one's.
+# accuracy, for balanced runs the ranks' compute rates as the Reducer
+# measured them (samples/s of compute, collectives left out) and the
+# shares at the end, and the host's load. The summary gives the medians
+# over the rounds; the throttled, balanced job's throughput against the
+# unbalanced job's and the even one's; and against what the throttled
+# ranks can do together: the even job's throughput × (3 + s) / 4, where s
+# is rank 3's compute rate over the other ranks' mean in the throttled
+# run (ratios within one run, which the host's load moves little).
 #
 # Needs root and cgroup v1's cpu controller at /sys/fs/cgroup/cpu (cgroup
 # v2's cpu.max at /sys/fs/cgroup otherwise). Everything is removed on exit.
@@ -51,7 +52,7 @@ flags=("$@")
 [ ${#flags[@]} -eq 0 ] && flags=(--model cnn --global-batch 256)
 here=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
-period=10000
+period=20000
 if [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then
   root=/sys/fs/cgroup/cpu v1=1
 else
@@ -79,6 +80,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM # and so through cleanup
 
 (cd "$here" && go build -o "$work/gorun" ./cmd/gorun && go build -o "$work/mnist" ./examples/mnist)
 # The rank program: a rank moves itself into its cgroup before it becomes
@@ -90,7 +92,9 @@ exec "$work/mnist" "\$@"
 EOF
 chmod +x "$work/rank"
 
-# run WAY ROUND: one training run; appends "WAY samples_per_s acc rates shares" to results.
+# run WAY ROUND: one training run; appends "WAY samples_per_s acc rates
+# shares load" to results, load being the host's load average over the
+# minute before the run ended (other jobs on a shared host show there).
 run() {
   local way=$1 round=$2 m=$work/metrics.$1.$2 bal=()
   for r in 0 1 2 3; do quota $r "$base"; done
@@ -111,7 +115,8 @@ run() {
       rates = "-"; if (match($0, /"compute_rates":\[[^]]*\]/)) rates = substr($0, RSTART + 16, RLENGTH - 16)
       shares = "-"; if (match($0, /"shares":\[[^]]*\]/)) shares = substr($0, RSTART + 9, RLENGTH - 9)
       if (e > 1) { n += st * g; t += s } }
-    END { printf "%s %.1f %.2f %s %s\n", way, n / t, 100 * acc, rates, shares }' "$m" | tee -a "$work/results"
+    END { printf "%s %.1f %.2f %s %s ", way, n / t, 100 * acc, rates, shares }' "$m" | tee -a "$work/results"
+  cut -d" " -f1 /proc/loadavg | tee -a "$work/results"
 }
 
 ways=(even throttled unbalanced)
@@ -122,7 +127,7 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 
-echo "# medians over $rounds round(s): way samples/s test_acc% sum_of_compute_rates efficiency"
+echo "# medians over $rounds round(s): way samples/s test_acc%"
 awk '
   function median(list,   n, v, i, j, x) {
     n = split(list, v, " ")
@@ -130,25 +135,19 @@ awk '
     return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
   }
   { rate[$1] = rate[$1] " " $2; acc[$1] = acc[$1] " " $3
-    if ($4 != "-") {
-      rs = $4; gsub(/[][]/, "", rs); n = split(rs, r, ",")
-      sum = 0; fast = 0; for (i = 1; i <= n; i++) { sum += r[i]; if (r[i] + 0 > fast) fast = r[i] + 0 }
-      total[$1] = total[$1] " " sum; eff[$1] = eff[$1] " " $2 / sum
-      if ($1 == "throttled") rel = rel " " r[4] / fast } }
+    if ($1 == "throttled" && $4 != "-") {
+      rs = $4; gsub(/[][]/, "", rs); split(rs, r, ",")
+      rel = rel " " r[4] / ((r[1] + r[2] + r[3]) / 3) } }
   END {
     split("even throttled unbalanced", ways, " ")
-    for (i = 1; i <= 3; i++) { w = ways[i]
-      printf "%-10s %8.1f %6.2f %8s %6s\n", w, median(rate[w]), median(acc[w]),
-        (w in total ? sprintf("%.0f", median(total[w])) : "-"), (w in eff ? sprintf("%.3f", median(eff[w])) : "-") }
+    for (i = 1; i <= 3; i++) printf "%-10s %8.1f %6.2f\n", ways[i], median(rate[ways[i]]), median(acc[ways[i]])
     e = median(rate["even"]); b = median(rate["throttled"]); u = median(rate["unbalanced"])
-    if (rel != "") printf "rank 3 at %.2fx the fastest rank when throttled (median)\n", median(rel)
-    printf "throttled, balanced: %.2fx the unbalanced job, %.3f of the even job'"'"'s throughput", b / u, b / e
-    if (("throttled" in total) && ("even" in total)) {
-      c = median(total["throttled"]) / median(total["even"])
-      printf " (its ranks'"'"' summed speed: %.3f of the even job'"'"'s, so %.3f of that capacity)", c, b / (e * c)
+    printf "throttled, balanced: %.2fx the unbalanced job; %.3f of the even job'"'"'s throughput\n", b / u, b / e
+    if (rel != "") {
+      s = median(rel); c = (3 + s) / 4
+      printf "rank 3 computes at %.2fx the others'"'"' speed (median), so the ranks'"'"' summed speed is %.3f of the even job'"'"'s:\n", s, c
+      printf "the throttled, balanced job reaches %.3f of it (the unbalanced one %.3f)\n", b / (e * c), u / (e * c)
     }
-    if (("throttled" in eff) && ("even" in eff))
-      printf ", %.3f of its efficiency (samples/s over the sum of the ranks'"'"' compute rates)", median(eff["throttled"]) / median(eff["even"])
-    printf "\ntest accuracy: throttled balanced %.2f%%, even %.2f%% (%+.2f pt); unbalanced %.2f%%\n",
+    printf "test accuracy: throttled balanced %.2f%%, even %.2f%% (%+.2f pt); unbalanced %.2f%%\n",
       median(acc["throttled"]), median(acc["even"]), median(acc["throttled"]) - median(acc["even"]), median(acc["unbalanced"])
   }' "$work/results"

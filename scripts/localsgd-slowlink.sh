@@ -46,6 +46,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM # and so through cleanup
 
 (cd "$here" && go build -o "$work/mnist" ./examples/mnist)
 
@@ -68,7 +69,8 @@ done
 
 key=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 # run K CODEC ROUND: one training run of 4 ranks; appends
-# "K codec seconds_to_95 step_of_95 final_acc bytes" to results.
+# "K codec seconds_to_95 step_of_95 final_acc bytes load" to results, load
+# being the host's load average over the minute before the run ended.
 run() {
   local k=$1 codec=$2 round=$3 out=$work/out.$1.$2.$3 pids=() status=0
   for r in 3 2 1 0; do
@@ -90,11 +92,12 @@ run() {
       if (a + 0 >= 95) { t = $0; sub(/.*\), /, "", t); sub(/ s of training.*/, "", t); s = $3 } }
     /^final: test accuracy/ { f = $4; sub(/%/, "", f) }
     /^final: bytes sent per rank/ { b = $0; sub(/.*rank 0 [0-9.]+ [kMG]?B → /, "", b); sub(/,.*/, "", b); gsub(/ /, "", b) }
-    END { printf "%s %s %s %s %s %s\n", k, codec, (t == "" ? "-" : t), (t == "" ? "-" : s), f, b }' "$out.0" | tee -a "$work/results"
+    END { printf "%s %s %s %s %s %s ", k, codec, (t == "" ? "-" : t), (t == "" ? "-" : s), f, b }' "$out.0" | tee -a "$work/results"
+  cut -d" " -f1 /proc/loadavg | tee -a "$work/results"
 }
 
 for round in $(seq 1 "$rounds"); do
-  echo "# round $round: 2 hosts × 2 ranks, links at $rate; K codec s_to_95% step_of_95% final_acc% sent_by_rank0"
+  echo "# round $round: 2 hosts × 2 ranks, links at $rate; K codec s_to_95% step_of_95% final_acc% sent_by_rank0 load"
   for codec in $codecs; do
     for k in $ks; do
       run "$k" "$codec" "$round"

@@ -246,8 +246,12 @@ func train(ctx context.Context, cfg *Config, comm *collective.Comm, start time.T
 		out.printf("mnist: load balancing: each rank's share of the global batch follows its measured speed, re-planned every %d steps (--balance=false: even shares)\n", cfg.BalanceEvery)
 	}
 	if elastic {
-		out.printf("mnist: elastic job: %d ranks now; the global batch stays %d when ranks are lost or join; the state is committed in memory after every step\n",
-			size, plan.Global)
+		when := "after every step"
+		if localSGD {
+			when = "at every average"
+		}
+		out.printf("mnist: elastic job: %d ranks now; the global batch stays %d when ranks are lost or join; the state is committed in memory %s\n",
+			size, plan.Global, when)
 	}
 
 	// 5. Resume from the newest checkpoint, if any: parameters, optimizer
