@@ -77,7 +77,7 @@ func TestFailoverLeaderRankKilled(t *testing.T) {
 	j.finish(3)
 	noneLeft(t, c)
 	checkNewLeader(t, j.err.String())
-	t.Logf("rank 1 (the leader's process) killed; the others reset %v later", took.Round(time.Millisecond))
+	t.Logf("rank 1 (the leader's process) killed; the others reset %v later; gorun said:\n%s", took.Round(time.Millisecond), j.err)
 }
 
 // The host of the replica that leads goes down (its link cut) with ranks
@@ -106,7 +106,7 @@ func TestFailoverLeaderHostDown(t *testing.T) {
 	j.finish(2)
 	noneLeft(t, c)
 	checkNewLeader(t, j.err.String())
-	t.Logf("host %s (the leader's) cut off; the others reset %v later", h1.IP, took.Round(time.Millisecond))
+	t.Logf("host %s (the leader's) cut off; the others reset %v later; gorun said:\n%s", h1.IP, took.Round(time.Millisecond), j.err)
 }
 
 // checkNewLeader checks that gorun says which replica leads once replica 3
