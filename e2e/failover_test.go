@@ -118,3 +118,32 @@ func checkNewLeader(t *testing.T, errOut string) {
 		t.Errorf("gorun does not say another replica leads after replica 3:\n%s", errOut)
 	}
 }
+
+// gorun stopped (SIGSTOP) for 5 s, more than twice the heartbeat bound,
+// with the membership on 3 replicas: a rank's replica leads, so the ranks'
+// control streams do not go through gorun and nothing happens: no epoch,
+// no loss, the uninterrupted run's parameters. (With gorun's rendezvous
+// alone, every rank would be cut off.)
+func TestFailoverGorunPausedBeyondHeartbeat(t *testing.T) {
+	const pause = 5 * time.Second
+	j, c := failoverJob(t)
+	j.pids(4)
+	j.waitStep("step 3", time.Minute, func(s etStep) bool { return s.steps >= 3 })
+	pid := j.cmd.Process.Pid // ip netns exec runs gorun in its own process
+	if cmd := netns.Cmdline(pid); !strings.HasPrefix(cmd, gorunBin) {
+		t.Fatalf("pid %d is %q, not gorun", pid, cmd)
+	}
+	etKill(t, pid, syscall.SIGSTOP)
+	// The pause is the fault under test, not a wait for anything.
+	time.Sleep(pause)
+	etKill(t, pid, syscall.SIGCONT)
+	j.open()
+	j.finish(4)
+	noneLeft(t, c)
+	if resets := etResetRE.FindAllString(j.out.String(), -1); len(resets) > 0 {
+		t.Errorf("the ranks reset after gorun paused %v (heartbeat bound %v): %q", pause, etHeartbeat, resets)
+	}
+	if errOut := j.err.String(); strings.Contains(errOut, "membership epoch") || strings.Contains(errOut, " was lost") {
+		t.Errorf("gorun's pause changed the membership:\n%s", errOut)
+	}
+}
