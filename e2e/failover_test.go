@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"os/exec"
 	"regexp"
 	"strings"
 	"syscall"
@@ -146,4 +147,62 @@ func TestFailoverGorunPausedBeyondHeartbeat(t *testing.T) {
 	if errOut := j.err.String(); strings.Contains(errOut, "membership epoch") || strings.Contains(errOut, " was lost") {
 		t.Errorf("gorun's pause changed the membership:\n%s", errOut)
 	}
+}
+
+// A partition of the group: host 1, with the leading replica (rank 1's)
+// and ranks 1 and 2, is cut off from hosts 0 and 2 (blackhole routes both
+// ways), which hold gorun's replica and rank 3's: a majority. Exactly one
+// side goes on: the majority elects a leader and its ranks (0 and 3) end
+// with the uninterrupted run's parameters; the leader cut off with the
+// minority steps down, and ranks 1 and 2 stop, cut off, without forming a
+// job of their own.
+func TestFailoverGroupPartition(t *testing.T) {
+	j, c := failoverJob(t)
+	h0, h1, h2 := c.Hosts[0], c.Hosts[1], c.Hosts[2]
+	j.pids(4)
+	j.waitStep("step 3", time.Minute, func(s etStep) bool { return s.steps >= 3 })
+	minority := etRemotePIDs(c, h1, etTrainBin(t))
+	if len(minority) != 2 {
+		j.fail("%d elastictrain processes on %s, want 2", len(minority), h1.IP)
+	}
+	routes := [][2]*netns.Host{{h1, h0}, {h1, h2}, {h0, h1}, {h2, h1}}
+	undone := false
+	heal := func() {
+		if !undone {
+			undone = true
+			for _, r := range routes {
+				exec.Command("ip", "-n", r[0].NS, "route", "del", "blackhole", r[1].IP+"/32").Run()
+			}
+		}
+	}
+	t.Cleanup(heal)
+	for _, r := range routes {
+		etIP(t, c, r[0], "route", "add", "blackhole", r[1].IP+"/32")
+	}
+	resets := j.waitResets(2, 1, time.Minute)
+	for _, m := range resets {
+		if m[4] != "2" || m[5] != "1,2" {
+			t.Errorf("reset %q: want 2 ranks left, ranks 1 and 2 lost", m[0])
+		}
+	}
+	j.open()
+	j.waitOut("2 final lines", time.Minute, func(out string) bool { return len(etFinalRE.FindAllString(out, -1)) >= 2 })
+	for _, pid := range minority {
+		j.waitLog(pid, "cut off from the rendezvous", time.Minute)
+		if log := j.logOf(pid); strings.Contains(log, "final") || strings.Contains(log, "reset ") {
+			t.Errorf("pid %d on the minority side went on in a job of its own:\n%s", pid, log)
+		}
+		// It stops by itself, though cut off from gorun too.
+		for deadline := time.Now().Add(time.Minute); processRunning(pid); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				j.fail("pid %d, cut off, still runs a minute after it said so", pid)
+			}
+		}
+	}
+	healed := time.Now()
+	heal()
+	j.finish(2)
+	t.Logf("gorun exited %v after the cut healed; it said:\n%s", time.Since(healed).Round(time.Millisecond), j.err)
+	noneLeft(t, c)
+	checkNewLeader(t, j.err.String())
 }

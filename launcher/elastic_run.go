@@ -88,7 +88,10 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, n
 	if err := e.startRendezvous(); err != nil {
 		return err
 	}
-	defer e.rdv.Close()
+	// Closed once every process ended: nothing needs the rendezvous then
+	// (and a replica of a group whose other replicas are gone could only
+	// wait in vain for the job's end to reach it).
+	defer e.rdv.CloseNow()
 	e.rdvMembers = e.rdv.Members
 	e.logJoinCommand()
 	e.setEnv(append([]string{collective.EnvElastic + "=1", collective.EnvHeartbeatTimeout + "=" + el.HeartbeatTimeout.String()},

@@ -343,7 +343,14 @@ func (r *Rendezvous) Close() error {
 		wait := r.m.Started() && !r.m.Aborted()
 		r.mu.Unlock()
 		if wait {
-			t := time.NewTimer(r.cfg.Timeout)
+			limit := r.cfg.Timeout
+			if r.grp != nil {
+				// A replica waits only for ranks finishing with its own:
+				// once the others closed, the group can apply nothing
+				// more (its AllGone included).
+				limit = min(limit, 2*r.hb)
+			}
+			t := time.NewTimer(limit)
 			select {
 			case <-r.allGone:
 			case <-t.C:
