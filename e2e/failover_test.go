@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -44,15 +45,24 @@ func TestFailoverGorunPausedWithinHeartbeat(t *testing.T) {
 // ranks 1 and 2 on host 1, rank 3 on host 2. Ranks 1 and 3 host the
 // rank replicas (3 and 5); gorun hands the lead to replica 3, rank 1's,
 // and failoverJob returns once it has.
-func failoverJob(t *testing.T) (*etJob, *netns.Cluster) {
+func failoverJob(t testing.TB) (*etJob, *netns.Cluster) {
+	t.Helper()
+	return failoverJobOf(t, etDefault, 3)
+}
+
+// failoverJobOf is failoverJob with cfg and --rdzv-replicas replicas (1:
+// gorun's rendezvous alone, and no hand-over to wait for).
+func failoverJobOf(t testing.TB, cfg etConfig, replicas int) (*etJob, *netns.Cluster) {
 	t.Helper()
 	c := netns.New(t, 3)
 	h0, h1, h2 := c.Hosts[0], c.Hosts[1], c.Hosts[2]
-	j := etStartIn(t, c, h0, etDefault, "-H", fmt.Sprintf("%s:1,%s:2,%s:1", h0.IP, h1.IP, h2.IP), "--min-np", "1",
+	j := etStartIn(t, c, h0, cfg, "-H", fmt.Sprintf("%s:1,%s:2,%s:1", h0.IP, h1.IP, h2.IP), "--min-np", "1",
 		"--blacklist-cooldown", "10m", "--heartbeat-timeout", etHeartbeat.String(), "--grace", "2s",
-		"--rdzv-replicas", "3")
-	if err := j.err.waitFor("rendezvous: replica 1 hands the lead to replica 3", 1, time.Minute, j.done); err != nil {
-		j.fail("%v", err)
+		"--rdzv-replicas", strconv.Itoa(replicas))
+	if replicas > 1 {
+		if err := j.err.waitFor("rendezvous: replica 1 hands the lead to replica 3", 1, time.Minute, j.done); err != nil {
+			j.fail("%v", err)
+		}
 	}
 	return j, c
 }
