@@ -24,6 +24,7 @@ type proposal struct {
 	stateOK   bool     // its state could be encoded
 	committed bool     // it leads its domain and sees step committed there
 	good      bool     // step is the one its Manager restored or committed last
+	storeOK   bool     // its store ended its previous work (makeWay)
 	replicas  int64    // k (WithReplicas)
 	margin    int64    // WithDiskMargin; -1: the default
 }
@@ -39,7 +40,7 @@ func (p *proposal) encode() []byte {
 	b = binary.LittleEndian.AppendUint64(b, p.free)
 	b = binary.LittleEndian.AppendUint64(b, boolU64(p.freeOK))
 	b = binary.LittleEndian.AppendUint64(b, boolU64(p.stateOK))
-	b = binary.LittleEndian.AppendUint64(b, boolU64(p.committed)|boolU64(p.good)<<1)
+	b = binary.LittleEndian.AppendUint64(b, boolU64(p.committed)|boolU64(p.good)<<1|boolU64(p.storeOK)<<2)
 	b = binary.LittleEndian.AppendUint64(b, uint64(p.replicas))
 	return binary.LittleEndian.AppendUint64(b, uint64(p.margin))
 }
@@ -55,6 +56,7 @@ func decodeProposal(b []byte) proposal {
 		stateOK:   u(64) != 0,
 		committed: u(72)&1 != 0,
 		good:      u(72)&2 != 0,
+		storeOK:   u(72)&4 != 0,
 		replicas:  int64(u(80)),
 		margin:    int64(u(88)),
 	}
@@ -66,20 +68,25 @@ type ownProposal struct {
 	blobs    []byte // its blobs, encoded
 	stateErr error  // why its state cannot be saved
 	freeErr  error  // why its free space could not be checked
+	storeErr error  // why its store could not end its previous work (makeWay)
 }
 
 // agree is step 1 of a save, on every rank: one allgather of the ranks'
 // proposals (propose), from which every rank takes the same decision. It
-// fails, on every rank, when a rank's state could not be encoded, the
-// ranks disagree on the settings, the step or the registered state
+// fails, on every rank, when a rank's store did not end its previous work
+// (storeErr, from makeWay) or its state could not be encoded, the ranks
+// disagree on the settings, the step or the registered state
 // (checkAgreed), or a domain lacks the space (checkFreeSpace). It returns
 // nil and nil when the step is already committed and is the one this job
-// restored or saved last: the save is skipped.
-func (m *Manager) agree(ctx context.Context, step int64, st *State, dom *domains, async bool) (*plan, error) {
+// restored or saved last: the save is skipped. The allgather may wait for
+// ranks that were waiting for their stores: it is bounded by the storage
+// deadline plus the collective timeout.
+func (m *Manager) agree(ctx context.Context, step int64, st *State, dom *domains, async bool, storeErr error) (*plan, error) {
 	rank, n := m.comm.Rank(), m.comm.Size()
 	own := m.propose(ctx, step, st, dom)
+	own.storeErr, own.storeOK = storeErr, storeErr == nil
 	all := make([]byte, proposalLen*n)
-	if err := m.comm.Allgather(ctx, own.encode(), all, collective.Name("checkpoint.agree")); err != nil {
+	if err := m.comm.Allgather(m.ioCtx(ctx), own.encode(), all, collective.Name("checkpoint.agree")); err != nil {
 		return nil, failed(step, async, fmt.Errorf("agreeing on the step: %w", err))
 	}
 	props := make([]proposal, n)
@@ -127,10 +134,12 @@ func (m *Manager) propose(ctx context.Context, step int64, st *State, dom *domai
 	// the loop saves it again. Its leads look (a save never replaces a
 	// committed checkpoint).
 	if dom.leads(m.comm.Rank()) && step >= 0 {
-		if rc, _, err := m.store.Get(ctx, stepKey(step)+"/"+ManifestName); err == nil {
+		sctx, cancel := m.storageCtx(ctx)
+		if rc, _, err := m.store.Get(sctx, stepKey(step)+"/"+ManifestName); err == nil {
 			rc.Close()
 			own.committed = true
 		}
+		cancel()
 	}
 	own.free = 1 << 62 // a store that reports no free space has no limit to check
 	if s, ok := m.store.(spaceReporter); ok {
@@ -147,12 +156,26 @@ func (m *Manager) propose(ctx context.Context, step int64, st *State, dom *domai
 	return own
 }
 
-// checkAgreed fails the save when a rank's state could not be encoded, or
-// the ranks disagree on the replicas, the disk margin, the step or the
-// registered state, or the step is negative. The error is the same on
-// every rank but for the cause a failed rank names.
+// checkAgreed fails the save when a rank's store did not end its previous
+// work, or a rank's state could not be encoded, or the ranks disagree on
+// the replicas, the disk margin, the step or the registered state, or the
+// step is negative. The error is the same on every rank but for the cause
+// a failed rank names.
 func (m *Manager) checkAgreed(step int64, own *ownProposal, props []proposal, async bool) error {
 	rank := m.comm.Rank()
+	var storeBad []int
+	for r, p := range props {
+		if !p.storeOK {
+			storeBad = append(storeBad, r)
+		}
+	}
+	if len(storeBad) > 0 {
+		if own.storeErr != nil {
+			m.logf("checkpoint: rank %d: step %d: %v", rank, step, own.storeErr)
+			return failed(step, async, own.storeErr)
+		}
+		return failed(step, async, fmt.Errorf("the checkpoint store of %s at %s did not answer (see %s for the cause)", rankList(storeBad), m.dir, logsOf(storeBad)))
+	}
 	steps := map[int64][]int{}
 	ks := map[int64][]int{}
 	margins := map[int64][]int{}
@@ -250,7 +273,8 @@ func (m *Manager) agreeBusy(ctx context.Context, step int64) (skip bool, err err
 	n := m.comm.Size()
 	rec := []byte{byte(boolU64(m.skipIfBusy)), byte(boolU64(m.flight.busy()))}
 	all := make([]byte, 2*n)
-	if err := m.comm.Allgather(ctx, rec, all, collective.Name("checkpoint.busy")); err != nil {
+	// A rank may come from waiting for its store (makeWay).
+	if err := m.comm.Allgather(m.ioCtx(ctx), rec, all, collective.Name("checkpoint.busy")); err != nil {
 		return false, failed(step, true, fmt.Errorf("agreeing on the step: %w", err))
 	}
 	skips := map[int64][]int{}
@@ -271,6 +295,22 @@ func (m *Manager) agreeBusy(ctx context.Context, step int64) (skip bool, err err
 	}
 	m.logf("checkpoint: step %d: skipped: the save of step %d is still being %s (WithSkipIfBusy)", step, m.flight.p.step, doing)
 	return true, nil
+}
+
+// rankList names ranks: "rank 2", "ranks [0 2]".
+func rankList(ranks []int) string {
+	if len(ranks) == 1 {
+		return fmt.Sprintf("rank %d", ranks[0])
+	}
+	return fmt.Sprintf("ranks %v", ranks)
+}
+
+// logsOf says whose log has the cause: "its log", "their logs".
+func logsOf(ranks []int) string {
+	if len(ranks) == 1 {
+		return "its log"
+	}
+	return "their logs"
 }
 
 // rankGroups says which ranks hold which value: "ranks [0 2] 1, ranks [1] 2".

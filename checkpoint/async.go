@@ -25,6 +25,14 @@ type inflight struct {
 	cerr       error
 	mstart     time.Time
 
+	// ctx is the background work's: cancelled, with the cause, when a wait
+	// for it outlasts the storage deadline (awaitOwn). stuck is this
+	// rank's failure when the work did not end even then: its result is
+	// never read, and its staging buffer never reused.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	stuck  error
+
 	// The Polls of the current phase, and the one that issues the next
 	// allreduce (see pollGap); the same on every rank.
 	calls, next, gap int
@@ -51,18 +59,41 @@ func (fl *inflight) due() bool {
 	return true
 }
 
+// phaseDone is closed when this rank's part of the current phase is done.
+func (fl *inflight) phaseDone() chan struct{} {
+	if fl.committing {
+		return fl.cdone
+	}
+	return fl.done
+}
+
 // busy reports whether this rank still has background work for fl.
 func (fl *inflight) busy() bool {
-	ch := fl.done
-	if fl.committing {
-		ch = fl.cdone
+	if fl.stuck != nil {
+		return false
 	}
 	select {
-	case <-ch:
+	case <-fl.phaseDone():
 		return false
 	default:
 		return true
 	}
+}
+
+// written is this rank's writes, once done (busy false).
+func (fl *inflight) written() *writeResult {
+	if fl.stuck != nil {
+		return &writeResult{err: fl.stuck}
+	}
+	return &fl.res
+}
+
+// commitErr is this rank's commit's error, once done (busy false).
+func (fl *inflight) commitErr() error {
+	if fl.stuck != nil {
+		return fl.stuck
+	}
+	return fl.cerr
 }
 
 // SaveAsync starts a barrier checkpoint of st at step and returns as soon
@@ -108,13 +139,13 @@ func (m *Manager) SaveAsync(ctx context.Context, step int64, st *State) error {
 		off += p.size(f)
 	}
 	fl := &inflight{p: p, done: make(chan struct{}), stall: time.Since(p.start)}
-	m.flight = fl
 	// The background writes outlive this call's ctx (a per-step context is
 	// common); they issue no collective.
-	wctx := context.WithoutCancel(ctx)
+	fl.ctx, fl.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	m.flight = fl
 	go func() {
 		defer close(fl.done)
-		fl.res = m.write(wctx, p, func(f int) [][]byte { return [][]byte{views[f]} })
+		fl.res = m.write(fl.ctx, p, func(f int) [][]byte { return [][]byte{views[f]} })
 	}()
 	return nil
 }
@@ -151,12 +182,13 @@ func (m *Manager) InFlight() (step int64, ok bool) {
 // since the save began, Poll abandons it without a collective, with one
 // line in the log: the previous checkpoint is kept.
 func (m *Manager) Poll(ctx context.Context) error {
-	return m.poll(ctx, false)
+	return m.poll(ctx, false, true)
 }
 
 // poll is Poll; force issues the allreduce whatever the count (Wait, on
-// every rank).
-func (m *Manager) poll(ctx context.Context, force bool) error {
+// every rank). retain starts retention once the save is committed (not
+// when the next save commits it: that save's retention covers this one).
+func (m *Manager) poll(ctx context.Context, force, retain bool) error {
 	m.dropIfReformed()
 	fl := m.flight
 	if fl == nil {
@@ -171,10 +203,10 @@ func (m *Manager) poll(ctx context.Context, force bool) error {
 	// the failed rank when there is one.
 	busy := fl.busy()
 	flags := []int64{boolI64(busy), 0, 0}
-	if fl.committing && !busy && fl.cerr != nil {
-		if errors.Is(fl.cerr, errHook) {
+	if fl.committing && !busy && fl.commitErr() != nil {
+		if errors.Is(fl.commitErr(), errHook) {
 			m.flight = nil // the process is gone, as in Save
-			return fl.cerr
+			return fl.commitErr()
 		}
 		flags[1], flags[2] = 1, int64(m.comm.Rank())+1
 	}
@@ -194,7 +226,7 @@ func (m *Manager) poll(ctx context.Context, force bool) error {
 		return nil
 	}
 	if !fl.committing {
-		man, err := m.confirm(ctx, p, &fl.res, true)
+		man, err := m.confirm(ctx, p, fl.written(), true)
 		if err != nil {
 			m.flight = nil
 			return err
@@ -205,10 +237,9 @@ func (m *Manager) poll(ctx context.Context, force bool) error {
 			close(fl.cdone)
 			return nil
 		}
-		cctx := context.WithoutCancel(ctx)
 		go func() {
 			defer close(fl.cdone)
-			fl.cerr = m.commitLead(cctx, man)
+			fl.cerr = m.commitLead(fl.ctx, man)
 		}()
 		return nil
 	}
@@ -223,7 +254,7 @@ func (m *Manager) poll(ctx context.Context, force bool) error {
 		where := ""
 		if p.dom.h() > 1 {
 			all := make([]byte, p.n)
-			if err := m.comm.Allgather(m.ioCtx(ctx), []byte{byte(boolU64(fl.cerr != nil))}, all, collective.Name("checkpoint.commit.failed")); err == nil {
+			if err := m.comm.Allgather(m.ioCtx(ctx), []byte{byte(boolU64(fl.commitErr() != nil))}, all, collective.Name("checkpoint.commit.failed")); err == nil {
 				failedRanks := make([]bool, p.n)
 				for r, f := range all {
 					failedRanks[r] = f != 0
@@ -231,24 +262,16 @@ func (m *Manager) poll(ctx context.Context, force bool) error {
 				where = m.committedElsewhere(p, failedRanks)
 			}
 		}
-		if fl.cerr != nil {
-			return failed(p.step, true, fmt.Errorf("%w%s", fl.cerr, where))
+		if err := fl.commitErr(); err != nil {
+			return failed(p.step, true, fmt.Errorf("%w%s", err, where))
 		}
 		return failed(p.step, true, fmt.Errorf("%w%s", m.commitFailure(p, nil, int(flags[1]), first), where))
 	}
 	// Committed in every domain: the leads apply retention in the
-	// background (no collective); the next save, a restore or Wait waits
-	// for it.
-	if p.dom.leads(m.comm.Rank()) {
-		done := make(chan struct{})
-		m.retaining = done
-		rctx := context.WithoutCancel(ctx)
-		go func() {
-			defer close(done)
-			if err := m.retainLead(rctx, p.step); err != nil {
-				m.logf("checkpoint: rank %d: step %d: deleting old checkpoints: %v", m.comm.Rank(), p.step, err)
-			}
-		}()
+	// background (no collective, retention.go).
+	fl.cancel(nil)
+	if retain && p.dom.leads(m.comm.Rank()) {
+		m.startRetention(ctx, p.step)
 	}
 	m.good = p.step
 	m.last = SaveStats{Step: p.step, Bytes: p.need, Written: fl.res.bytes, Write: fl.res.dur, Total: time.Since(p.start),
@@ -260,29 +283,65 @@ func (m *Manager) poll(ctx context.Context, force bool) error {
 // done (its writes, then its commit), polling as it goes, until the save is
 // committed or failed, and then for this rank's retention in the
 // background, if it leads a domain. It is collective; call it at the end
-// of training. Save, SaveAsync and Restore call it themselves. Its
-// allreduces are bounded by WithIOTimeout.
-func (m *Manager) Wait(ctx context.Context) (err error) {
+// of training. Save, SaveAsync and Restore commit the save in flight
+// themselves, and cut short a retention still running instead of waiting
+// for it. Its allreduces are bounded by the storage deadline plus the
+// collective timeout, its wait for this rank's part by the storage
+// deadline (WithIOTimeout): then the part is cancelled and fails the save,
+// on every rank, with a storage error that names the location.
+func (m *Manager) Wait(ctx context.Context) error {
+	err := m.settle(ctx, true)
+	if rerr := m.waitRetention(ctx); err == nil {
+		err = rerr
+	}
+	return err
+}
+
+// settle is Wait without the wait for retention: it ends the save in
+// flight, if any, on every rank. retain starts the retention of the save
+// it commits.
+func (m *Manager) settle(ctx context.Context, retain bool) error {
 	m.dropIfReformed()
-	defer func() {
-		if rerr := m.waitRetention(ctx); err == nil {
-			err = rerr
-		}
-	}()
 	for m.flight != nil {
-		fl := m.flight
-		ch := fl.done
-		if fl.committing {
-			ch = fl.cdone
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		if err := m.poll(ctx, true); err != nil {
+		if err := m.awaitOwn(ctx, m.flight); err != nil {
 			return err
 		}
+		if err := m.poll(ctx, true, retain); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// awaitOwn waits until this rank's part of fl's phase is done, at most the
+// storage deadline: then the part is cancelled with a deadlineError, which
+// is its failure (or, when it does not end within stopGrace, fl.stuck).
+// Only ctx's end is an error.
+func (m *Manager) awaitOwn(ctx context.Context, fl *inflight) error {
+	done := fl.phaseDone()
+	t := time.NewTimer(m.storageDeadline())
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+	}
+	why := &deadlineError{m.storageDeadline()}
+	fl.cancel(why)
+	t.Reset(stopGrace)
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		// A call into a store that does not answer and cannot be
+		// interrupted: its part fails without its result, and the staging
+		// buffer it may still read from is not reused.
+		fl.stuck = objectErr(m.StepLocation(fl.p.step), fmt.Errorf("%v; the write did not end when cancelled", why))
+		m.stage = nil
+		m.logf("checkpoint: rank %d: step %d: %v", m.comm.Rank(), fl.p.step, fl.stuck)
 	}
 	return nil
 }
@@ -312,32 +371,18 @@ func (m *Manager) dropIfReformed() {
 		fl.p.step, fl.p.epoch, epoch, fl.p.n, n)
 }
 
-// waitRetention waits for this rank's background retention of the last
-// asynchronous save, if any (rank-local: no collective).
-func (m *Manager) waitRetention(ctx context.Context) error {
-	if m.retaining == nil {
-		return nil
-	}
-	select {
-	case <-m.retaining:
-		m.retaining = nil
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // waitOrphan waits for the background work of an abandoned save, so that
 // it neither writes from the staging buffer that the next save reuses nor
-// races with the next save's prepare, retention or restore.
+// races with the next save's prepare, retention or restore; at most the
+// storage deadline, after which the work is cancelled and the error says
+// that the store does not answer.
 func (m *Manager) waitOrphan(ctx context.Context) error {
-	if err := m.waitRetention(ctx); err != nil {
-		return err
-	}
 	fl := m.orphan
 	if fl == nil {
 		return nil
 	}
+	t := time.NewTimer(m.storageDeadline())
+	defer t.Stop()
 	for _, ch := range []chan struct{}{fl.done, fl.cdone} {
 		if ch == nil {
 			continue
@@ -346,6 +391,9 @@ func (m *Manager) waitOrphan(ctx context.Context) error {
 		case <-ch:
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-t.C:
+			fl.cancel(&deadlineError{m.storageDeadline()})
+			return fmt.Errorf("%s: the abandoned save of step %d is still being written: %v", m.StepLocation(fl.p.step), fl.p.step, &deadlineError{m.storageDeadline()})
 		}
 	}
 	m.orphan = nil

@@ -16,7 +16,6 @@ import (
 	"github.com/gorun/gorun/collective"
 )
 
-// managers makes one Manager per rank in dir.
 // saveAsyncAll has every rank save value v at step with SaveAsync, then
 // Wait for the commit.
 func saveAsyncAll(comms []*collective.Comm, ms []*Manager, step int64, v float32) []error {
@@ -30,6 +29,9 @@ func saveAsyncAll(comms []*collective.Comm, ms []*Manager, step int64, v float32
 	})
 }
 
+// managers makes one Manager per rank in dir. A retention the test left
+// running in the background ends with the test (it must not meet the
+// next test's testHook).
 func managers(t *testing.T, comms []*collective.Comm, dir string, opts ...Option) []*Manager {
 	t.Helper()
 	ms := make([]*Manager, len(comms))
@@ -40,6 +42,11 @@ func managers(t *testing.T, comms []*collective.Comm, dir string, opts ...Option
 		}
 		ms[r] = m
 	}
+	t.Cleanup(func() {
+		for _, m := range ms {
+			m.waitRetention(context.Background())
+		}
+	})
 	return ms
 }
 

@@ -127,7 +127,9 @@ func save(t *testing.T, comms []*collective.Comm, dir string, step int64, v floa
 	return saveCtx(t, comms, dir, step, v, func(int) context.Context { return context.Background() }, opts...)
 }
 
-// saveCtx is save with rank r's Save under ctxOf(r).
+// saveCtx is save with rank r's Save under ctxOf(r). It then waits for
+// the save's retention (Wait), which runs in the background: the next
+// call's Manager would not know of it.
 func saveCtx(t *testing.T, comms []*collective.Comm, dir string, step int64, v float32, ctxOf func(r int) context.Context, opts ...Option) []error {
 	t.Helper()
 	return onEach(comms, func(r int, c *collective.Comm) error {
@@ -137,7 +139,10 @@ func saveCtx(t *testing.T, comms []*collective.Comm, dir string, step int64, v f
 		}
 		s := newRankState(r)
 		s.fill(v, r)
-		return m.Save(ctxOf(r), step, s.st)
+		if err := m.Save(ctxOf(r), step, s.st); err != nil {
+			return err
+		}
+		return m.Wait(ctxOf(r))
 	})
 }
 
@@ -305,6 +310,9 @@ func crash(t *testing.T, comms []*collective.Comm, dir string, step int64, v flo
 		s := newRankState(r)
 		s.fill(v, r)
 		err := m.Save(context.Background(), step, s.st)
+		if err == nil {
+			err = m.Wait(context.Background()) // retention, in the background
+		}
 		if errors.Is(err, errHook) {
 			c.Close() // the process is gone
 		}

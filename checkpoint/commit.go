@@ -15,8 +15,9 @@ import (
 
 // finish runs steps 4 to 7 of a synchronous save on every rank, once every
 // rank's writes are done: the barrier that gathers every file's size and
-// sha256 (confirm), the manifest in every domain (commitLead), the
-// outcome (shareOutcome) and retention (retainLead).
+// sha256 (confirm), the manifest in every domain (commitLead, under the
+// storage deadline), the outcome (shareOutcome), and it starts retention
+// in the background (startRetention): Save returns without waiting for it.
 func (m *Manager) finish(ctx context.Context, p *plan, res *writeResult) error {
 	rank := m.comm.Rank()
 	man, err := m.confirm(ctx, p, res, false)
@@ -26,7 +27,10 @@ func (m *Manager) finish(ctx context.Context, p *plan, res *writeResult) error {
 	mstart := time.Now()
 	var commitErr error
 	if p.dom.leads(rank) {
-		if commitErr = m.commitLead(ctx, man); errors.Is(commitErr, errHook) {
+		sctx, cancel := m.storageCtx(ctx)
+		commitErr = m.commitLead(sctx, man)
+		cancel()
+		if errors.Is(commitErr, errHook) {
 			return commitErr
 		}
 	}
@@ -34,9 +38,7 @@ func (m *Manager) finish(ctx context.Context, p *plan, res *writeResult) error {
 		return err
 	}
 	if p.dom.leads(rank) {
-		if err := m.retainLead(ctx, p.step); err != nil {
-			return err
-		}
+		m.startRetention(ctx, p.step)
 	}
 	total := time.Since(p.start)
 	m.good = p.step
@@ -167,7 +169,7 @@ func (p *plan) manifest(copies [][]fileCopy, host int) (*Manifest, error) {
 // manifest. It issues no collective, so that an asynchronous save runs it
 // in the background. A manifest that cannot be written is its error
 // (logged here). An error of the test hook is returned as is. Retention
-// (step 7, retainLead) runs only once every domain committed.
+// (step 7, retention.go) runs only once every domain committed.
 func (m *Manager) commitLead(ctx context.Context, man *Manifest) error {
 	rank := m.comm.Rank()
 	if err := m.putManifest(ctx, man); errors.Is(err, errHook) {
@@ -257,66 +259,4 @@ func (m *Manager) committedElsewhere(p *plan, failedRanks []bool) string {
 		return ""
 	}
 	return fmt.Sprintf("; the step is nevertheless committed in the directories of %s (lead ranks %v), where a restore may load it", hostList(hosts), leads)
-}
-
-// retainLead is step 7 on a domain's lowest rank, once the save of step is
-// committed in every domain: it applies retention (retain). A failure is
-// only logged; an error of the test hook is returned.
-func (m *Manager) retainLead(ctx context.Context, step int64) error {
-	if err := m.retain(ctx, step); err != nil {
-		if errors.Is(err, errHook) {
-			return err
-		}
-		m.logf("checkpoint: step %d: deleting old checkpoints: %v", step, err)
-	}
-	return nil
-}
-
-// retain runs once step is committed in every domain. It deletes the
-// committed checkpoints newer than step (superseded: the job went on from
-// an older one, after a restore fell back past them), the committed ones
-// beyond the newest keep up to step (step itself always kept), and
-// uncommitted steps older than the newest kept one. A deletion removes the
-// manifest first, so a crash midway leaves an uncommitted step, never a
-// broken committed one. Uncommitted steps newer than step are left alone
-// (the next save may be writing one).
-func (m *Manager) retain(ctx context.Context, step int64) error {
-	entries, err := storeSteps(ctx, m.store)
-	if err != nil {
-		return err
-	}
-	rank := m.comm.Rank()
-	var superseded []int64
-	for _, e := range entries {
-		if e.Step > step && e.Committed {
-			superseded = append(superseded, e.Step)
-		}
-	}
-	if len(superseded) > 0 {
-		m.logf("checkpoint: step %d: deleting the committed steps %v in %s: they are newer than step %d, which the job went on from (superseded)", step, superseded, m.dir, step)
-	}
-	kept := 0
-	var errs []error
-	for _, e := range entries {
-		switch {
-		case e.Step > step && !e.Committed:
-			continue // not ours to judge
-		case e.Step == step:
-			kept++
-			continue
-		case e.Step < step && e.Committed && kept < m.keep:
-			kept++
-			continue
-		case e.Step < step && !e.Committed && kept == 0:
-			continue
-		}
-		err := storeDeleteStep(ctx, m.store, e.Step, func() error { return hook("retention", rank) })
-		if errors.Is(err, errHook) {
-			return err
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }

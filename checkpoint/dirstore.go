@@ -37,8 +37,8 @@ func (d DirStore) path(key string) string { return filepath.Join(string(d), file
 // Put implements Store. A directory it creates (a step directory in a
 // checkpoint directory that lost it) is made durable in its parent too, so
 // that the file's own fsync is not undone by a lost directory entry.
-func (d DirStore) Put(_ context.Context, key string, data ...[]byte) error {
-	if _, _, err := d.putUnsynced(key, data...); err != nil {
+func (d DirStore) Put(ctx context.Context, key string, data ...[]byte) error {
+	if _, _, err := d.putUnsynced(ctx, key, data...); err != nil {
 		return err
 	}
 	return syncDir(filepath.Dir(d.path(key)))
@@ -46,7 +46,7 @@ func (d DirStore) Put(_ context.Context, key string, data ...[]byte) error {
 
 // putUnsynced implements batchWriter: Put without the fsync of the file's
 // directory. The directory, when it creates it, is durable at once.
-func (d DirStore) putUnsynced(key string, data ...[]byte) (int64, [32]byte, error) {
+func (d DirStore) putUnsynced(ctx context.Context, key string, data ...[]byte) (int64, [32]byte, error) {
 	p := d.path(key)
 	dir := filepath.Dir(p)
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
@@ -57,7 +57,7 @@ func (d DirStore) putUnsynced(key string, data ...[]byte) (int64, [32]byte, erro
 			return 0, [32]byte{}, err
 		}
 	}
-	return writeDurable(dir, filepath.Base(p), data...)
+	return writeDurable(ctx, dir, filepath.Base(p), data...)
 }
 
 // syncBatch implements batchWriter: it fsyncs the directory of prefix.
@@ -174,8 +174,9 @@ func (d DirStore) String() string { return string(d) }
 // writeDurable writes the chunks to dir/name through a temporary name:
 // write, fsync, rename (the caller fsyncs dir: a rank that writes several
 // files syncs it once after the last). It returns the size and sha256,
-// hashed as it writes, in pieces.
-func writeDurable(dir, name string, chunks ...[]byte) (int64, [32]byte, error) {
+// hashed as it writes, in pieces; between pieces it stops, with ctx's
+// cause, once ctx is done (a disk too slow for the storage deadline).
+func writeDurable(ctx context.Context, dir, name string, chunks ...[]byte) (int64, [32]byte, error) {
 	tmp := filepath.Join(dir, name+".tmp")
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -186,6 +187,9 @@ func writeDurable(dir, name string, chunks ...[]byte) (int64, [32]byte, error) {
 	err = func() error {
 		for _, c := range chunks {
 			for len(c) > 0 {
+				if ctx.Err() != nil {
+					return context.Cause(ctx)
+				}
 				b := c[:min(len(c), piece)]
 				if _, err := f.Write(b); err != nil {
 					return err

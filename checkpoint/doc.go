@@ -18,6 +18,7 @@
 //			if err := ckpt.Save(ctx, step+1, st); err != nil { log.Fatal(err) }
 //		}
 //	}
+//	ckpt.Wait(ctx) // the deletion of old checkpoints runs in the background
 //
 // # Save
 //
@@ -61,7 +62,8 @@
 //     rank, and the error says in which hosts' directories the step is
 //     committed nevertheless;
 //  7. only when the step is committed in every domain, has the same ranks
-//     apply retention: delete the committed steps newer than this one
+//     apply retention, in the background (Save returns without waiting
+//     for it): delete the committed steps newer than this one
 //     (superseded: the job went on from an older checkpoint, after a
 //     restore fell back past them; one line in the log names them), and
 //     keep the newest K up to this step (WithKeep, default 2; this step is
@@ -69,13 +71,32 @@
 //     during the deletion leaves an uncommitted directory, never a broken
 //     checkpoint.
 //
-// The collectives that wait on another rank's storage I/O (the barrier of
-// step 4 and the outcome of step 6 in Save, Wait's allreduces, and
-// Restore's broadcasts and allgathers that wait for a reader) are bounded
-// by WithIOTimeout (default 30 minutes), not by the collective timeout
-// (GORUN_TIMEOUT): a rank uploading a big shard with retries is slow, not
-// dead. A dead or frozen peer still ends them at once (broken links,
-// heartbeats). Every rank must give the same value.
+// Retention is housekeeping, kept off the training path: it issues no
+// collective, runs under the storage deadline and stops at the first
+// deletion that fails, and its failure is logged once, by the rank that
+// ran it, and never returned ("checkpoint: retention of step S at LOC:
+// <what failed>; training goes on"); the next retention deletes what it
+// left. The next save, or a restore, cuts short a retention still
+// running (a store that does not answer) before it uses the store itself;
+// Wait, at the end of training, waits for it. So call Wait before the
+// program exits, after Save as after SaveAsync.
+//
+// The storage deadline (WithIOTimeout, default 30 minutes) bounds how long
+// a rank waits for its store at one time: every storage operation of a
+// save, and the wait of the next save, Restore or Wait for an
+// asynchronous save's background work (which is then cancelled). A store
+// that does not answer ends the save with a storage error that names the
+// location and the cause, on every rank ("...: writing: not done within
+// the storage deadline (30m0s, WithIOTimeout)"), never with a collective
+// timeout: the collectives that wait on another rank's storage I/O (the
+// agreement, the preparation and the barrier of steps 1, 2 and 4, the
+// outcome of step 6, Wait's allreduces, and Restore's broadcasts and
+// allgathers that wait for a reader) are bounded by the storage deadline
+// plus the collective timeout (GORUN_TIMEOUT), so the rank that waited for
+// its store says why before the others give up on it. A rank uploading a
+// big shard with retries is slow, not dead. A dead or frozen peer still
+// ends those collectives at once (broken links, heartbeats). Every rank
+// must give the same value.
 //
 // # Asynchronous save
 //
@@ -95,18 +116,18 @@
 //   - committing: once that is done on every rank, Poll ends the save
 //     (LastSave then describes it), or fails it on every rank. Once it is
 //     committed everywhere, each domain's lowest rank applies retention
-//     (step 7) in the background, with no collective; the next save,
-//     Restore or Wait waits for it on that rank.
+//     (step 7) in the background, as after Save.
 //
 // So the training loop never waits for the manifest's fsyncs or the
-// deletion of old checkpoints (unless the next save comes before the
-// deletion is over). The Polls of a phase issue the allreduce at
+// deletion of old checkpoints. The Polls of a phase issue the allreduce at
 // their 1st, 2nd, 4th and 8th call, then every 8th (every rank counts the
 // same calls), so that a phase that lasts many steps costs a few
-// collectives and ends at most 7 steps late. Wait waits for this rank's part of each
-// phase and polls until the save is over; call it at the end of training
-// (Save, SaveAsync and Restore call it first themselves). InFlight says
-// which step is in flight, if any:
+// collectives and ends at most 7 steps late. Wait waits for this rank's
+// part of each phase (at most the storage deadline) and polls until the
+// save is over, then for retention; call it at the end of training. Save,
+// SaveAsync and Restore end the save in flight first themselves (without
+// its retention: the next save's covers it). InFlight says which step is
+// in flight, if any:
 //
 //	for step := start; step < steps; step++ {
 //		train(step)

@@ -81,7 +81,8 @@ func (m *Manager) domains(ctx context.Context) (*domains, error) {
 	copy(rec, name)
 	rec[tokLen] = byte(boolU64(terr == nil))
 	all := make([]byte, (tokLen+1)*n)
-	if err := m.comm.Allgather(ctx, rec, all, collective.Name("checkpoint.domains")); err != nil {
+	// Creating the token is a storage operation: the others may wait for it.
+	if err := m.comm.Allgather(m.ioCtx(ctx), rec, all, collective.Name("checkpoint.domains")); err != nil {
 		return nil, fmt.Errorf("checkpoint: finding which ranks share a checkpoint directory: %w", err)
 	}
 	var bad []int
@@ -105,7 +106,7 @@ func (m *Manager) domains(ctx context.Context) (*domains, error) {
 		}
 	}
 	matrix := make([]byte, n*n)
-	if err := m.comm.Allgather(ctx, sees, matrix, collective.Name("checkpoint.domains.seen")); err != nil {
+	if err := m.comm.Allgather(m.ioCtx(ctx), sees, matrix, collective.Name("checkpoint.domains.seen")); err != nil {
 		return nil, fmt.Errorf("checkpoint: finding which ranks share a checkpoint directory: %w", err)
 	}
 	dom, err := domainsOf(n, func(r, s int) bool { return matrix[r*n+s] != 0 })

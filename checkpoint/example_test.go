@@ -53,6 +53,10 @@ func Example() {
 				}
 			}
 		}
+		// Old checkpoints are deleted in the background: let that finish.
+		if err := ckpt.Wait(ctx); err != nil {
+			log.Fatal(err)
+		}
 		return w
 	}
 	a, _ := os.MkdirTemp("", "ckpt-example-")

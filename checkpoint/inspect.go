@@ -235,7 +235,7 @@ func Remove(ctx context.Context, loc string, step int64) error {
 		}
 		return fmt.Errorf("checkpoint: no step %d in %s (steps there: %s)", step, loc, there)
 	}
-	if err := storeDeleteStep(ctx, s, step, nil); err != nil {
+	if err := storeDeleteStep(ctx, s, step, nil, false); err != nil {
 		return wrapErr(err, "removing step %d from %s", step, loc)
 	}
 	return nil

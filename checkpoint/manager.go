@@ -45,7 +45,7 @@ type Manager struct {
 	orphan *inflight // a save abandoned by a re-formed job whose goroutines may still run
 	stage  []byte    // SaveAsync's snapshot buffer, reused
 
-	retaining chan struct{} // closed when this lead's background retention is over
+	retaining *retention // this lead's retention in the background, if any (retention.go)
 
 	last SaveStats
 	// good is the step this Manager restored or committed last (-1: none):
@@ -81,21 +81,56 @@ func WithReplicas(k int) Option { return func(m *Manager) { m.replicas = max(k, 
 // is still writing the previous one, instead of waiting for it.
 func WithSkipIfBusy() Option { return func(m *Manager) { m.skipIfBusy = true } }
 
-// WithIOTimeout bounds the collectives of a save or restore that wait on
-// another rank's storage I/O (default 30 minutes) instead of the
-// communicator's collective timeout (collective.WithTimeout,
-// GORUN_TIMEOUT): the barrier after every rank's writes and the outcome of
-// the commit in Save, the allreduces of Wait, and the broadcasts and
-// allgathers of Restore that wait for a reader. A rank uploading a big
-// shard with retries is slow, not dead; a dead or frozen peer still ends
-// those collectives at once (broken links, heartbeats). Every rank must
-// give the same value; d <= 0 leaves the collective timeout.
+// WithIOTimeout is the storage deadline (default 30 minutes): how long a
+// rank waits for its store at one time, and so how long the others wait
+// for it. It bounds the storage operations of a save (the agreement's
+// look-up, the preparation, the writes and the manifest of Save, the
+// retention in the background), the wait of the next save, Restore or
+// Wait for the background writes and manifest of a SaveAsync (cut short
+// when it passes, with a storage error that names the location), and it
+// is added to the collective timeout (collective.WithTimeout,
+// GORUN_TIMEOUT) in the collectives of a save or restore that wait on
+// another rank's storage I/O: a rank uploading a big shard with retries is
+// slow, not dead, and when its store does not answer it fails with a
+// storage error before the others give up on it, so a job never ends in a
+// collective timeout because of its store. A dead or frozen peer still
+// ends those collectives at once (broken links, heartbeats). Every rank
+// must give the same value; d <= 0 leaves the collective timeout for both.
 func WithIOTimeout(d time.Duration) Option { return func(m *Manager) { m.ioTimeout = d } }
 
-// ioCtx is ctx for the collectives that wait on other ranks' storage I/O
-// (WithIOTimeout).
+// storageDeadline is the storage deadline (WithIOTimeout; with d <= 0 the
+// collective timeout).
+func (m *Manager) storageDeadline() time.Duration {
+	if m.ioTimeout > 0 {
+		return m.ioTimeout
+	}
+	return m.comm.Timeout()
+}
+
+// storageCtx bounds a storage operation by the storage deadline; one cut
+// short by it fails with a deadlineError as its cause.
+func (m *Manager) storageCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := m.storageDeadline()
+	return context.WithTimeoutCause(ctx, d, &deadlineError{d})
+}
+
+// deadlineError is the cause of a storage operation, or of a wait for one,
+// that the storage deadline cut short.
+type deadlineError struct{ d time.Duration }
+
+func (e *deadlineError) Error() string {
+	return fmt.Sprintf("not done within the storage deadline (%v, WithIOTimeout)", e.d)
+}
+
+// ioCtx is ctx for the collectives that wait on other ranks' storage I/O:
+// bounded by the storage deadline plus the collective timeout, so that a
+// rank whose store does not answer fails (at the storage deadline) and
+// says so before its peers would give up on it.
 func (m *Manager) ioCtx(ctx context.Context) context.Context {
-	return collective.WithCallTimeout(ctx, m.ioTimeout)
+	if m.ioTimeout <= 0 {
+		return ctx
+	}
+	return collective.WithCallTimeout(ctx, m.ioTimeout+m.comm.Timeout())
 }
 
 // New returns a Manager for the job of comm, keeping its checkpoints under
@@ -148,9 +183,14 @@ func (m *Manager) LastSave() SaveStats { return m.last }
 // returns makes the save stop there as if the process had died.
 var testHook func(point string, rank int) error
 
-func hook(point string, rank int) error {
-	if testHook != nil {
-		if err := testHook(point, rank); err != nil {
+func hook(point string, rank int) error { return callHook(testHook, point, rank) }
+
+// callHook is hook with the testHook h read earlier: background work that
+// may outlive its test (retention) reads it when it starts, not while a
+// test resets it.
+func callHook(h func(string, int) error, point string, rank int) error {
+	if h != nil {
+		if err := h(point, rank); err != nil {
 			return fmt.Errorf("%w at %s: %v", errHook, point, err)
 		}
 	}

@@ -64,13 +64,19 @@ func (m *Manager) Restore(ctx context.Context, st *State) (step int64, found boo
 	if st.err != nil {
 		return 0, false, st.err
 	}
-	if err := m.Wait(ctx); err != nil { // abandons a save the job re-formed under
+	// Ends the save in flight (or abandons one the job re-formed under);
+	// the retention of a save committed here is left to the next save's.
+	if err := m.settle(ctx, false); err != nil {
 		return 0, false, err
 	}
-	if err := m.waitOrphan(ctx); err != nil {
-		return 0, false, err
+	// Local waits: a store that does not end them counts as one this rank
+	// could not list (the others' copies serve), so that every rank takes
+	// the same collectives.
+	storeErr := m.stopRetention("a restore")
+	if err := m.waitOrphan(ctx); storeErr == nil {
+		storeErr = err
 	}
-	cands, listers, err := m.listCandidates(ctx, st)
+	cands, listers, err := m.listCandidates(ctx, st, storeErr)
 	if err != nil || len(cands) == 0 {
 		return 0, false, err
 	}
@@ -128,12 +134,17 @@ func overwritten(err error, touched bool) error {
 // candidates, newest first, and the ranks that list each, ascending. No
 // candidate and no error is a fresh start; no candidate while some rank
 // could not list its store is an error, as that rank may hold checkpoints.
-func (m *Manager) listCandidates(ctx context.Context, st *State) ([]int64, map[int64][]int, error) {
+// storeErr, from this rank's waits before the restore, counts as a failure
+// to list.
+func (m *Manager) listCandidates(ctx context.Context, st *State, storeErr error) ([]int64, map[int64][]int, error) {
 	rank, n := m.comm.Rank(), m.comm.Size()
 	const hashOff, stepsOff = 16, 16 + 32
 	const recLen = stepsOff + 8*maxCandidates
 	rec := make([]byte, recLen)
-	entries, lerr := storeSteps(ctx, m.store)
+	entries, lerr := []Entry(nil), storeErr
+	if lerr == nil {
+		entries, lerr = storeSteps(ctx, m.store)
+	}
 	if lerr != nil {
 		m.logf("checkpoint: rank %d: listing the checkpoints in %s: %v", rank, m.dir, lerr)
 		binary.LittleEndian.PutUint64(rec, 1)
@@ -149,7 +160,7 @@ func (m *Manager) listCandidates(ctx context.Context, st *State) ([]int64, map[i
 	lh := st.layoutHash()
 	copy(rec[hashOff:stepsOff], lh[:])
 	all := make([]byte, recLen*n)
-	if err := m.comm.Allgather(ctx, rec, all, collective.Name("checkpoint.restore.steps")); err != nil {
+	if err := m.comm.Allgather(m.ioCtx(ctx), rec, all, collective.Name("checkpoint.restore.steps")); err != nil {
 		return nil, nil, fmt.Errorf("checkpoint: restore: %w", err)
 	}
 	has := map[int64][]int{} // step -> the ranks that list it, ascending

@@ -197,7 +197,11 @@ func s3Cause(err error) string {
 	var ae smithy.APIError
 	var dns *net.DNSError
 	var op *net.OpError
+	var ue *url.Error
+	var ce *causedError
 	switch {
+	case errors.As(err, &ce):
+		cause = ce.cause.Error()
 	case errors.As(err, &ae):
 		cause = strings.TrimSuffix(ae.ErrorCode()+": "+ae.ErrorMessage(), ": ")
 	case errors.As(err, &dns):
@@ -208,6 +212,8 @@ func s3Cause(err error) string {
 		cause = "timed out"
 	case errors.Is(err, context.Canceled):
 		cause = "cancelled"
+	case errors.As(err, &ue): // its text repeats the method and URL
+		cause = ue.Err.Error()
 	default:
 		cause = sdkNoise.ReplaceAllString(err.Error(), "")
 	}
@@ -221,6 +227,27 @@ func s3Cause(err error) string {
 // sdkNoise is what the SDK's errors say before their cause: the
 // operation, empty request IDs, the attempts (said separately).
 var sdkNoise = regexp.MustCompile(`operation error [^,]*, |https? response error StatusCode: \d+, RequestID: [^,]*, HostID: [^,]*, |exceeded maximum number of attempts, \d+, |request send failed, `)
+
+// causeErr is err from a request made under ctx, said with ctx's cause
+// when ctx ended with one of its own (the storage deadline, a retention
+// cut short): the SDK's error only says "context canceled". It still
+// unwraps to err.
+func causeErr(ctx context.Context, err error) error {
+	if ctx.Err() == nil {
+		return err
+	}
+	if cause := context.Cause(ctx); cause != ctx.Err() {
+		return &causedError{cause: cause, err: err}
+	}
+	return err
+}
+
+// causedError is an SDK error (err) whose cause is the end of its context
+// (cause).
+type causedError struct{ cause, err error }
+
+func (e *causedError) Error() string   { return e.cause.Error() }
+func (e *causedError) Unwrap() []error { return []error{e.err, e.cause} }
 
 // isAWSEndpoint says whether an endpoint URL is AWS's own S3.
 func isAWSEndpoint(endpoint string) bool {
@@ -255,7 +282,7 @@ func (s *s3Store) Put(ctx context.Context, key string, data ...[]byte) error {
 		Body: newChunkReader(data, 0, size), ContentLength: aws.Int64(size),
 	})
 	if err != nil {
-		return s.err("writing", key, err)
+		return s.err("writing", key, causeErr(ctx, err))
 	}
 	return nil
 }
@@ -290,7 +317,7 @@ func (s *s3Store) putMultipart(ctx context.Context, key string, size int64, data
 	})
 	cancel()
 	if err != nil {
-		return s.err("starting a multipart upload", key, err)
+		return s.err("starting a multipart upload", key, causeErr(ctx, err))
 	}
 	id := up.UploadId
 
@@ -324,7 +351,7 @@ func (s *s3Store) putMultipart(ctx context.Context, key string, size int64, data
 			}
 		}
 		if err := uctx.Err(); err != nil {
-			fail(s.err(partOp(i+1), key, err)) // ctx is done: a no-op if a part failed first
+			fail(s.err(partOp(i+1), key, causeErr(ctx, err))) // ctx is done: a no-op if a part failed first
 			break
 		}
 		wg.Add(1)
@@ -359,7 +386,7 @@ func (s *s3Store) putMultipart(ctx context.Context, key string, size int64, data
 		}
 	}
 	if failed == nil && ctx.Err() != nil { // done after the last part started
-		failed = s.err(fmt.Sprintf("completing a multipart upload of %d parts", nparts), key, ctx.Err())
+		failed = s.err(fmt.Sprintf("completing a multipart upload of %d parts", nparts), key, causeErr(ctx, ctx.Err()))
 	}
 
 	if failed == nil {
@@ -372,7 +399,7 @@ func (s *s3Store) putMultipart(ctx context.Context, key string, size int64, data
 		if err == nil || s.completed(ctx, key, size, parts, data) {
 			return nil
 		}
-		failed = s.err(fmt.Sprintf("completing a multipart upload of %d parts", nparts), key, err)
+		failed = s.err(fmt.Sprintf("completing a multipart upload of %d parts", nparts), key, causeErr(ctx, err))
 	}
 	// ctx may be done: the abort gets a deadline of its own. NoSuchUpload
 	// says that the upload was completed or aborted already: none of its
@@ -522,7 +549,7 @@ func (s *s3Store) Get(ctx context.Context, key string) (io.ReadCloser, int64, er
 	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(s.bucket), Key: aws.String(s.prefix + key)})
 	if err != nil {
 		cancel()
-		return nil, 0, s.err("reading", key, err)
+		return nil, 0, s.err("reading", key, causeErr(ctx, err))
 	}
 	return cancelBody{out.Body, cancel}, aws.ToInt64(out.ContentLength), nil
 }
@@ -536,7 +563,7 @@ func (s *s3Store) List(ctx context.Context, prefix string) ([]string, error) {
 		page, err := p.NextPage(cctx)
 		cancel()
 		if err != nil {
-			return nil, s.err("listing", prefix, err)
+			return nil, s.err("listing", prefix, causeErr(ctx, err))
 		}
 		for _, o := range page.Contents {
 			out = append(out, strings.TrimPrefix(aws.ToString(o.Key), s.prefix))
@@ -553,7 +580,7 @@ func (s *s3Store) Delete(ctx context.Context, key string) error {
 		if err := s.err("deleting", key, err); errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}
-		return s.err("deleting", key, err)
+		return s.err("deleting", key, causeErr(ctx, err))
 	}
 	return nil
 }

@@ -253,7 +253,7 @@ func TestDirStoreReadsDirectoryCheckpoints(t *testing.T) {
 	if err := storeCheckHere(context.Background(), DirStore(dir), &Entry{Step: 3}); err != nil {
 		t.Fatal(err)
 	}
-	if err := storeDeleteStep(context.Background(), DirStore(dir), 3, nil); err != nil {
+	if err := storeDeleteStep(context.Background(), DirStore(dir), 3, nil, false); err != nil {
 		t.Fatal(err)
 	}
 	if entries, _ := listSteps(dir); len(entries) != 0 {

@@ -10,9 +10,10 @@ import (
 )
 
 // The steps of a save, numbered as in the package documentation: 1 agree
-// (agree.go), 2 prepare, 3 write, 4 confirm, 5 commitLead, 6 shareOutcome
-// and 7 retainLead (commit.go). Save runs them all in the foreground;
-// SaveAsync runs 1 and 2, and Poll the rest (async.go).
+// (agree.go), 2 prepare, 3 write, 4 confirm, 5 commitLead and 6
+// shareOutcome (commit.go), and 7 retention (retention.go). Save runs 1 to
+// 6 in the foreground; SaveAsync runs 1 and 2, and Poll the rest
+// (async.go); both leave 7 to the background.
 
 // Save writes a barrier checkpoint of st at step. Every rank must call it
 // with the same step and the same registered state. It returns once the
@@ -27,8 +28,11 @@ func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
 	if err != nil || p == nil {
 		return err
 	}
-	// 3. Every rank writes its files straight from the state.
-	res := m.write(ctx, p, func(f int) [][]byte { return p.chunks(st, f) })
+	// 3. Every rank writes its files straight from the state, under the
+	// storage deadline.
+	wctx, cancel := m.storageCtx(ctx)
+	res := m.write(wctx, p, func(f int) [][]byte { return p.chunks(st, f) })
+	cancel()
 	return m.finish(ctx, p, &res) // steps 4 to 7
 }
 
@@ -41,7 +45,8 @@ func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
 // committed).
 func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) (*plan, error) {
 	start := time.Now()
-	if skip, err := m.makeWay(ctx, step, async); err != nil || skip {
+	skip, storeErr, err := m.makeWay(ctx, step, async)
+	if err != nil || skip {
 		return nil, err
 	}
 	epoch := m.comm.Epoch()
@@ -49,7 +54,7 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 	if err != nil {
 		return nil, err
 	}
-	p, err := m.agree(ctx, step, st, dom, async)
+	p, err := m.agree(ctx, step, st, dom, async, storeErr)
 	if err != nil || p == nil {
 		return nil, err
 	}
@@ -63,29 +68,43 @@ func (m *Manager) begin(ctx context.Context, step int64, st *State, async bool) 
 	return p, nil
 }
 
-// makeWay waits for the background work of an abandoned save and commits
-// the save in flight (Wait), if any, before a new save; for SaveAsync
-// with WithSkipIfBusy the ranks may instead agree to skip the new save
-// (skip true) while any rank is still busy with the one in flight.
-func (m *Manager) makeWay(ctx context.Context, step int64, async bool) (skip bool, err error) {
+// makeWay cuts short this rank's retention still running, waits for the
+// background work of an abandoned save and commits the save in flight, if
+// any, before a new save; for SaveAsync with WithSkipIfBusy the ranks may
+// instead agree to skip the new save (skip true) while any rank is still
+// busy with the one in flight. storeErr is this rank's store failing to
+// end that work within the storage deadline: the agreement fails the save
+// on every rank with it (a rank's own error here would leave the others
+// waiting for it in the agreement).
+func (m *Manager) makeWay(ctx context.Context, step int64, async bool) (skip bool, storeErr, err error) {
 	m.dropIfReformed()
-	if err := m.waitOrphan(ctx); err != nil {
-		return false, err
+	// Local waits first; every rank then takes the same collectives,
+	// whatever they came to.
+	storeErr = m.stopRetention(fmt.Sprintf("the save of step %d", step))
+	if err := m.waitOrphan(ctx); storeErr == nil {
+		storeErr = err
 	}
 	if m.flight == nil {
-		return false, nil
+		return false, storeErr, nil
 	}
 	if async {
 		// Every rank has a save in flight (SaveAsync is collective):
 		// agree on whether to skip this one before any rank waits.
 		if skip, err := m.agreeBusy(ctx, step); err != nil || skip {
-			return skip, err
+			if skip && storeErr != nil {
+				m.logf("checkpoint: rank %d: %v", m.comm.Rank(), storeErr)
+			}
+			return skip, nil, err
 		}
 	}
-	if err := m.Wait(ctx); err != nil {
-		return false, err
+	// The retention of the save committed here is left to this one's.
+	if err := m.settle(ctx, false); err != nil {
+		return false, nil, err
 	}
-	return false, m.waitOrphan(ctx) // the retention Wait started
+	if err := m.waitOrphan(ctx); storeErr == nil { // the job may have re-formed meanwhile
+		storeErr = err
+	}
+	return false, storeErr, nil
 }
 
 // shareBlobs gives every rank the blobs of the ranks whose files it writes
@@ -119,7 +138,9 @@ func (m *Manager) prepare(ctx context.Context, p *plan, async bool) error {
 	rank, step := m.comm.Rank(), p.step
 	var prepErr error
 	if p.dom.leads(rank) {
-		prepErr = m.prepareLead(ctx, step)
+		sctx, cancel := m.storageCtx(ctx)
+		prepErr = m.prepareLead(sctx, step)
+		cancel()
 	}
 	// Summed: how many failed, and (when one did) which rank, plus one.
 	flag := []int64{boolI64(prepErr != nil), 0}
@@ -127,7 +148,7 @@ func (m *Manager) prepare(ctx context.Context, p *plan, async bool) error {
 		flag[1] = int64(rank) + 1
 	}
 	loc := m.StepLocation(step)
-	if err := m.comm.Allreduce(ctx, flag, collective.Sum, collective.Name("checkpoint.prepare")); err != nil {
+	if err := m.comm.Allreduce(m.ioCtx(ctx), flag, collective.Sum, collective.Name("checkpoint.prepare")); err != nil {
 		if prepErr != nil {
 			return failed(step, async, fmt.Errorf("preparing %w", ownFirst(objectErr(loc, prepErr), err)))
 		}
@@ -158,7 +179,7 @@ func (m *Manager) prepareLead(ctx context.Context, step int64) error {
 		return err
 	}
 	m.logf("checkpoint: replacing existing %s", m.StepLocation(step))
-	return storeDeleteStep(ctx, m.store, step, nil)
+	return storeDeleteStep(ctx, m.store, step, nil, true)
 }
 
 // wrote is one file a rank wrote.

@@ -51,8 +51,9 @@ type batchWriter interface {
 	// putUnsynced writes key as Put does (a temporary name, fsynced and
 	// renamed: visible whole or not at all), hashing the bytes as it
 	// writes them, but its name is durable only once syncBatch of its
-	// prefix returns. It returns the object's size and sha256.
-	putUnsynced(key string, data ...[]byte) (size int64, sum [32]byte, err error)
+	// prefix returns. It returns the object's size and sha256; when ctx
+	// ends first, it stops and fails with ctx's cause.
+	putUnsynced(ctx context.Context, key string, data ...[]byte) (size int64, sum [32]byte, err error)
 	// syncBatch makes the names written under prefix durable.
 	syncBatch(prefix string) error
 }
@@ -92,7 +93,7 @@ type pather interface {
 // Put (durable at once), hashed first.
 func putHashed(ctx context.Context, s Store, key string, chunks [][]byte) (int64, [32]byte, error) {
 	if b, ok := s.(batchWriter); ok {
-		return b.putUnsynced(key, chunks...)
+		return b.putUnsynced(ctx, key, chunks...)
 	}
 	h := sha256.New()
 	var n int64
@@ -238,8 +239,12 @@ func storeSteps(ctx context.Context, s Store) ([]Entry, error) {
 }
 
 // storeDeleteStep removes a step's objects, its manifest first, so that an
-// interrupted deletion leaves an uncommitted step, never a broken one.
-func storeDeleteStep(ctx context.Context, s Store, step int64, afterManifest func() error) error {
+// interrupted deletion leaves an uncommitted step, never a broken one. An
+// object it cannot delete is skipped (the error lists them), unless
+// firstErr: then it stops there (retention: a store that does not answer
+// one deletion would not answer the next either, each after its retries).
+// It stops when ctx is done.
+func storeDeleteStep(ctx context.Context, s Store, step int64, afterManifest func() error, firstErr bool) error {
 	pre := stepKey(step) + "/"
 	if err := s.Delete(ctx, pre+ManifestName); err != nil {
 		return err
@@ -255,7 +260,13 @@ func storeDeleteStep(ctx context.Context, s Store, step int64, afterManifest fun
 	}
 	var errs []error
 	for _, k := range keys {
+		if ctx.Err() != nil {
+			return errors.Join(append(errs, context.Cause(ctx))...)
+		}
 		if err := s.Delete(ctx, k); err != nil {
+			if firstErr {
+				return err
+			}
 			errs = append(errs, err)
 		}
 	}

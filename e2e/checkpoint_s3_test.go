@@ -201,7 +201,10 @@ func TestCheckpointS3KillResumeBitwiseIdentical(t *testing.T) {
 // step 15 fails as it starts; with SaveAsync, once the save of step 10 is
 // started, so that its background writes or its commit fail. The job fails
 // in the time of the S3 client's retries (not hung), with an error naming
-// the S3 location of the failed save. The restarted server still serves the
+// the S3 location of the failed save. A server that freezes instead
+// (SIGSTOP) while an asynchronous save is written makes the job fail
+// within the storage deadline, with a storage error, not a collective
+// timeout. The restarted server still serves the
 // checkpoints committed before, which verify, and a rerun resumes from the
 // newest of them and ends bit for bit where an uninterrupted run ends.
 func TestCheckpointS3ServerKilled(t *testing.T) {
@@ -215,9 +218,15 @@ func TestCheckpointS3ServerKilled(t *testing.T) {
 		env              []string
 		failed, restored int    // the step whose save fails, the step a rerun restores
 		failure          string // what the failed save says
+		stop             bool   // freeze the server (SIGSTOP) instead of killing it
+		cause            string // what the failing rank says of the store
 	}{
-		{"sync", nil, pauseAt + ckptS3Every, pauseAt, "checkpoint: step %d: "},
-		{"async", []string{"CKPTPROG_ASYNC=1"}, pauseAt, pauseAt - ckptS3Every, "checkpoint: async save of step %d: "},
+		{"sync", nil, pauseAt + ckptS3Every, pauseAt, "checkpoint: step %d: ", false, "connect: connection refused"},
+		{"async", []string{"CKPTPROG_ASYNC=1"}, pauseAt, pauseAt - ckptS3Every, "checkpoint: async save of step %d: ", false, "connect: connection refused"},
+		// A server that hangs: nothing fails by itself, and the storage
+		// deadline (5 s here) ends the save.
+		{"async-stopped", []string{"CKPTPROG_ASYNC=1", "CKPTPROG_IO_TIMEOUT=5s"}, pauseAt, pauseAt - ckptS3Every, "checkpoint: async save of step %d: ", true,
+			"not done within the storage deadline (5s, WithIOTimeout)"},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			// Most of the time is the S3 client's retries against the dead
@@ -271,7 +280,11 @@ func TestCheckpointS3ServerKilled(t *testing.T) {
 			if len(before) == 0 || !strings.HasPrefix(before[len(before)-1], fmt.Sprintf("down/step-%012d/", mode.restored)) {
 				t.Fatalf("objects before the server died: %v, want step %d's last", before, mode.restored)
 			}
-			srv.Kill()
+			if mode.stop {
+				srv.Stop()
+			} else {
+				srv.Kill()
+			}
 			// Let rank 0 go on: opening the FIFO for writing returns once it
 			// has it open for reading, which it does right after the line.
 			// If the job died first, a reader of our own unblocks the open.
@@ -311,12 +324,18 @@ func TestCheckpointS3ServerKilled(t *testing.T) {
 				t.Errorf("the job took %v to fail with the S3 server down", took)
 			}
 			for _, w := range []string{fmt.Sprintf(mode.failure, mode.failed), fmt.Sprintf("%s/step-%012d", loc, mode.failed),
-				"connect: connection refused", "gorun: job failed: "} {
+				mode.cause, "gorun: job failed: "} {
 				if !strings.Contains(stderr, w) {
 					t.Errorf("stderr lacks %q", w)
 				}
 			}
+			if strings.Contains(stderr, "collective timeout") {
+				t.Errorf("a collective timeout, where the store failed")
+			}
 
+			if mode.stop {
+				srv.Cont()
+			}
 			srv.Restart()
 			if after := committed(); !slices.Equal(after, before) {
 				t.Errorf("objects of the committed checkpoints after the restart:\n%v\nbefore the server died:\n%v", after, before)
@@ -334,6 +353,63 @@ func TestCheckpointS3ServerKilled(t *testing.T) {
 			}
 			if got != want {
 				t.Fatalf("parameters after the rerun differ from an uninterrupted run:\n got %s\nwant %s", got, want)
+			}
+		})
+	}
+}
+
+// The store stops answering deletions (a proxy drops every DELETE, as a
+// server that went away would, while writes still work) for a whole job
+// whose rank 0 deletes old checkpoints after every save: training goes on
+// under a collective timeout of 5 s, every save commits, the job ends
+// where an uninterrupted run ends, and rank 0 logs each retention that
+// failed, naming the location. Nothing was deleted: every step is left.
+func TestCheckpointS3RetentionOutage(t *testing.T) {
+	srv := s3test.Start(t)
+	srv.MakeBucket("ckpt")
+	want, _ := ckptReference(t, srv)
+	proxy := srv.StartProxy()
+	proxy.Set("DELETE", s3test.Drop)
+	tmp := t.TempDir()
+	for _, mode := range []struct {
+		name string
+		env  []string
+	}{{"sync", nil}, {"async", []string{"CKPTPROG_ASYNC=1"}}} {
+		t.Run(mode.name, func(t *testing.T) {
+			loc := "s3://ckpt/ret-" + mode.name
+			out := filepath.Join(tmp, mode.name+".hex")
+			env := append(ckptS3Env(srv, loc, out, mode.env...), proxy.Env()...)
+			start := time.Now()
+			stdout, stderr, code := run(t, env, gorunBin, "-np", "3", "--timeout", "5s", ckptprog(t))
+			t.Logf("%s: exit %d after %v\nstderr:\n%s", mode.name, code, time.Since(start).Round(time.Millisecond), stderr)
+			if code != 0 {
+				t.Fatalf("exit %d with deletions failing\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+			}
+			b, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.TrimSpace(string(b)); got != want {
+				t.Fatalf("parameters differ from an uninterrupted run:\n got %s\nwant %s", got, want)
+			}
+			re := regexp.MustCompile(`\[0\] .*checkpoint: retention of step (\d+) at ` + regexp.QuoteMeta(loc) + `: step-\d+/manifest.json: deleting: [^\n]*; training goes on\n`)
+			logged := map[string]int{}
+			for _, m := range re.FindAllStringSubmatch(stderr, -1) {
+				logged[m[1]]++
+			}
+			// Every retention from the third save on deletes a step; the
+			// last one fails in the final Wait.
+			last := strconv.Itoa(ckptS3Steps)
+			if len(logged) == 0 || logged[last] != 1 {
+				t.Errorf("retentions logged %v, want the last one, of step %s, once among them", logged, last)
+			}
+			for s, n := range logged {
+				if n != 1 {
+					t.Errorf("the retention of step %s was logged %d times", s, n)
+				}
+			}
+			if steps := len(s3Keys(t, srv, "ckpt", "ret-"+mode.name+"/")) / (3 + 3 + 1); steps != ckptS3Steps/ckptS3Every {
+				t.Errorf("%d steps left, want all %d", steps, ckptS3Steps/ckptS3Every)
 			}
 		})
 	}

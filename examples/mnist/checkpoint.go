@@ -192,21 +192,30 @@ func (c *checkpointer) settle(ctx context.Context, step int, pollOrWait func(con
 		return nil
 	}
 	c.inCommit += took
+	c.committed(step)
+	return nil
+}
+
+// committed prints the line of the asynchronous save of step once it is
+// committed (by a Poll, a Wait, or the SaveAsync that follows it), unless
+// it was abandoned.
+func (c *checkpointer) committed(step int) {
 	st := c.mgr.LastSave()
 	if st.Step != int64(step) { // abandoned
-		return nil
+		return
 	}
 	c.lastSaved = step
 	c.out.printf("checkpoint: step %d snapshotted in %s (training goes on); committed to %s after %s (%s)\n",
 		step, st.Stall.Round(time.Millisecond), c.stepLoc(step), st.Total.Round(time.Millisecond), humanBytes(st.Bytes))
-	return nil
 }
 
 // saveFinal saves the end of training, unless that step is saved already,
 // so that a rerun of the finished job finds it complete instead of
 // training its last steps again. It first commits the save in flight: the
 // run never ends with an uncommitted save. The last save is synchronous
-// whatever --checkpoint-sync: the run waits for it anyway.
+// whatever --checkpoint-sync: the run waits for it anyway. Then it waits
+// for the deletion of old checkpoints, which the Manager runs in the
+// background.
 func (c *checkpointer) saveFinal(ctx context.Context, step int) error {
 	if c.mgr == nil {
 		return nil
@@ -214,10 +223,12 @@ func (c *checkpointer) saveFinal(ctx context.Context, step int) error {
 	if err := c.wait(ctx); err != nil {
 		return err
 	}
-	if step == c.lastSaved {
-		return nil
+	if step != c.lastSaved {
+		if err := c.saveSync(ctx, step); err != nil {
+			return err
+		}
 	}
-	return c.saveSync(ctx, step)
+	return c.mgr.Wait(ctx)
 }
 
 // save starts an asynchronous save (after committing the previous one),
@@ -226,17 +237,19 @@ func (c *checkpointer) save(ctx context.Context, step int) error {
 	if !c.async {
 		return c.saveSync(ctx, step)
 	}
-	// SaveAsync would wait for the save in flight itself; waiting here
-	// prints its line.
-	if err := c.wait(ctx); err != nil {
-		return err
-	}
+	// SaveAsync commits the save still in flight itself, without waiting
+	// for the deletion of old checkpoints (Wait would: a store that does
+	// not answer it would hold up training); its line follows.
+	prev, inFlight := c.mgr.InFlight()
 	t := time.Now()
 	if err := c.mgr.SaveAsync(ctx, int64(step), c.state); err != nil {
 		return err
 	}
 	c.inAsync += time.Since(t)
 	c.nAsync++
+	if inFlight {
+		c.committed(int(prev))
+	}
 	return nil
 }
 

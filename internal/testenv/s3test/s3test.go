@@ -10,9 +10,12 @@
 //	srv.MakeBucket("ckpt")
 //	// s3://ckpt/job now works for the standard AWS configuration.
 //
-// Kill stops the server by its PID (SIGKILL) to simulate a crash; Restart
-// brings it back on the same address with the same data. The server is
-// stopped when the test ends.
+// Kill stops the server by its PID (SIGKILL) to simulate a crash (requests
+// are refused); Stop freezes it (SIGSTOP: requests hang, as with a server
+// that stopped answering) until Cont; Restart brings it back on the same
+// address with the same data. A Proxy in front of it (proxy.go) makes
+// only some requests fail or hang. The server is stopped when the test
+// ends.
 //
 // Start skips the test when versitygw is not installed (go install
 // github.com/versity/versitygw/cmd/versitygw@v1.8.0), or fails it when the
@@ -20,13 +23,16 @@
 package s3test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -122,12 +128,15 @@ func (s *Server) Root() string { return s.root }
 // keep out the user's own AWS configuration (profile, shared files, session
 // token, instance metadata). Append it to os.Environ() for a child process:
 // the later value of a variable wins.
-func (s *Server) Env() []string {
+func (s *Server) Env() []string { return s.envFor(s.endpoint) }
+
+// envFor is Env with the endpoint of the server or of a Proxy.
+func (s *Server) envFor(endpoint string) []string {
 	return []string{
 		"AWS_ACCESS_KEY_ID=" + AccessKey,
 		"AWS_SECRET_ACCESS_KEY=" + SecretKey,
 		"AWS_REGION=" + Region,
-		"AWS_ENDPOINT_URL=" + s.endpoint,
+		"AWS_ENDPOINT_URL=" + endpoint,
 		"AWS_S3_FORCE_PATH_STYLE=true",
 		"AWS_SESSION_TOKEN=",
 		"AWS_PROFILE=",
@@ -142,7 +151,12 @@ func (s *Server) Env() []string {
 // not be parallel).
 func (s *Server) Setenv(t testing.TB) {
 	t.Helper()
-	for _, kv := range s.Env() {
+	setenv(t, s.Env())
+}
+
+func setenv(t testing.TB, env []string) {
+	t.Helper()
+	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		t.Setenv(k, v)
 	}
@@ -182,6 +196,46 @@ func (s *Server) Kill() {
 		s.t.Errorf("s3test: versitygw (pid %d) did not exit after SIGKILL", s.cmd.Process.Pid)
 	}
 	s.cmd = nil
+}
+
+// Stop freezes the server (SIGSTOP): its port still accepts connections,
+// but no request is answered until Cont, as with a server that hangs. It
+// returns once the process is stopped (the signal is delivered
+// asynchronously, and a request could slip through meanwhile).
+func (s *Server) Stop() {
+	s.signal(syscall.SIGSTOP)
+	s.mu.Lock()
+	pid := s.cmd.Process.Pid
+	s.mu.Unlock()
+	stat := fmt.Sprintf("/proc/%d/stat", pid)
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		b, err := os.ReadFile(stat)
+		// The state follows the command name in parentheses: "pid (comm) T ...".
+		if i := bytes.LastIndexByte(b, ')'); err == nil && i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't') {
+			return
+		}
+		if err != nil || time.Now().After(deadline) {
+			s.t.Errorf("s3test: versitygw (pid %d) not seen stopped after SIGSTOP: %v", pid, err)
+			return
+		}
+		time.Sleep(time.Millisecond) // poll the process state
+	}
+}
+
+// Cont resumes the server that Stop froze (SIGCONT).
+func (s *Server) Cont() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		s.t.Errorf("s3test: %v to versitygw, which is not running", sig)
+		return
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.t.Errorf("s3test: %v to versitygw (pid %d): %v", sig, s.cmd.Process.Pid, err)
+	}
 }
 
 // Restart stops the server if it runs, starts it again on the same address

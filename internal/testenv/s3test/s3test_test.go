@@ -2,6 +2,7 @@ package s3test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -62,5 +63,73 @@ func TestServerKillRestart(t *testing.T) {
 	defer out.Body.Close()
 	if b, err := io.ReadAll(out.Body); err != nil || string(b) != "hello" {
 		t.Fatalf("after Restart: %q, %v", b, err)
+	}
+}
+
+// A stopped server (SIGSTOP) leaves requests unanswered until Cont.
+func TestServerStopCont(t *testing.T) {
+	srv := Start(t)
+	srv.MakeBucket("bkt")
+	srv.Stop()
+	short, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	_, err := srv.Client().ListBuckets(short, &s3.ListBucketsInput{}, func(o *s3.Options) { o.RetryMaxAttempts = 1 })
+	cancel()
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a stopped server answered: %v", err)
+	}
+	srv.Cont()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := srv.Client().ListBuckets(ctx, &s3.ListBucketsInput{}); err != nil {
+		t.Fatalf("after Cont: %v", err)
+	}
+}
+
+// The proxy passes signed requests to the server; Drop closes the
+// connection of the requests of a method, Hang holds them until lifted,
+// and Faulted tells of each.
+func TestProxyFaults(t *testing.T) {
+	srv := Start(t)
+	srv.MakeBucket("bkt")
+	p := srv.StartProxy()
+	p.Setenv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg, err := config.LoadDefaultConfig(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := s3.NewFromConfig(cfg, func(o *s3.Options) { o.UsePathStyle = true; o.RetryMaxAttempts = 1 })
+	put := func() error {
+		_, err := cl.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String("bkt"), Key: aws.String("k"), Body: strings.NewReader("hello")})
+		return err
+	}
+	del := func(ctx context.Context) error {
+		_, err := cl.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String("bkt"), Key: aws.String("k")})
+		return err
+	}
+	if err := put(); err != nil {
+		t.Fatalf("through the proxy: %v", err)
+	}
+	p.Set("DELETE", Drop)
+	if err := del(ctx); err == nil {
+		t.Fatal("a dropped DELETE succeeded")
+	}
+	if f := <-p.Faulted(); f != "DELETE /bkt/k" {
+		t.Errorf("Faulted: %q", f)
+	}
+	if err := put(); err != nil {
+		t.Fatalf("a PUT while DELETEs are dropped: %v", err)
+	}
+	p.Set("DELETE", Hang)
+	done := make(chan error, 1)
+	go func() { done <- del(ctx) }()
+	<-p.Faulted() // held
+	p.Set("DELETE", Pass)
+	if err := <-done; err != nil {
+		t.Fatalf("a held DELETE, once lifted: %v", err)
+	}
+	if _, err := srv.Client().HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String("bkt"), Key: aws.String("k")}); err == nil {
+		t.Fatal("the object is still there after the lifted DELETE")
 	}
 }

@@ -10,6 +10,8 @@
 //	CKPTPROG_SEED=N       seed of the data, the model and the RNGs (default 1)
 //	CKPTPROG_KEEP=K       keep the newest K checkpoints (default: the
 //	                      package's, 2)
+//	CKPTPROG_IO_TIMEOUT=D the storage deadline (checkpoint.WithIOTimeout;
+//	                      default: the package's)
 //	CKPTPROG_KILL=R:S     rank R sends itself SIGKILL before step S, on the
 //	                      first launch only (GORUN_RESTART_COUNT=0)
 //	CKPTPROG_KILL=R:S:D   rank R sends itself SIGKILL a random time in [0, D)
@@ -20,8 +22,9 @@
 //	CKPTPROG_OUT=F        rank 0 writes the final parameters to F, as the hex
 //	                      of their float32 bits
 //	CKPTPROG_ASYNC=1      save with SaveAsync (the writes run in the background
-//	                      while training goes on), Poll every step, and Wait
-//	                      before the final result; the default is Save
+//	                      while training goes on) and Poll every step; the
+//	                      default is Save (either way, Wait before the final
+//	                      result)
 //	CKPTPROG_PAUSE=S:F    on the first launch only, once the save of step S
 //	                      returns (with Save: the checkpoint is committed;
 //	                      with SaveAsync: it is started, its writes in the
@@ -170,6 +173,13 @@ func train(ctx context.Context, comm *collective.Comm, dir string) {
 	if k := envInt("CKPTPROG_KEEP", 0); k > 0 {
 		opts = append(opts, checkpoint.WithKeep(k))
 	}
+	if d := os.Getenv("CKPTPROG_IO_TIMEOUT"); d != "" {
+		io, err := time.ParseDuration(d)
+		if err != nil {
+			fatal("CKPTPROG_IO_TIMEOUT: %v", err)
+		}
+		opts = append(opts, checkpoint.WithIOTimeout(io))
+	}
 	ckpt, err := checkpoint.New(comm, dir, opts...)
 	if err != nil {
 		fatal("%v", err)
@@ -266,10 +276,10 @@ func train(ctx context.Context, comm *collective.Comm, dir string) {
 		// collective or done).
 		<-make(chan struct{})
 	}
-	if async {
-		if err := ckpt.Wait(ctx); err != nil {
-			fatal("%v", err)
-		}
+	// The last save's commit (SaveAsync) and the deletion of old
+	// checkpoints, which runs in the background (both).
+	if err := ckpt.Wait(ctx); err != nil {
+		fatal("%v", err)
 	}
 	if rank == 0 {
 		var loss float64
