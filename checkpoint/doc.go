@@ -242,6 +242,12 @@
 // refused credentials fail there with an error naming the location. Each
 // request has a deadline, and 5xx answers, throttling, time-outs and
 // refused connections are retried with backoff (5 attempts).
+// An object above 64 MiB is a multipart upload; one that is cut off (a
+// rank dies, or loses the store, in the middle) and cannot be aborted
+// leaves its parts, which S3 keeps and bills but no listing of objects
+// shows: List and Scan report them (Entry.Uploads), Remove aborts a
+// step's, and retention aborts those of the steps up to the saved one and
+// of later steps older than WithStaleUploadAge (default an hour).
 //
 // # Restore
 //

@@ -25,6 +25,10 @@ type Entry struct {
 	// hold intact copies: a restore reads them from there and writes them
 	// back here. "" when every file this directory should hold verified.
 	Degraded string
+	// Uploads are the step's incomplete uploads (an object store's
+	// multipart uploads never completed; uploads.go): storage its save
+	// left behind that no object shows. A step may have nothing else.
+	Uploads []Upload
 }
 
 // Report is what Scan found in a checkpoint directory.
@@ -58,7 +62,7 @@ func Scan(dir string) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	entries, err := storeSteps(ctx, s)
+	entries, err := storeStepsAndUploads(ctx, s)
 	if err != nil {
 		return nil, pkgErr(err)
 	}
@@ -178,7 +182,8 @@ func scanEntries(entries []Entry, check func(*Entry) error) *Report {
 }
 
 // List returns the checkpoints at loc (a directory or s3://bucket/prefix),
-// newest first, each with Committed set and, when it is committed and its
+// newest first, each with Committed set, its incomplete uploads (Uploads;
+// a step may have nothing else) and, when it is committed and its
 // manifest reads and parses, Manifest. It reads the manifests only, never
 // the shards, so it is fast whatever the checkpoints' size, and it checks
 // nothing beyond the manifests: Problem says why a step is not committed or
@@ -209,7 +214,8 @@ func List(ctx context.Context, loc string) ([]Entry, error) {
 // Remove deletes the checkpoint of step at loc (a directory or
 // s3://bucket/prefix), committed or not: its manifest first, so that a
 // removal cut short leaves an uncommitted step that Restore skips, never a
-// committed one with files missing. A step that is not there is an error
+// committed one with files missing; then it aborts the step's incomplete
+// uploads (Entry.Uploads). A step that is not there is an error
 // that lists the steps that are. "{host}" in a directory is expanded
 // (ExpandHost). With replicated local checkpoints it removes the step from
 // this location only.
@@ -251,7 +257,7 @@ func listLoc(ctx context.Context, loc string) (Store, []Entry, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	entries, err := storeSteps(ctx, s)
+	entries, err := storeStepsAndUploads(ctx, s)
 	if err != nil {
 		return nil, nil, wrapErr(err, "listing %s", loc)
 	}

@@ -31,7 +31,10 @@ type Manager struct {
 	replicas   int // -1: EnvReplicas, else 2
 	skipIfBusy bool
 	ioTimeout  time.Duration
-	logf       func(format string, args ...any)
+	// staleUploads is the age from which retention aborts the incomplete
+	// uploads of steps newer than the saved one (WithStaleUploadAge).
+	staleUploads time.Duration
+	logf         func(format string, args ...any)
 
 	// restoreRank0 restores the old way: rank 0 reads and verifies every
 	// file before broadcasting any. Kept to compare against the parallel
@@ -138,7 +141,7 @@ func (m *Manager) ioCtx(ctx context.Context) context.Context {
 // $GORUN_HOST, else the host name (ExpandHost), so that one location names
 // a local directory on every host.
 func New(comm *collective.Comm, dir string, opts ...Option) (*Manager, error) {
-	m := &Manager{comm: comm, good: -1, keep: 2, margin: -1, replicas: -1, ioTimeout: 30 * time.Minute, logf: log.Printf}
+	m := &Manager{comm: comm, good: -1, keep: 2, margin: -1, replicas: -1, ioTimeout: 30 * time.Minute, staleUploads: DefaultStaleUploadAge, logf: log.Printf}
 	for _, o := range opts {
 		o(m)
 	}

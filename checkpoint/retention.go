@@ -129,11 +129,13 @@ func (m *Manager) waitRetention(ctx context.Context) error {
 // older than the newest kept one. A deletion removes the manifest first,
 // so a crash midway leaves an uncommitted step, never a broken committed
 // one. Uncommitted steps newer than step are left alone (the next save may
-// be writing one). It stops at the first failure, or when ctx is done,
+// be writing one). Then it aborts the incomplete uploads (uploads.go) of
+// the steps it kept up to step, and those of later steps older than
+// WithStaleUploadAge. It stops at the first failure, or when ctx is done,
 // with the cause. deleting is set before its first deletion; h is the
 // testHook.
 func (m *Manager) retain(ctx context.Context, step int64, deleting *atomic.Bool, h func(string, int) error) error {
-	entries, err := storeSteps(ctx, m.store)
+	entries, err := storeStepsAndUploads(ctx, m.store)
 	if err != nil {
 		return err
 	}
@@ -148,17 +150,27 @@ func (m *Manager) retain(ctx context.Context, step int64, deleting *atomic.Bool,
 		m.logf("checkpoint: step %d: deleting the committed steps %v in %s: they are newer than step %d, which the job went on from (superseded)", step, superseded, m.dir, step)
 	}
 	kept := 0
+	var stale []Upload // of the steps kept
 	for _, e := range entries {
+		del := true
 		switch {
 		case e.Step > step && !e.Committed:
-			continue // not ours to judge
+			del = false // not ours to judge
 		case e.Step == step:
 			kept++
-			continue
+			del = false
 		case e.Step < step && e.Committed && kept < m.keep:
 			kept++
-			continue
+			del = false
 		case e.Step < step && !e.Committed && kept == 0:
+			del = false
+		}
+		if !del {
+			for _, u := range e.Uploads {
+				if e.Step <= step || time.Since(u.Started) >= m.staleUploads {
+					stale = append(stale, u)
+				}
+			}
 			continue
 		}
 		if ctx.Err() != nil {
@@ -168,6 +180,10 @@ func (m *Manager) retain(ctx context.Context, step int64, deleting *atomic.Bool,
 		if err := storeDeleteStep(ctx, m.store, e.Step, func() error { return callHook(h, "retention", rank) }, true); err != nil {
 			return err
 		}
+	}
+	if uk, ok := m.store.(uploadKeeper); ok && len(stale) > 0 {
+		deleting.Store(true)
+		return abortUploads(ctx, uk, stale)
 	}
 	return nil
 }

@@ -304,6 +304,10 @@ func s3PartLayout(size int64) (partSize int64, parts int) {
 // s3DrainTimeout to finish, and the upload is aborted, so that the server
 // discards the parts it stored.
 //
+// An abort that fails too leaves the upload (Upload, s3uploads.go), which
+// gorun checkpoint ls shows and rm, or the retention of the job's next
+// save, aborts.
+//
 // The parts in flight are not cancelled at once because a server may go on
 // storing a part whose request was cut off, and store it after the abort:
 // AWS then keeps it billed until the upload is aborted again, and versitygw
@@ -407,10 +411,9 @@ func (s *s3Store) putMultipart(ctx context.Context, key string, size int64, data
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s3AbortTimeout)
 	defer cancel()
 	_, err = s.client.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{Bucket: bucket, Key: okey, UploadId: id})
-	var ae smithy.APIError
-	if err != nil && !(errors.As(err, &ae) && ae.ErrorCode() == "NoSuchUpload") {
-		return fmt.Errorf("%w; aborting the multipart upload also failed, so its parts may stay on the server until they are aborted (upload ID %s) or a lifecycle rule removes them: %v",
-			failed, aws.ToString(id), err)
+	if err != nil && !noSuchUpload(err) {
+		return &s3Error{msg: fmt.Sprintf("%v; aborting the multipart upload also failed (%s): its parts stay on the server until gorun checkpoint rm, or the job's next save, aborts them",
+			failed, s3Cause(err)), err: failed}
 	}
 	return failed
 }

@@ -82,6 +82,20 @@ type perHostStore interface {
 	dropToken(name string)
 }
 
+// An uploadKeeper keeps incomplete uploads (uploads.go): an object
+// store's multipart uploads that were started and neither completed nor
+// aborted, by a rank that died or lost the store in the middle of a big
+// object. Their parts take space, and are billed, but make no object:
+// List never shows them.
+type uploadKeeper interface {
+	// uploads lists the incomplete uploads whose keys start with prefix,
+	// with the parts each stored, sorted by key.
+	uploads(ctx context.Context, prefix string) ([]Upload, error)
+	// abortUpload discards an upload and its parts; one that is gone
+	// already is not an error.
+	abortUpload(ctx context.Context, u Upload) error
+}
+
 // A pather names its keys as file paths (cleaned, with the system's
 // separator) rather than as location + "/" + key.
 type pather interface {
@@ -213,17 +227,13 @@ func storeSteps(ctx context.Context, s Store) ([]Entry, error) {
 	}
 	byStep := map[int64]*Entry{}
 	for _, k := range keys {
-		dir, name, ok := strings.Cut(k, "/")
+		step, name, ok := parseStepKey(k)
 		if !ok {
-			continue
-		}
-		var step int64
-		if _, err := fmt.Sscanf(dir, "step-%d", &step); err != nil || dir != stepKey(step) {
 			continue
 		}
 		e := byStep[step]
 		if e == nil {
-			e = &Entry{Step: step, Dir: strings.TrimSuffix(s.String(), "/") + "/" + dir}
+			e = &Entry{Step: step, Dir: entryDir(s, step)}
 			byStep[step] = e
 		}
 		if name == ManifestName {
@@ -238,12 +248,30 @@ func storeSteps(ctx context.Context, s Store) ([]Entry, error) {
 	return out, nil
 }
 
+// entryDir is Entry.Dir: where a step is, as the location names it.
+func entryDir(s Store, step int64) string {
+	return strings.TrimSuffix(s.String(), "/") + "/" + stepKey(step)
+}
+
+// parseStepKey splits a key "step-<N>/name" into the step and the name.
+func parseStepKey(k string) (step int64, name string, ok bool) {
+	dir, name, ok := strings.Cut(k, "/")
+	if !ok {
+		return 0, "", false
+	}
+	if _, err := fmt.Sscanf(dir, "step-%d", &step); err != nil || dir != stepKey(step) {
+		return 0, "", false
+	}
+	return step, name, true
+}
+
 // storeDeleteStep removes a step's objects, its manifest first, so that an
 // interrupted deletion leaves an uncommitted step, never a broken one. An
 // object it cannot delete is skipped (the error lists them), unless
 // firstErr: then it stops there (retention: a store that does not answer
 // one deletion would not answer the next either, each after its retries).
-// It stops when ctx is done.
+// It stops when ctx is done. Last, it aborts the step's incomplete
+// uploads, if the store keeps any (an uploadKeeper).
 func storeDeleteStep(ctx context.Context, s Store, step int64, afterManifest func() error, firstErr bool) error {
 	pre := stepKey(step) + "/"
 	if err := s.Delete(ctx, pre+ManifestName); err != nil {
@@ -269,6 +297,13 @@ func storeDeleteStep(ctx context.Context, s Store, step int64, afterManifest fun
 			}
 			errs = append(errs, err)
 		}
+	}
+	if uk, ok := s.(uploadKeeper); ok && len(errs) == 0 {
+		ups, err := uk.uploads(ctx, pre)
+		if err == nil {
+			err = abortUploads(ctx, uk, ups)
+		}
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

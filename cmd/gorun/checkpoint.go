@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -31,6 +32,15 @@ package checkpoint (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
 AWS_PROFILE, AWS_ENDPOINT_URL, AWS_S3_FORCE_PATH_STYLE=true); the bucket
 must exist. In a directory LOCATION, "{host}" stands for $GORUN_HOST, else
 this host's name, as in checkpoint.New: quote it from the shell.`
+
+// uploadsHelp is what ls, verify and inspect say of incomplete uploads.
+const uploadsHelp = `At an s3:// LOCATION it also lists the incomplete uploads of each step
+(multipart uploads a rank began and never completed or aborted, because it
+died or lost the store in the middle of a big object): their file, parts,
+size and age. S3 keeps and bills their parts, but no listing of objects
+shows them. gorun checkpoint rm STEP aborts a step's; the job's next save
+aborts those of the steps up to the one it saved, and those of later steps
+once they are an hour old.`
 
 // location is the checkpoint location a subcommand was given, with "{host}"
 // expanded as the library expands it (checkpoint.ExpandHost), for the
@@ -66,6 +76,8 @@ without checkpoints prints "no checkpoints in DIR" and exits 0.
 
 ` + replicatedHelp + `
 
+` + strings.ReplaceAll(uploadsHelp, "LOCATION", "DIR") + `
+
 DIR may be s3://bucket/prefix, with the AWS environment described in
 package checkpoint (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
 AWS_PROFILE, AWS_ENDPOINT_URL, AWS_S3_FORCE_PATH_STYLE=true); the bucket
@@ -95,6 +107,8 @@ manifests only, never the shards, so it is fast however big the checkpoints
 are, and it checks nothing beyond them: gorun checkpoint verify checks every
 file. It exits 1 when LOCATION is a directory that does not exist; one
 without checkpoints prints "no checkpoints in LOCATION".
+
+` + uploadsHelp + `
 
 ` + s3Help,
 		Example:       "  gorun checkpoint ls /shared/ckpt\n  AWS_ENDPOINT_URL=http://127.0.0.1:7070 AWS_S3_FORCE_PATH_STYLE=true gorun checkpoint ls s3://ckpt/job1",
@@ -128,6 +142,8 @@ exist.
 
 ` + replicatedHelp + `
 
+` + uploadsHelp + `
+
 ` + s3Help,
 		Example:       "  gorun checkpoint verify /shared/ckpt\n  AWS_ENDPOINT_URL=http://127.0.0.1:7070 AWS_S3_FORCE_PATH_STYLE=true gorun checkpoint verify s3://ckpt/job1",
 		Args:          exactLocation("verify"),
@@ -145,8 +161,10 @@ exist.
 (the directory or s3:// location given to checkpoint.New), committed or not,
 each one's manifest first: a removal cut short leaves an uncommitted
 checkpoint, which a restore skips, never a committed one with files
-missing. With --all it removes every checkpoint there. It prints each step
-it removed. Before removing anything it checks that every STEP is a
+missing; then it aborts the step's incomplete uploads (at an s3://
+LOCATION: multipart uploads never completed, which S3 keeps and bills; a
+step may have nothing else, and gorun checkpoint ls shows them). With
+--all it removes every checkpoint there. It prints each step it removed. Before removing anything it checks that every STEP is a
 non-negative integer and is there (gorun checkpoint ls lists them); if one
 is not, it says which and removes nothing. Do not remove checkpoints of a
 job that is running: it may be restoring one. With replicated local
@@ -217,8 +235,9 @@ func removeSteps(ctx context.Context, w io.Writer, loc string, args []string, al
 		return err
 	}
 	dirs := map[int64]string{}
+	uploads := map[int64]int{}
 	for _, e := range entries {
-		dirs[e.Step] = e.Dir
+		dirs[e.Step], uploads[e.Step] = e.Dir, len(e.Uploads)
 	}
 	if all {
 		if len(entries) == 0 {
@@ -243,7 +262,11 @@ func removeSteps(ctx context.Context, w io.Writer, loc string, args []string, al
 		if err := checkpoint.Remove(ctx, loc, step); err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "removed step %d (%s)\n", step, dirs[step])
+		aborted := ""
+		if n := uploads[step]; n > 0 {
+			aborted = fmt.Sprintf(", and aborted its %d incomplete upload(s)", n)
+		}
+		fmt.Fprintf(w, "removed step %d (%s)%s\n", step, dirs[step], aborted)
 	}
 	return nil
 }
@@ -276,6 +299,31 @@ func printList(w io.Writer, loc string, entries []checkpoint.Entry) {
 		default:
 			fmt.Fprintf(w, "committed      world size %d  %s in %d files\n", m.WorldSize, humanBytes(m.Size()), len(m.Shards)+len(m.Blobs))
 		}
+		printUploads(w, "  ", e)
+	}
+	uploadsFooter(w, entries)
+}
+
+// printUploads writes a line per incomplete upload of e, after indent.
+func printUploads(w io.Writer, indent string, e checkpoint.Entry) {
+	for _, u := range e.Uploads {
+		_, file, _ := strings.Cut(u.Key, "/")
+		fmt.Fprintf(w, "%sincomplete upload of %s: %d part(s), %s, started %s ago\n", indent, file, u.Parts, humanBytes(u.Bytes), time.Since(u.Started).Round(time.Second))
+	}
+}
+
+// uploadsFooter says what the incomplete uploads of entries are and what
+// removes them, when there are any.
+func uploadsFooter(w io.Writer, entries []checkpoint.Entry) {
+	n, bytes := 0, int64(0)
+	for _, e := range entries {
+		for _, u := range e.Uploads {
+			n++
+			bytes += u.Bytes
+		}
+	}
+	if n > 0 {
+		fmt.Fprintf(w, "%d incomplete upload(s) hold %s that no object shows (saves cut off in a big object): gorun checkpoint rm STEP aborts a step's; the job's next save those up to its step, and later ones after an hour\n", n, humanBytes(bytes))
 	}
 }
 
@@ -318,6 +366,10 @@ func printVerify(w io.Writer, loc string, r *checkpoint.Report) (corrupt, degrad
 	if len(uncommitted) > 0 {
 		fmt.Fprintf(w, "not verified, NOT COMMITTED (a restore skips them): step %s\n", strings.Join(uncommitted, ", "))
 	}
+	for _, e := range r.Entries {
+		printUploads(w, fmt.Sprintf("step %d  ", e.Step), e)
+	}
+	uploadsFooter(w, r.Entries)
 	if r.Pick >= 0 {
 		fmt.Fprintf(w, "restore would pick step %d: %s\n", r.Pick, r.Reason)
 	} else {
@@ -371,7 +423,9 @@ func printReport(w io.Writer, dir string, r *checkpoint.Report) (corrupt, degrad
 				fmt.Fprintf(w, "  per-rank state: %s\n", strings.Join(m.Blobs[0].Blobs, ", "))
 			}
 		}
+		printUploads(w, "  ", e)
 	}
+	uploadsFooter(w, r.Entries)
 	if r.Pick >= 0 {
 		fmt.Fprintf(w, "restore would pick step %d: %s\n", r.Pick, r.Reason)
 	} else {
