@@ -249,14 +249,14 @@ func (m *Manager) committedElsewhere(p *plan, failedRanks []bool) string {
 	if p.dom.h() == 1 {
 		return ""
 	}
-	var hosts, leads []int
+	var hosts []int
 	for d, mem := range p.dom.members {
 		if !failedRanks[mem[0]] {
-			hosts, leads = append(hosts, d), append(leads, mem[0])
+			hosts = append(hosts, d)
 		}
 	}
 	if len(hosts) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("; the step is nevertheless committed in the directories of %s (lead ranks %v), where a restore may load it", hostList(hosts), leads)
+	return fmt.Sprintf("; the step is nevertheless committed in %s, where a restore may load it", p.dom.dirList(hosts))
 }

@@ -219,11 +219,18 @@
 // per file, "hosts" (the domains that keep it). A manifest without them
 // means that every file is in its directory. `gorun checkpoint inspect`,
 // verify and ls (Scan, List) on one host's directory therefore check and
-// count the files that directory should hold; one of them missing or
-// damaged there while another host keeps a copy makes the checkpoint
+// count the files that directory should hold. Given the location with
+// "{host}", Scan also checks, in the other hosts' directories beside it,
+// the copies a restore would read: one of this directory's files missing
+// or damaged here while another host's copy verifies makes the checkpoint
 // DEGRADED (Entry.Degraded), not corrupted: the next restore reads the
-// file from another host and writes it back (a damaged copy of the right
-// size is seen only when read: remove it to have it rewritten).
+// file from there and writes it back (a damaged copy of the right size is
+// seen only when read: remove it to have it rewritten); a file of which
+// no copy verifies makes it corrupted, and the restore falls back past
+// it. The copies Scan cannot reach are said to be unchecked
+// (Entry.Unchecked), never taken as good from the manifest. The log line
+// of a re-replication names the directories written (with their host
+// when the path does not say it).
 //
 // # Object storage
 //

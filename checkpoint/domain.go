@@ -3,10 +3,14 @@ package checkpoint
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
+	"os"
 	"slices"
+	"strings"
 
 	"github.com/gorun/gorun/collective"
 )
@@ -15,8 +19,9 @@ import (
 // directories are the same directory (one host's local disk, or a shared
 // filesystem that every rank sees, which makes one domain of the job).
 type domains struct {
-	of      []int   // rank -> its domain
-	members [][]int // domain -> its ranks, ascending; domains ordered by their lowest rank
+	of      []int    // rank -> its domain
+	members [][]int  // domain -> its ranks, ascending; domains ordered by their lowest rank
+	names   []string // domain -> its directory as its lowest rank names it (dirLabel); nil when unknown
 }
 
 func oneDomain(n int) *domains {
@@ -41,6 +46,41 @@ func (d *domains) homes(r, k int) []int {
 		out = append(out, (d.of[r]+i)%d.h())
 	}
 	return out
+}
+
+// dirList names domains by their directories: "the checkpoint directory
+// /x/node2", "the checkpoint directories /x/node1 and /x/node2"; by their
+// numbers when the names are not known ("the checkpoint directories of
+// hosts 1 and 2").
+func (d *domains) dirList(doms []int) string {
+	if len(d.names) != d.h() {
+		if len(doms) == 1 {
+			return "the checkpoint directory of " + hostList(doms)
+		}
+		return "the checkpoint directories of " + hostList(doms)
+	}
+	names := make([]string, len(doms))
+	for i, dom := range doms {
+		names[i] = d.names[dom]
+	}
+	if len(names) == 1 {
+		return "the checkpoint directory " + names[0]
+	}
+	return "the checkpoint directories " + strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
+}
+
+// dirLabel is how this rank's directory dir is named to the user: the
+// path after {host} expansion, prefixed with the host ("node2:/local/ckpt")
+// when the path does not name it (the same path on every host).
+func dirLabel(dir string) string {
+	host := os.Getenv(EnvHost)
+	if host == "" {
+		host, _ = os.Hostname()
+	}
+	if host == "" || strings.Contains(dir, host) {
+		return dir
+	}
+	return host + ":" + dir
 }
 
 // writer is the rank that writes rank r's files in domain dom: r itself in
@@ -77,19 +117,26 @@ func (m *Manager) domains(ctx context.Context) (*domains, error) {
 	name := hex.EncodeToString(tok[:])
 	terr := hs.putToken(name)
 	defer hs.dropToken(name)
-	rec := make([]byte, tokLen+1)
+	// The token, whether it was created, and the length of this rank's
+	// directory's name, which the second allgather carries.
+	label := dirLabel(m.dir)
+	const recLen = tokLen + 1 + 2
+	rec := make([]byte, recLen)
 	copy(rec, name)
 	rec[tokLen] = byte(boolU64(terr == nil))
-	all := make([]byte, (tokLen+1)*n)
+	binary.LittleEndian.PutUint16(rec[tokLen+1:], uint16(min(len(label), math.MaxUint16)))
+	all := make([]byte, recLen*n)
 	// Creating the token is a storage operation: the others may wait for it.
 	if err := m.comm.Allgather(m.ioCtx(ctx), rec, all, collective.Name("checkpoint.domains")); err != nil {
 		return nil, fmt.Errorf("checkpoint: finding which ranks share a checkpoint directory: %w", err)
 	}
 	var bad []int
+	maxLabel := 0
 	for r := range n {
-		if all[r*(tokLen+1)+tokLen] == 0 {
+		if all[r*recLen+tokLen] == 0 {
 			bad = append(bad, r)
 		}
+		maxLabel = max(maxLabel, int(binary.LittleEndian.Uint16(all[r*recLen+tokLen+1:])))
 	}
 	if len(bad) > 0 {
 		if terr != nil {
@@ -99,19 +146,26 @@ func (m *Manager) domains(ctx context.Context) (*domains, error) {
 	}
 	// Every token is created before the allgather returns anywhere, so a
 	// look-up sees every token of the directory.
-	sees := make([]byte, n)
+	seenLen := n + maxLabel
+	sees := make([]byte, seenLen)
 	for r := range n {
-		if hs.hasToken(string(all[r*(tokLen+1) : r*(tokLen+1)+tokLen])) {
+		if hs.hasToken(string(all[r*recLen : r*recLen+tokLen])) {
 			sees[r] = 1
 		}
 	}
-	matrix := make([]byte, n*n)
+	copy(sees[n:], label)
+	matrix := make([]byte, n*seenLen)
 	if err := m.comm.Allgather(m.ioCtx(ctx), sees, matrix, collective.Name("checkpoint.domains.seen")); err != nil {
 		return nil, fmt.Errorf("checkpoint: finding which ranks share a checkpoint directory: %w", err)
 	}
-	dom, err := domainsOf(n, func(r, s int) bool { return matrix[r*n+s] != 0 })
+	dom, err := domainsOf(n, func(r, s int) bool { return matrix[r*seenLen+s] != 0 })
 	if err != nil {
 		return nil, err
+	}
+	for _, mem := range dom.members {
+		r := mem[0]
+		l := int(binary.LittleEndian.Uint16(all[r*recLen+tokLen+1:]))
+		dom.names = append(dom.names, string(matrix[r*seenLen+n:r*seenLen+n+l]))
 	}
 	m.dom, m.domKey = dom, key
 	return dom, nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -25,6 +26,10 @@ type Entry struct {
 	// hold intact copies: a restore reads them from there and writes them
 	// back here. "" when every file this directory should hold verified.
 	Degraded string
+	// Unchecked names the other hosts' copies of a replicated checkpoint
+	// that a restore may need but Scan could not check from here (see
+	// Scan); "" when there are none.
+	Unchecked string
 	// Uploads are the step's incomplete uploads (an object store's
 	// multipart uploads never completed; uploads.go): storage its save
 	// left behind that no object shows. A step may have nothing else.
@@ -48,10 +53,16 @@ type Report struct {
 //
 // In a replicated checkpoint (Manifest.Replicated: each host's directory
 // holds some of the files) Scan checks the files this directory should
-// hold (Manifest.Holds). One of them missing or damaged here while other
-// hosts should hold copies makes the entry Degraded, not corrupted: a
-// restore reads it from another host and writes it back here. Only a file
-// that no other host should hold makes it corrupted.
+// hold (Manifest.Holds). When dir has "{host}", it also looks for the
+// other hosts' directories beside this one (dir with any name for {host})
+// and checks there the copies a restore would read: of the files this
+// directory lacks or holds damaged, and of those only other hosts keep. A
+// file missing or damaged here whose copy on another host verifies makes
+// the entry Degraded, not corrupted: a restore reads it from there and
+// writes it back here. A file of which no copy verifies makes it
+// corrupted (a restore falls back past it). The copies Scan could not
+// reach (dir without "{host}", or another host's directory not found) are
+// said in Unchecked, never taken as good from the manifest.
 //
 // dir may also be an s3:// location; the bucket must then exist. "{host}"
 // in a directory is expanded as New expands it (ExpandHost).
@@ -66,41 +77,83 @@ func Scan(dir string) (*Report, error) {
 	if err != nil {
 		return nil, pkgErr(err)
 	}
-	return scanEntries(entries, func(e *Entry) error { return storeCheckHere(ctx, s, e) }), nil
+	peers := findPeers(dir, s.String())
+	return scanEntries(entries, func(e *Entry) error { return storeCheck(ctx, s, e, peers) }), nil
 }
 
-// storeCheckHere reads e's manifest and verifies the files this location
-// should hold, setting e.Manifest and e.Degraded; the error is why the
-// step cannot be restored.
-func storeCheckHere(ctx context.Context, s Store, e *Entry) error {
+// storeCheck reads e's manifest and verifies the files this location
+// should hold and, for a replicated checkpoint, the other hosts' copies it
+// can reach (peers: the other directories of a "{host}" location; nil when
+// there is none) of the files a restore would read from them. It sets
+// e.Manifest, e.Degraded and e.Unchecked; the error is why the step cannot
+// be restored.
+func storeCheck(ctx context.Context, s Store, e *Entry, peers peerDirs) error {
 	m, err := storeReadManifest(ctx, s, e.Step)
 	e.Manifest = m
 	if err != nil {
 		return err
 	}
-	var heal, damaged []string
+	var dirs map[int]string // the other hosts' copies reachable from here
+	if m.Replicated() && peers != nil {
+		dirs = peers.copies(ctx, m)
+	}
+	var heal, damaged, lost []string
+	unchecked := map[int]bool{}
 	for _, f := range m.Files() {
-		if !m.Holds(f) {
-			continue
-		}
-		err := storeCheckFile(ctx, s, e.Step, f, io.Discard)
-		if err == nil {
-			continue
+		here := m.Holds(f)
+		var herr error
+		if here {
+			if herr = storeCheckFile(ctx, s, e.Step, f, io.Discard); herr == nil {
+				continue
+			}
 		}
 		others := slices.DeleteFunc(slices.Clone(f.Hosts), func(h int) bool { return h == m.Host })
 		if !m.Replicated() || len(others) == 0 {
-			return err
+			return herr // not replicated, every file is here
 		}
-		what := err.Error()
-		if errors.Is(err, fs.ErrNotExist) {
+		if !here && peers == nil {
+			for _, h := range others {
+				unchecked[h] = true
+			}
+			continue // said once, for all the files only other hosts keep
+		}
+		found := checkElsewhere(ctx, e.Step, f, others, dirs)
+		for _, h := range found.unchecked {
+			unchecked[h] = true
+		}
+		var note string
+		switch {
+		case found.good != "":
+			note = "its copy in " + found.good + " verifies"
+		case len(found.unchecked) > 0:
+			note = fmt.Sprintf("%s should keep another copy: not checked", hostList(found.unchecked))
+		}
+		bad := found.bad
+		if here {
+			bad = append([]string{copyProblem(herr, f, "here")}, bad...)
+		}
+		if found.good == "" && len(found.unchecked) == 0 {
+			lost = append(lost, fmt.Sprintf("no intact copy of %s is left (%s)", f.File, strings.Join(bad, "; ")))
+			continue
+		}
+		if !here {
+			continue
+		}
+		what := herr.Error()
+		if errors.Is(herr, fs.ErrNotExist) {
 			what = f.File + " is missing here"
 		}
-		also := map[bool]string{true: "keeps it", false: "keep it"}[len(others) == 1]
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errWrongSize) {
-			heal = append(heal, fmt.Sprintf("%s (%s also %s)", what, hostList(others), also))
-		} else {
-			damaged = append(damaged, fmt.Sprintf("%s (%s also %s)", what, hostList(others), also))
+		if len(found.bad) > 0 {
+			note = strings.Join(found.bad, "; ") + "; " + note
 		}
+		if errors.Is(herr, fs.ErrNotExist) || errors.Is(herr, errWrongSize) {
+			heal = append(heal, fmt.Sprintf("%s (%s)", what, note))
+		} else {
+			damaged = append(damaged, fmt.Sprintf("%s (%s)", what, note))
+		}
+	}
+	if len(lost) > 0 {
+		return errors.New(strings.Join(lost, "; "))
 	}
 	var parts []string
 	if len(heal) > 0 {
@@ -111,6 +164,14 @@ func storeCheckHere(ctx context.Context, s Store, e *Entry) error {
 		parts = append(parts, fmt.Sprintf("%s; a restore uses another host's copy (remove this one, and the next restore writes it back here)", strings.Join(damaged, "; ")))
 	}
 	e.Degraded = strings.Join(parts, "; ")
+	if len(unchecked) > 0 {
+		hs := slices.Sorted(maps.Keys(unchecked))
+		if peers == nil {
+			e.Unchecked = fmt.Sprintf("the copies on %s were not checked (give the location with {host} where the other hosts' directories are reachable, or verify on every host)", hostList(hs))
+		} else {
+			e.Unchecked = fmt.Sprintf("the copies on %s were not checked (no directory of theirs found beside this one)", hostList(hs))
+		}
+	}
 	return nil
 }
 
@@ -124,6 +185,25 @@ func hostList(hs []int) string {
 		parts[i] = strconv.Itoa(h)
 	}
 	return "hosts " + strings.Join(parts[:len(parts)-1], ", ") + " and " + parts[len(parts)-1]
+}
+
+// pickVerified says what was verified of the checkpoint a restore would
+// pick, e, and what was not.
+func pickVerified(e *Entry) string {
+	m := e.Manifest
+	switch {
+	case m == nil || !m.Replicated():
+		return "its checksums verify"
+	case e.Unchecked != "":
+		v := "the files this directory holds verify"
+		if e.Degraded != "" {
+			v = "the files this directory holds verify but for those it lacks or holds damaged"
+		}
+		return v + "; " + e.Unchecked + ", and a restore needs them"
+	case e.Degraded != "":
+		return "the files this directory holds verify but for those it lacks or holds damaged, whose copies on other hosts verify: a restore reads them from there"
+	}
+	return "its checksums verify, here and in the other hosts' directories"
 }
 
 // checkScanDir rejects a path that is not an existing directory.
@@ -154,15 +234,12 @@ func scanEntries(entries []Entry, check func(*Entry) error) *Report {
 		}
 		if e.Problem == "" && r.Pick < 0 {
 			r.Pick = e.Step
-			verified := "its checksums verify"
-			if e.Degraded != "" {
-				verified = "the files this directory holds verify; the ones it lacks or holds damaged are read from other hosts (not checked here)"
-			}
+			verified := pickVerified(e)
 			if len(skipped) == 0 {
 				r.Reason = fmt.Sprintf("step %d is the newest committed checkpoint and %s", e.Step, verified)
 			} else {
 				r.Reason = fmt.Sprintf("step %d is the newest committed checkpoint that verifies (skipped: %s)", e.Step, strings.Join(skipped, "; "))
-				if e.Degraded != "" {
+				if m := e.Manifest; m != nil && m.Replicated() {
 					r.Reason += "; " + verified
 				}
 			}

@@ -59,15 +59,30 @@ func TestReplicatedPerHostView(t *testing.T) {
 	if err := os.WriteFile(blob, []byte("junk"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Given its directory alone, Scan cannot check the other copies, and
+	// says so.
 	r, err := Scan(hosts[1])
 	if err != nil || r.Pick != 40 || r.Entries[0].Problem != "" {
 		t.Fatalf("Scan of the damaged host: %+v %v", r, err)
 	}
-	want := "shard-00001-of-00003.bin is missing here (host 2 also keeps it); rank-00000.state is 4 bytes, manifest says "
-	if d := r.Entries[0].Degraded; !strings.HasPrefix(d, want) || !strings.HasSuffix(d, "(truncated or overwritten) (host 0 also keeps it); the next restore reads them from another host and writes them back here") {
+	want := "shard-00001-of-00003.bin is missing here (host 2 should keep another copy: not checked); rank-00000.state is 4 bytes, manifest says "
+	if d := r.Entries[0].Degraded; !strings.HasPrefix(d, want) || !strings.HasSuffix(d, "(truncated or overwritten) (host 0 should keep another copy: not checked); the next restore reads them from another host and writes them back here") {
 		t.Errorf("Degraded = %q, want it to start %q", d, want)
 	}
-	if !strings.Contains(r.Reason, "the ones it lacks or holds damaged are read from other hosts") {
+	if !strings.Contains(r.Reason, "the copies on hosts 0 and 2 were not checked (give the location with {host}") {
+		t.Errorf("Reason = %q", r.Reason)
+	}
+	// Given with {host}, it checks them beside it.
+	t.Setenv(EnvHost, "host1")
+	r, err = Scan(filepath.Join(filepath.Dir(hosts[1]), "{host}"))
+	if err != nil || r.Pick != 40 || r.Entries[0].Problem != "" || r.Entries[0].Unchecked != "" {
+		t.Fatalf("Scan of {host} as host 1: %+v %v", r, err)
+	}
+	want = "shard-00001-of-00003.bin is missing here (its copy in " + hosts[2] + " verifies); rank-00000.state is 4 bytes, manifest says "
+	if d := r.Entries[0].Degraded; !strings.HasPrefix(d, want) || !strings.HasSuffix(d, "(truncated or overwritten) (its copy in "+hosts[0]+" verifies); the next restore reads them from another host and writes them back here") {
+		t.Errorf("Degraded = %q, want it to start %q", d, want)
+	}
+	if !strings.HasSuffix(r.Reason, "whose copies on other hosts verify: a restore reads them from there") {
 		t.Errorf("Reason = %q", r.Reason)
 	}
 	// The other hosts are fine.
@@ -78,7 +93,7 @@ func TestReplicatedPerHostView(t *testing.T) {
 	}
 	var lb logBuf
 	restoreDirs(t, comms, dirs, 40, 4, WithReplicas(1), WithLogger(lb.logf))
-	if !strings.Contains(lb.String(), "re-replicated 2 file(s) to the checkpoint directories of ranks [1]") {
+	if !strings.Contains(lb.String(), "re-replicated 2 file(s) to the checkpoint directory "+dirLabel(hosts[1])+"\n") {
 		t.Errorf("log:\n%s", lb.String())
 	}
 	if r, err := Scan(hosts[1]); err != nil || r.Entries[0].Degraded != "" || r.Entries[0].Problem != "" {
@@ -99,10 +114,53 @@ func TestReplicatedPerHostView(t *testing.T) {
 	corruptShard(t, hosts[0], 40, 2, "flip")
 	r, err = Scan(hosts[0])
 	if d := r.Entries[0].Degraded; err != nil || r.Pick != 40 || !strings.HasPrefix(d, "shard-00002-of-00003.bin has sha256 ") ||
-		!strings.HasSuffix(d, "(bit rot or a torn write) (host 2 also keeps it); a restore uses another host's copy (remove this one, and the next restore writes it back here)") {
+		!strings.HasSuffix(d, "(bit rot or a torn write) (host 2 should keep another copy: not checked); a restore uses another host's copy (remove this one, and the next restore writes it back here)") {
 		t.Errorf("Scan with a flipped bit: %+v %v", r, err)
 	}
 	restoreDirs(t, comms, dirs, 40, 4, WithReplicas(1))
+}
+
+// A shard lost on both hosts that keep it (3 hosts, one replica): Scan of
+// any host's directory given with {host} checks the other hosts' copies
+// and finds none left, so it says the step is corrupted and picks the
+// previous one, as the restore does; given one directory alone, it does
+// not take the other copy as good from the manifest, but says it is not
+// checked.
+func TestScanChecksOtherHostsCopies(t *testing.T) {
+	dirs, hosts := hostDirs(t, 0, 1, 2)
+	comms := newJob(t, 3)
+	mustAll(t, saveDirs(comms, dirs, 10, same(1), WithReplicas(1)))
+	mustAll(t, saveDirs(comms, dirs, 20, same(2), WithReplicas(1)))
+	for _, h := range []string{hosts[1], hosts[2]} {
+		if err := os.Remove(filepath.Join(StepDir(h, 20), shardName(1, 3))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	loc := filepath.Join(filepath.Dir(hosts[0]), "{host}")
+	for host, want := range map[string]string{
+		"host1": "corrupted: no intact copy of shard-00001-of-00003.bin is left (missing here; missing in " + hosts[2] + ")",
+		"host0": "corrupted: no intact copy of shard-00001-of-00003.bin is left (missing in " + hosts[1] + "; missing in " + hosts[2] + ")",
+	} {
+		t.Setenv(EnvHost, host)
+		r, err := Scan(loc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("Scan as %s: step 20: %s; %s", host, r.Entries[0].Problem, r.Reason)
+		if r.Entries[0].Problem != want || r.Pick != 10 || !strings.HasPrefix(r.Reason, "step 10 is the newest committed checkpoint that verifies (skipped: step 20 corrupted: no intact copy of ") {
+			t.Errorf("Scan as %s: step 20 %q, pick %d: %s; want %q and step 10", host, r.Entries[0].Problem, r.Pick, r.Reason, want)
+		}
+	}
+	r, err := Scan(hosts[1])
+	if err != nil || r.Pick != 20 || !strings.Contains(r.Entries[0].Degraded, "shard-00001-of-00003.bin is missing here (host 2 should keep another copy: not checked)") ||
+		!strings.Contains(r.Reason, "the copies on hosts 0 and 2 were not checked") {
+		t.Errorf("Scan of host 1's directory alone: %+v %v", r, err)
+	}
+	var lb logBuf
+	restoreDirs(t, comms, dirs, 10, 1, WithReplicas(1), WithLogger(lb.logf))
+	if !strings.Contains(lb.String(), "skipping the checkpoint of step 20") {
+		t.Errorf("the restore did not skip step 20:\n%s", lb.String())
+	}
 }
 
 // Without replicas a file missing from its only host is corruption.

@@ -36,7 +36,10 @@ func saveDirs(comms []*collective.Comm, dirs []string, step int64, v func(r int)
 		}
 		s := newRankState(r)
 		s.fill(v(r), r)
-		return m.Save(context.Background(), step, s.st)
+		if err := m.Save(context.Background(), step, s.st); err != nil {
+			return err
+		}
+		return m.Wait(context.Background()) // retention, in the background
 	})
 }
 
@@ -114,7 +117,7 @@ func TestReplicatedTwoDomains(t *testing.T) {
 	}
 	var lb logBuf
 	restoreDirs(t, comms, dirs, 2, 2, WithLogger(lb.logf))
-	if !strings.Contains(lb.String(), "step 2: re-replicated 8 file(s) to the checkpoint directories of ranks [2 3]") {
+	if !strings.Contains(lb.String(), "step 2: re-replicated 8 file(s) to the checkpoint directory "+dirLabel(hosts[1])+"\n") {
 		t.Errorf("log:\n%s", lb.String())
 	}
 	if r, err := Scan(hosts[1]); err != nil || r.Pick != 2 || r.Entries[0].Problem != "" {
@@ -127,7 +130,7 @@ func TestReplicatedTwoDomains(t *testing.T) {
 	}
 	lb = logBuf{}
 	restoreDirs(t, comms, dirs, 2, 2, WithLogger(lb.logf))
-	if !strings.Contains(lb.String(), "step 2: re-replicated 0 file(s) to the checkpoint directories of ranks [0 1]") {
+	if !strings.Contains(lb.String(), "step 2: re-replicated 0 file(s) to the checkpoint directory "+dirLabel(hosts[0])+"\n") {
 		t.Errorf("log:\n%s", lb.String())
 	}
 	checkHolds(t, hosts[0], 2, 0, 1, 2, 3)
@@ -152,7 +155,7 @@ func TestReplicatedThreeDomainsOneReplica(t *testing.T) {
 	var lb logBuf
 	restoreDirs(t, comms, dirs, 40, 4, WithReplicas(1), WithLogger(lb.logf))
 	checkHolds(t, hosts[1], 40, 1, 0)
-	if !strings.Contains(lb.String(), "re-replicated 4 file(s) to the checkpoint directories of ranks [1]") {
+	if !strings.Contains(lb.String(), "re-replicated 4 file(s) to the checkpoint directory "+dirLabel(hosts[1])+"\n") {
 		t.Errorf("log:\n%s", lb.String())
 	}
 	// Two of three hosts lost: rank 1's files were on hosts 1 and 2 only.

@@ -166,7 +166,7 @@ func (m *Manager) rereplicate(ctx context.Context, st *State, dom *domains, man 
 		return err
 	}
 	if rank == 0 {
-		var ranks []int
+		var doms []int
 		files := 0
 		for _, j := range jobs {
 			if flags[dom.members[j.dom][0]] == 0 {
@@ -175,12 +175,11 @@ func (m *Manager) rereplicate(ctx context.Context, st *State, dom *domains, man 
 		}
 		for _, d := range slices.Sorted(maps.Keys(targets)) {
 			if flags[dom.members[d][0]] == 0 {
-				ranks = append(ranks, dom.members[d]...)
+				doms = append(doms, d)
 			}
 		}
-		slices.Sort(ranks)
-		if len(ranks) > 0 {
-			m.logf("checkpoint: step %d: re-replicated %d file(s) to the checkpoint directories of ranks %v", man.Step, files, ranks)
+		if len(doms) > 0 {
+			m.logf("checkpoint: step %d: re-replicated %d file(s) to %s", man.Step, files, dom.dirList(doms))
 		}
 	}
 	return nil

@@ -554,7 +554,7 @@ func TestRereplicateRecordsOnlyVerifiedHolders(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(StepDir(hosts[2], 1), ManifestName)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("host 2 got a manifest: %v", err)
 	}
-	if !strings.Contains(lb.String(), "re-replicated 6 file(s) to the checkpoint directories of ranks [1]") ||
+	if !strings.Contains(lb.String(), "re-replicated 6 file(s) to the checkpoint directory of host 1\n") ||
 		!strings.Contains(lb.String(), "rank 2: step 1: re-replicating: ") {
 		t.Errorf("log:\n%s", lb.String())
 	}

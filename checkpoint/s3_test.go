@@ -250,7 +250,7 @@ func TestDirStoreReadsDirectoryCheckpoints(t *testing.T) {
 	if err != nil || len(entries) != 1 || !entries[0].Committed || entries[0].Step != 3 {
 		t.Fatalf("storeSteps: %v %+v", err, entries)
 	}
-	if err := storeCheckHere(context.Background(), DirStore(dir), &Entry{Step: 3}); err != nil {
+	if err := storeCheck(context.Background(), DirStore(dir), &Entry{Step: 3}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := storeDeleteStep(context.Background(), DirStore(dir), 3, nil, false); err != nil {

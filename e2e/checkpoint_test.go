@@ -553,6 +553,7 @@ func makeReplicated(t *testing.T, base string, k int, hostOf []int, steps ...int
 					return
 				}
 			}
+			errs[r] = m.Wait(ctx) // retention, in the background
 		}()
 	}
 	wg.Wait()
@@ -562,9 +563,54 @@ func makeReplicated(t *testing.T, base string, k int, hostOf []int, steps ...int
 	return hosts
 }
 
+// restoreReplicated restores what makeReplicated saved, with an in-process
+// job of len(hostOf) ranks, and returns the step restored and what the
+// ranks logged.
+func restoreReplicated(t *testing.T, hosts []string, k int, hostOf []int) (int64, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	np := len(hostOf)
+	job, err := collective.StartLocal(ctx, np)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer job.Close()
+	var mu sync.Mutex
+	var log strings.Builder
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(&log, format+"\n", args...)
+	}
+	steps := make([]int64, np)
+	errs := make([]error, np)
+	var wg sync.WaitGroup
+	for r, comm := range job.Comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := make([]float32, 300)
+			var pos int64
+			st := new(checkpoint.State).Tensor("w", w).Int64("pos", &pos)
+			m, err := checkpoint.New(comm, hosts[hostOf[r]], checkpoint.WithReplicas(k), checkpoint.WithLogger(logf))
+			if err == nil {
+				steps[r], _, err = m.Restore(ctx, st)
+			}
+			errs[r] = err
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return steps[0], log.String()
+}
+
 // On one host's directory of a replicated checkpoint (3 hosts, k=1) ls,
-// inspect and verify show what that directory holds and check only that;
-// a file missing there is DEGRADED (exit 2), not corrupted.
+// inspect and verify show what that directory holds; a file missing there
+// is DEGRADED (exit 2), not corrupted, when another host's copy verifies,
+// which they check in the directories beside it when given "{host}".
 func TestCheckpointReplicatedHostView(t *testing.T) {
 	base := t.TempDir()
 	hosts := makeReplicated(t, base, 1, []int{0, 1, 2}, 10, 20)
@@ -585,7 +631,7 @@ func TestCheckpointReplicatedHostView(t *testing.T) {
 		"  status: ok (checksums verified; this directory holds 4 of 6 files, host 1 of 3; each file is on 2 hosts)\n",
 		"  world size 3, 1200 bytes of tensors, ",
 		" of which this directory holds ",
-		"restore would pick step 20: step 20 is the newest committed checkpoint and its checksums verify\n",
+		"restore would pick step 20: step 20 is the newest committed checkpoint and its checksums verify, here and in the other hosts' directories\n",
 	} {
 		if code != 0 || stderr != "" || !strings.Contains(stdout, w) {
 			t.Errorf("inspect: exit %d, stdout lacks %q\nstdout:\n%s\nstderr:\n%s", code, w, stdout, stderr)
@@ -598,9 +644,9 @@ func TestCheckpointReplicatedHostView(t *testing.T) {
 	}
 	stdout, stderr, code = run(t, env, gorunBin, "checkpoint", "verify", loc)
 	t.Logf("verify with a file missing:\n%s%s", stdout, stderr)
-	want := "step 20  DEGRADED (this directory holds 4 of 6 files, host 1 of 3; each file is on 2 hosts): shard-00001-of-00003.bin is missing here (host 2 also keeps it); the next restore reads it from another host and writes it back here\n" +
+	want := "step 20  DEGRADED (this directory holds 4 of 6 files, host 1 of 3; each file is on 2 hosts): shard-00001-of-00003.bin is missing here (its copy in " + hosts[2] + " verifies); the next restore reads it from another host and writes it back here\n" +
 		"step 10  ok (checksums verified; this directory holds 4 of 6 files, host 1 of 3; each file is on 2 hosts)\n" +
-		"restore would pick step 20: step 20 is the newest committed checkpoint and the files this directory holds verify; the ones it lacks or holds damaged are read from other hosts (not checked here)\n"
+		"restore would pick step 20: step 20 is the newest committed checkpoint and the files this directory holds verify but for those it lacks or holds damaged, whose copies on other hosts verify: a restore reads them from there\n"
 	if stdout != want {
 		t.Errorf("verify:\n%s\nwant:\n%s", stdout, want)
 	}
@@ -615,5 +661,49 @@ func TestCheckpointReplicatedHostView(t *testing.T) {
 	stdout, stderr, code = run(t, nil, gorunBin, "checkpoint", "verify", hosts[2])
 	if code != 0 || !strings.Contains(stdout, "step 20  ok (checksums verified; this directory holds 4 of 6 files, host 2 of 3; each file is on 2 hosts)") {
 		t.Errorf("verify of host 2: exit %d\n%s%s", code, stdout, stderr)
+	}
+}
+
+// A shard lost on both hosts that keep it (3 hosts, k=1): gorun checkpoint
+// verify of any host's directory, given with {host}, checks the other
+// hosts' copies, finds none left, says the step is CORRUPTED and that a
+// restore would pick the step before, and the restore does. Given one
+// host's directory alone, it does not claim the other copy is there: it
+// says it was not checked.
+func TestCheckpointReplicatedVerifyAgreesWithRestore(t *testing.T) {
+	base := t.TempDir()
+	hostOf := []int{0, 1, 2}
+	hosts := makeReplicated(t, base, 1, hostOf, 10, 20)
+	for _, h := range hosts[1:] {
+		if err := os.Remove(filepath.Join(h, "step-000000000020", "shard-00001-of-00003.bin")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	loc := filepath.Join(base, "{host}")
+	for host, lost := range map[string]string{
+		"host1": "missing here; missing in " + hosts[2],
+		"host0": "missing in " + hosts[1] + "; missing in " + hosts[2],
+	} {
+		stdout, stderr, code := run(t, []string{"GORUN_HOST=" + host}, gorunBin, "checkpoint", "verify", loc)
+		t.Logf("verify as %s:\n%s%s", host, stdout, stderr)
+		want := "step 20  CORRUPTED: no intact copy of shard-00001-of-00003.bin is left (" + lost + ")\n"
+		pick := "restore would pick step 10: step 10 is the newest committed checkpoint that verifies (skipped: step 20 corrupted: no intact copy of shard-00001-of-00003.bin is left"
+		if code != 1 || !strings.HasPrefix(stdout, want) || !strings.Contains(stdout, pick) {
+			t.Errorf("verify as %s: exit %d\n%s\nwant exit 1, %q and %q", host, code, stdout, want, pick)
+		}
+	}
+	stdout, _, code := run(t, nil, gorunBin, "checkpoint", "verify", hosts[1])
+	t.Logf("verify of %s alone:\n%s", hosts[1], stdout)
+	for _, w := range []string{
+		"shard-00001-of-00003.bin is missing here (host 2 should keep another copy: not checked)",
+		"restore would pick step 20: step 20 is the newest committed checkpoint and the files this directory holds verify but for those it lacks or holds damaged; the copies on hosts 0 and 2 were not checked (give the location with {host} where the other hosts' directories are reachable, or verify on every host), and a restore needs them\n",
+	} {
+		if code != 2 || !strings.Contains(stdout, w) {
+			t.Errorf("verify of one directory: exit %d, stdout lacks %q", code, w)
+		}
+	}
+	step, log := restoreReplicated(t, hosts, 1, hostOf)
+	if step != 10 || !strings.Contains(log, "skipping the checkpoint of step 20") {
+		t.Errorf("restore: step %d, want 10 after skipping step 20; log:\n%s", step, log)
 	}
 }

@@ -104,10 +104,10 @@ func TestMultiHostCheckpointReplicas(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, fmt.Sprintf("resumed from the checkpoint of step %d\n", s1)) {
 		t.Fatalf("rerun after %s lost its directory: exit %d, want a resume from step %d\nstdout:\n%s\nstderr:\n%s", h0.IP, code, s1, stdout, stderr)
 	}
-	reRE := regexp.MustCompile(fmt.Sprintf(`checkpoint: step %d: re-replicated (\d+) file\(s\) to the checkpoint directories of ranks \[0 1\]`, s1))
+	reRE := regexp.MustCompile(fmt.Sprintf(`checkpoint: step %d: re-replicated (\d+) file\(s\) to the checkpoint directory %s\n`, s1, regexp.QuoteMeta(hostDir("job", h0))))
 	m := reRE.FindStringSubmatch(stderr)
 	if m == nil {
-		t.Errorf("stderr lacks the re-replication of step %d to ranks [0 1] (%s):\n%s", s1, h0.IP, stderr)
+		t.Errorf("stderr lacks the re-replication of step %d to %s:\n%s", s1, hostDir("job", h0), stderr)
 	} else {
 		t.Logf("gorun said: %s", m[0])
 		if m[1] != fmt.Sprint(len(lost)-1) {

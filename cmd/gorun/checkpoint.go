@@ -23,8 +23,15 @@ its own ranks and of the k hosts before it: it checks those, and says so
 hosts"). A file that should be here but is missing or damaged, while other
 hosts keep copies, is not corruption: the checkpoint says DEGRADED, the
 next restore reads the file from another host and writes it back here,
-and the command exits 2 (when nothing is corrupted). Run it on every host
-to check every copy.`
+and the command exits 2 (when nothing is corrupted). Given with "{host}"
+(quoted from the shell), it also checks the other hosts' copies in the
+directories beside this one (the location with another name for {host}:
+a shared filesystem, or the hosts' disks mounted side by side): those of
+the files this directory lacks or holds damaged, and those only other
+hosts keep. A file of which no copy verifies is corruption, and the
+restore falls back past the step, as verify then says. The copies it
+cannot reach are said to be unchecked: run it on every host to check
+every copy.`
 
 // s3Help is what every checkpoint subcommand says of its LOCATION.
 const s3Help = `LOCATION may be s3://bucket/prefix, with the AWS environment described in
@@ -462,12 +469,14 @@ func (o *optionalInt) Type() string { return "int" }
 // scanAndReport scans loc, prints the report with print, and turns what it
 // found into the exit status: corrupted checkpoints (1), with needPick no
 // checkpoint that verifies (1), checkpoints only degraded here (2).
-func scanAndReport(cmd *cobra.Command, loc string, print func(io.Writer, string, *checkpoint.Report) (corrupt, degraded int), needPick bool) error {
-	loc, err := location(loc)
+func scanAndReport(cmd *cobra.Command, given string, print func(io.Writer, string, *checkpoint.Report) (corrupt, degraded int), needPick bool) error {
+	loc, err := location(given)
 	if err != nil {
 		return err
 	}
-	r, err := checkpoint.Scan(loc)
+	// Scan gets "{host}" unexpanded: it checks the other hosts' copies of
+	// a replicated checkpoint in the directories beside this one.
+	r, err := checkpoint.Scan(given)
 	if err != nil {
 		return err
 	}
