@@ -257,8 +257,9 @@ func (m *Manager) checkFreeSpace(p *plan, own *ownProposal, props []proposal, as
 			margin = max(needs[d]/10, 1<<20)
 		}
 		if uint64(needs[d]+margin) > minFree {
-			return failed(p.step, async, fmt.Errorf("not enough disk space in %s: the checkpoint needs %s plus a margin of %s, but rank %d sees only %s free; nothing was written",
-				m.dir, human(needs[d]), human(margin), minRank, human(int64(minFree))))
+			// Every rank sees it; a restart would see it again.
+			return failed(p.step, async, &recurring{"is full (not enough free space for a checkpoint)", fmt.Errorf("not enough disk space in %s: the checkpoint needs %s plus a margin of %s, but rank %d sees only %s free; nothing was written",
+				m.dir, human(needs[d]), human(margin), minRank, human(int64(minFree)))})
 		}
 	}
 	return nil

@@ -113,7 +113,8 @@ func (fl *inflight) commitErr() error {
 // (Wait), or with WithSkipIfBusy skips this save on every rank while any
 // rank is still writing the previous one. An error of the previous save is
 // returned here, as by Poll and Wait, and this save does not start.
-func (m *Manager) SaveAsync(ctx context.Context, step int64, st *State) error {
+func (m *Manager) SaveAsync(ctx context.Context, step int64, st *State) (err error) {
+	defer func() { err = m.mark(err) }() // for NoRestart
 	p, err := m.begin(ctx, step, st, true)
 	if err != nil || p == nil {
 		return err
@@ -182,7 +183,7 @@ func (m *Manager) InFlight() (step int64, ok bool) {
 // since the save began, Poll abandons it without a collective, with one
 // line in the log: the previous checkpoint is kept.
 func (m *Manager) Poll(ctx context.Context) error {
-	return m.poll(ctx, false, true)
+	return m.mark(m.poll(ctx, false, true))
 }
 
 // poll is Poll; force issues the allreduce whatever the count (Wait, on
@@ -294,7 +295,7 @@ func (m *Manager) Wait(ctx context.Context) error {
 	if rerr := m.waitRetention(ctx); err == nil {
 		err = rerr
 	}
-	return err
+	return m.mark(err)
 }
 
 // settle is Wait without the wait for retention: it ends the save in

@@ -256,6 +256,17 @@
 // step's, and retention aborts those of the steps up to the saved one and
 // of later steps older than WithStaleUploadAge (default an hour).
 //
+// # Failures a restart would meet again
+//
+// Checkpoint storage that is full (the free-space check, or a write that
+// finds no space left), over its quota, read-only, refusing access or the
+// S3 credentials, or without its bucket fails a restarted job the same
+// way. NoRestart recognises such an error from New, Save, SaveAsync, Poll,
+// Wait or Restore, on the ranks that met it, and says why ("checkpoint
+// storage at /ckpt is full (no space left on device)"); a rank that prints
+// that and exits with ExitNoRestart makes gorun --max-restarts end the job
+// instead of restarting it.
+//
 // # Restore
 //
 // Restore is collective, and every rank takes part in reading:

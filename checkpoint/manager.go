@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -149,7 +150,8 @@ func New(comm *collective.Comm, dir string, opts ...Option) (*Manager, error) {
 	defer cancel()
 	s, err := openForJob(ctx, dir)
 	if err != nil {
-		return nil, err
+		loc, _ := ExpandHost(dir)
+		return nil, markAt(cmp.Or(loc, dir), err) // for NoRestart
 	}
 	m.store, m.dir = s, s.String()
 	return m, nil

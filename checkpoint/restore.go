@@ -61,6 +61,7 @@ const maxCandidates = 16
 // they must be re-initialized before the job starts fresh. An asynchronous
 // save in flight is committed first (Wait).
 func (m *Manager) Restore(ctx context.Context, st *State) (step int64, found bool, err error) {
+	defer func() { err = m.mark(err) }() // for NoRestart
 	if st.err != nil {
 		return 0, false, st.err
 	}

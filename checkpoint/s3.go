@@ -116,7 +116,7 @@ func openS3(ctx context.Context, loc string) (*s3Store, error) {
 			if p := os.Getenv("AWS_PROFILE"); p != "" {
 				msg = fmt.Sprintf("%s: the credentials of AWS_PROFILE %q could not be loaded (%s): check the profile in ~/.aws, or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", s.loc, p, s3Cause(err))
 			}
-			return nil, pkgErr(&s3Error{err: err, msg: msg})
+			return nil, pkgErr(&s3Error{err: err, msg: msg, recur: "has no credentials that load"})
 		}
 	}
 	if cfg.Region == "" {
@@ -152,25 +152,27 @@ func (s *s3Store) err(op, key string, err error) error {
 	if key != "" {
 		what += "/" + key
 	}
-	short := func(format string, args ...any) error {
+	short := func(format string, args ...any) *s3Error {
 		return &s3Error{msg: fmt.Sprintf(format, args...), err: err}
 	}
+	recurring := func(recur string, e *s3Error) error { e.recur = recur; return e }
 	var ae smithy.APIError
 	if errors.As(err, &ae) {
-		switch ae.ErrorCode() {
+		noBucket := fmt.Sprintf("has no bucket %q", s.bucket)
+		switch code := ae.ErrorCode(); code {
 		case "NoSuchBucket":
-			return short("%s: %s: bucket %q does not exist on %s: create it, or fix the location", what, op, s.bucket, s.where)
+			return recurring(noBucket, short("%s: %s: bucket %q does not exist on %s: create it, or fix the location", what, op, s.bucket, s.where))
 		case "NotFound":
 			if key == "" {
-				return short("%s: %s: bucket %q does not exist on %s: create it, or fix the location", what, op, s.bucket, s.where)
+				return recurring(noBucket, short("%s: %s: bucket %q does not exist on %s: create it, or fix the location", what, op, s.bucket, s.where))
 			}
 			return fmt.Errorf("%s: %w", key, fs.ErrNotExist)
 		case "NoSuchKey":
 			return fmt.Errorf("%s: %w", key, fs.ErrNotExist)
 		case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden", "InvalidToken", "ExpiredToken", "InvalidClientTokenId":
-			return short("%s: %s: %s refused the credentials (%s): check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's permissions", what, op, s.where, ae.ErrorCode())
+			return recurring("refuses the credentials ("+code+")", short("%s: %s: %s refused the credentials (%s): check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's permissions", what, op, s.where, code))
 		case "QuotaExceeded", "EntityTooLarge", "InsufficientStorage", "XMinioStorageFull":
-			return short("%s: %s: the S3 service is out of space or quota (%s): free space or raise the quota", what, op, ae.ErrorCode())
+			return recurring("is out of space or quota ("+code+")", short("%s: %s: the S3 service is out of space or quota (%s): free space or raise the quota", what, op, code))
 		}
 	}
 	return short("%s: %s: %s (%s)", what, op, s3Cause(err), s.where)
@@ -180,8 +182,9 @@ func (s *s3Store) err(op, key string, err error) error {
 // the cause in a few words) over the SDK's own (err), which carries the
 // request, the attempts and the whole chain.
 type s3Error struct {
-	msg string
-	err error
+	msg   string
+	err   error
+	recur string // what the store is, when a restart would fail the same way (recurs): "refuses the credentials (AccessDenied)"
 }
 
 func (e *s3Error) Error() string { return e.msg }
@@ -412,8 +415,12 @@ func (s *s3Store) putMultipart(ctx context.Context, key string, size int64, data
 	defer cancel()
 	_, err = s.client.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{Bucket: bucket, Key: okey, UploadId: id})
 	if err != nil && !noSuchUpload(err) {
-		return &s3Error{msg: fmt.Sprintf("%v; aborting the multipart upload also failed (%s): its parts stay on the server until gorun checkpoint rm, or the job's next save, aborts them",
+		e := &s3Error{msg: fmt.Sprintf("%v; aborting the multipart upload also failed (%s): its parts stay on the server until gorun checkpoint rm, or the job's next save, aborts them",
 			failed, s3Cause(err)), err: failed}
+		if fe := (*s3Error)(nil); errors.As(failed, &fe) {
+			e.recur = fe.recur
+		}
+		return e
 	}
 	return failed
 }

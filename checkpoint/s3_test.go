@@ -182,6 +182,9 @@ func TestS3WrongCredentials(t *testing.T) {
 			t.Errorf("error lacks %q: %v", want, err)
 		}
 	}
+	if why, ok := NoRestart(err); !ok || !strings.HasPrefix(why, "checkpoint storage at s3://ckpt/job refuses the credentials (") {
+		t.Errorf("NoRestart: %q, %v", why, ok)
+	}
 	if _, err := Scan("s3://ckpt/job"); err == nil || !strings.Contains(err.Error(), "refused the credentials") {
 		t.Errorf("Scan: %v", err)
 	}
@@ -201,6 +204,9 @@ func TestS3MissingBucket(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q: %v", want, err)
 		}
+	}
+	if why, ok := NoRestart(err); !ok || why != `checkpoint storage at s3://no-such-bucket/job has no bucket "no-such-bucket"` {
+		t.Errorf("NoRestart: %q, %v", why, ok)
 	}
 }
 

@@ -23,7 +23,8 @@ import (
 // first (Wait), and its error, if any, is returned instead. A step that is
 // already committed (saved again after Restore returned it) is not saved
 // again: Save logs it and returns nil.
-func (m *Manager) Save(ctx context.Context, step int64, st *State) error {
+func (m *Manager) Save(ctx context.Context, step int64, st *State) (err error) {
+	defer func() { err = m.mark(err) }()    // for NoRestart
 	p, err := m.begin(ctx, step, st, false) // steps 1 and 2
 	if err != nil || p == nil {
 		return err

@@ -22,6 +22,16 @@
 // checkpoints. gorun's values override the same names in gorun's own
 // environment and in Job.Env.
 //
+// # Restarts
+//
+// Job.MaxRestarts relaunches the whole job after a failure, the ranks
+// seeing GORUN_RESTART_COUNT, unless a rank of the failed attempt exited
+// with ExitNoRestart (78): it says that its failure would happen again
+// (package checkpoint gives rank programs NoRestart and the same status for
+// checkpoint storage that is full, read-only, refuses access or
+// credentials, or has no bucket). Run then logs why it does not restart,
+// quoting that rank's last line of stderr, and returns a *NoRestartError.
+//
 // # Remote ranks
 //
 // Job.Hosts are filled in order. Ranks on the launching host (IsLocalHost)

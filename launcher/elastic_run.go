@@ -141,10 +141,10 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, n
 	if ee, ok := err.(*ElasticError); ok {
 		ee.Lost = slices.Clone(e.lost)
 	}
-	if err != nil {
-		return err
+	if err == nil {
+		err = e.outcome()
 	}
-	return e.outcome()
+	return noRestart(err, e.procs)
 }
 
 // startRendezvous starts the elastic rendezvous, with the job key of

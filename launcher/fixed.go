@@ -73,5 +73,5 @@ func runFixed(ctx context.Context, job Job, lay *layout, files *outputFiles, num
 	if errors.As(err, &re) {
 		re.Lost = lostRank(a.departures.firstAbort(), a.procs)
 	}
-	return err
+	return noRestart(err, a.procs)
 }

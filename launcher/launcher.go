@@ -1,6 +1,7 @@
 // What a job is (Job) and how gorun runs it (Run): checking the job,
 // laying it out on its hosts, and running attempts of it until one
-// succeeds or --max-restarts is spent.
+// succeeds, --max-restarts is spent, or a rank says that a restart would
+// fail the same way (ExitNoRestart).
 
 package launcher
 
@@ -23,7 +24,7 @@ type Job struct {
 	Timeout      time.Duration // collective timeout handed to ranks (GORUN_TIMEOUT); 0 = their default
 	StartTimeout time.Duration // every rank must register within this; 0 = 30 s
 	Grace        time.Duration // between SIGTERM and SIGKILL when stopping ranks; 0 = 5 s
-	MaxRestarts  int           // relaunch the whole job this many times after a failure
+	MaxRestarts  int           // relaunch the whole job this many times after a failure (not after a rank exits with ExitNoRestart)
 
 	// Elastic, if set, makes the job elastic (see Elastic): a rank's
 	// failure, once the job runs, costs a membership change instead of the
@@ -128,6 +129,11 @@ func Run(ctx context.Context, job Job) error {
 		}
 		var he *HostError
 		if errors.As(err, &he) {
+			return err
+		}
+		var nr *NoRestartError
+		if errors.As(err, &nr) {
+			job.Logf("%s", nr.why(job.MaxRestarts))
 			return err
 		}
 		job.Logf("restart %d of %d (GORUN_RESTART_COUNT=%d) after failure: %v", attempt+1, job.MaxRestarts, attempt+1, err)

@@ -147,7 +147,8 @@ Flags:
       The time between SIGTERM and SIGKILL when stopping ranks.
   --max-restarts K
       Relaunch the whole job after a failure, up to K times (ranks see
-      GORUN_RESTART_COUNT).
+      GORUN_RESTART_COUNT); not when a rank exits with status 78, which
+      says a restart would fail the same way (gorun help checkpoints).
   --bind-to auto|none
       Bind each rank to its share of its host's cores: auto (the default:
       when the host has at least as many cores as ranks, as mpirun's
@@ -404,4 +405,10 @@ host: "{host}" in the directory, which each rank expands with its
 GORUN_HOST). A negative k is refused before anything starts.
 
 gorun checkpoint (inspect, ls, verify, rm) looks at, verifies and removes
-the checkpoints a job wrote: gorun checkpoint --help.`
+the checkpoints a job wrote: gorun checkpoint --help.
+
+A rank whose checkpoint storage fails in a way a restart would meet again
+(full, over its quota, read-only, refusing access or the S3 credentials,
+no bucket: checkpoint.NoRestart) exits with status 78
+(checkpoint.ExitNoRestart) after a line that says so; gorun --max-restarts
+then ends the job without restarting it, quoting that line.`

@@ -302,6 +302,19 @@ func humanBytes(n int64) string {
 	return fmt.Sprintf("%d B", n)
 }
 
+// exitStatus is the exit status of a run that failed with err:
+// checkpoint.ExitNoRestart, after a line that says why, when its checkpoint
+// storage failed in a way a restart would meet again (full, read-only,
+// refusing the credentials, no bucket), so that gorun --max-restarts does
+// not restart the job; else 1.
+func exitStatus(err error) int {
+	if why, ok := checkpoint.NoRestart(err); ok {
+		fmt.Fprintf(os.Stderr, "mnist: %s; a restart would fail the same way\n", why)
+		return checkpoint.ExitNoRestart
+	}
+	return 1
+}
+
 // failAt makes the last rank exit at --fail-at-step on the job's first
 // launch, to try resuming under gorun --max-restarts.
 func failAt(cfg *Config, step, rank, size int) error {

@@ -230,7 +230,7 @@ func main() {
 	}
 	if err := Train(ctx, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "mnist:", err)
-		os.Exit(1)
+		os.Exit(exitStatus(err))
 	}
 }
 

@@ -74,8 +74,19 @@ func envInt(name string, def int) int {
 	return def
 }
 
+// fatal ends the rank, saying why; a checkpoint failure among args that a
+// restart would meet again ends it with checkpoint.ExitNoRestart, after a
+// last line that says so, as gorun wants it.
 func fatal(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "ckptprog: "+format+"\n", args...)
+	for _, a := range args {
+		if err, ok := a.(error); ok {
+			if why, ok := checkpoint.NoRestart(err); ok {
+				fmt.Fprintf(os.Stderr, "ckptprog: %s; a restart would fail the same way\n", why)
+				os.Exit(checkpoint.ExitNoRestart)
+			}
+		}
+	}
 	os.Exit(1)
 }
 
