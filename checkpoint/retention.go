@@ -65,9 +65,10 @@ func (m *Manager) startRetention(ctx context.Context, step int64) {
 		case err == nil:
 		case errors.Is(err, errHook):
 			r.err = err
-		case errors.As(context.Cause(rctx), &cut) && !r.deleting.Load():
-			// Cut short while it was still listing (the next save came
-			// at once): it deleted nothing, and the next one lists again.
+		case errors.As(context.Cause(rctx), &cut) && (!r.deleting.Load() || err == context.Cause(rctx)):
+			// Cut short while it was still listing, or between two
+			// deletions, not while the store kept it waiting (the next
+			// save came at once): the next one goes on with it.
 		default:
 			// The location is said once, before the cause.
 			cause := strings.TrimPrefix(causeOf(err, m.dir), m.dir+"/")

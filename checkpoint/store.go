@@ -289,6 +289,9 @@ func storeDeleteStep(ctx context.Context, s Store, step int64, afterManifest fun
 	var errs []error
 	for _, k := range keys {
 		if ctx.Err() != nil {
+			if len(errs) == 0 {
+				return context.Cause(ctx) // as it is: a cut, no failure
+			}
 			return errors.Join(append(errs, context.Cause(ctx))...)
 		}
 		if err := s.Delete(ctx, k); err != nil {
