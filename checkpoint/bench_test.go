@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/internal/testenv/s3test"
@@ -240,6 +242,7 @@ type asyncSave struct {
 	// on a loaded machine).
 	minPoll time.Duration
 	each    []time.Duration // this rank's Polls
+	colls   int             // the collectives the Polls issued (on every rank alike)
 }
 
 // saveAsync runs SaveAsync(step) on every rank, then one Poll per
@@ -256,6 +259,7 @@ func (j *benchJob) saveAsync(b *testing.B, mgrs []*Manager, step int64) asyncSav
 		}
 		a := &per[r]
 		a.stall = time.Since(t0)
+		before := j.comms[r].Stats().Collectives
 		// Every rank ends the save in the same Poll.
 		for m.flight != nil {
 			time.Sleep(*trainStep)
@@ -269,6 +273,7 @@ func (j *benchJob) saveAsync(b *testing.B, mgrs []*Manager, step int64) asyncSav
 			a.each = append(a.each, a.last)
 			a.polls++
 		}
+		a.colls = int(j.comms[r].Stats().Collectives - before)
 		a.persist, a.stats, a.man = time.Since(t0), m.LastSave().Stall, m.LastSave().Manifest
 		if got := m.LastSave(); got.Bytes < benchSize {
 			return fmt.Errorf("rank %d: LastSave %+v after committing step %d", r, got, step)
@@ -279,7 +284,7 @@ func (j *benchJob) saveAsync(b *testing.B, mgrs []*Manager, step int64) asyncSav
 	for _, a := range per {
 		s.stall, s.persist = max(s.stall, a.stall), max(s.persist, a.persist)
 		s.stats, s.last, s.longest = max(s.stats, a.stats), max(s.last, a.last), max(s.longest, a.longest)
-		s.polls, s.man = max(s.polls, a.polls), max(s.man, a.man)
+		s.polls, s.man, s.colls = max(s.polls, a.polls), max(s.man, a.man), max(s.colls, a.colls)
 	}
 	for i := range s.polls - 1 {
 		least := time.Duration(-1)
@@ -293,6 +298,69 @@ func (j *benchJob) saveAsync(b *testing.B, mgrs []*Manager, step int64) asyncSav
 	return s
 }
 
+// copyFloor times the part of an asynchronous save's stall that no code
+// can remove on this machine: the snapshot copy at memory bandwidth. Every
+// rank copies at once, as SaveAsync does (copyPieces), as many bytes as
+// its SaveAsync copies (its shard: benchSize over the ranks) from its
+// state into a buffer of that size written before, so already in memory;
+// it returns the slowest rank's time.
+func (j *benchJob) copyFloor(b *testing.B, bufs [][]byte) time.Duration {
+	b.Helper()
+	took := make([]time.Duration, len(j.comms))
+	j.each(b, func(r int) error {
+		src := unsafe.Slice((*byte)(unsafe.Pointer(&j.w[r][0])), 4*len(j.w[r]))[:len(bufs[r])]
+		t0 := time.Now()
+		copyPieces(bufs[r], src)
+		took[r] = time.Since(t0)
+		return nil
+	})
+	return slices.Max(took)
+}
+
+// snapshotBufs are the buffers copyFloor copies into, one per rank, each
+// written once so that its pages are in memory, as SaveAsync's reused
+// staging buffer's are.
+func (j *benchJob) snapshotBufs() [][]byte {
+	bufs := make([][]byte, len(j.comms))
+	for r := range bufs {
+		bufs[r] = make([]byte, benchSize/len(j.comms))
+		clear(bufs[r])
+	}
+	return bufs
+}
+
+// jitter times what the collectives of a save's Polls cost on this
+// machine whatever they do: every rank sleeps a simulated training step
+// (trainStep) and issues a small allreduce, colls times, with no save in
+// flight, or (busy) while the background writes of an asynchronous save
+// of step run; it returns the slowest rank's total time in the
+// allreduces. That is the wait for the last rank to wake and get a CPU,
+// which the background writes make longer on a machine with fewer cores
+// than ranks (a training loop's gradient allreduce pays it too).
+func (j *benchJob) jitter(b *testing.B, mgrs []*Manager, colls int, busy bool, step int64) time.Duration {
+	b.Helper()
+	ctx := context.Background()
+	took := make([]time.Duration, len(j.comms))
+	j.each(b, func(r int) error {
+		if busy {
+			if err := mgrs[r].SaveAsync(ctx, step, j.states[r]); err != nil {
+				return err
+			}
+		}
+		for range colls {
+			time.Sleep(*trainStep)
+			flags := []int64{0, 0, 0}
+			t0 := time.Now()
+			if err := j.comms[r].Allreduce(ctx, flags, collective.Sum); err != nil {
+				return err
+			}
+			took[r] += time.Since(t0)
+		}
+		return mgrs[r].Wait(ctx)
+	})
+	return slices.Max(took)
+}
+
 // report gives the means of n asynchronous saves summed in sum.
 func (s asyncSave) report(b *testing.B, n int) {
 	N := time.Duration(n)
@@ -302,6 +370,7 @@ func (s asyncSave) report(b *testing.B, n int) {
 	b.ReportMetric(msOf(s.last/N), "lastpoll-ms/op")
 	b.ReportMetric(msOf(s.longest/N), "maxpoll-ms/op")
 	b.ReportMetric(float64(s.polls)/float64(n), "polls/op")
+	b.ReportMetric(float64(s.colls)/float64(n), "pollcolls/op")
 	b.ReportMetric(msOf(s.man/N), "manifest-ms/op")
 	b.ReportMetric(msOf(s.minPoll/N), "minpolls-ms/op")
 }
@@ -315,6 +384,7 @@ func (s *asyncSave) add(o asyncSave) {
 	s.polls += o.polls
 	s.man += o.man
 	s.minPoll += o.minPoll
+	s.colls += o.colls
 }
 
 // BenchmarkSaveStall measures how long a training loop is blocked by a
@@ -325,12 +395,19 @@ func (s *asyncSave) add(o asyncSave) {
 // Where the stall goes: statsstall-ms/op is SaveStats.Stall (SaveAsync
 // alone), lastpoll-ms/op the Poll that ended the save, maxpoll-ms/op the
 // longest Poll, minpolls-ms/op the Polls but the last without the wait for
-// the last rank to arrive (see asyncSave.minPoll); manifest-ms/op is
-// SaveStats.Manifest (writing the manifest and deleting old checkpoints).
-// paired alternates a Save and an asynchronous save
-// in every iteration, so that the ratios stall/sync-% and persist/sync-x
-// compare figures measured at the same time on a noisy machine; its ns/op
-// is the pair.
+// the last rank to arrive (see asyncSave.minPoll), pollcolls/op the
+// collectives the Polls issued; manifest-ms/op is SaveStats.Manifest
+// (writing the manifest; old checkpoints are deleted in the background).
+// paired alternates a Save and an asynchronous save in every iteration,
+// so that the ratios stall/sync-% and persist/sync-x compare figures
+// measured at the same time on a noisy machine; its ns/op is the pair.
+// It also shows where the stall's floor is, outside the timer: copy-ms/op
+// is the snapshot copy alone at memory bandwidth (copyFloor),
+// jitter-ms/op and busyjitter-ms/op what as many plain allreduces as the
+// Polls issued cost after the same simulated steps, with no save in
+// flight and while a save's background writes run (jitter); floor/sync-%
+// is copy plus busyjitter over the sync save, and stall/floor-x the stall
+// over that floor.
 func BenchmarkSaveStall(b *testing.B) {
 	j := newBenchJob(b, benchNP)
 	for _, kind := range []string{"dir", "s3"} {
@@ -365,7 +442,8 @@ func BenchmarkSaveStall(b *testing.B) {
 			})
 			b.Run("paired", func(b *testing.B) {
 				var sum asyncSave
-				var sync time.Duration
+				var sync, floor, jit, busyJit time.Duration
+				bufs := j.snapshotBufs()
 				b.SetBytes(2 * benchSize)
 				b.ResetTimer()
 				for i := range b.N {
@@ -376,7 +454,14 @@ func BenchmarkSaveStall(b *testing.B) {
 							j.save(b, mgrs, step)
 							sync += time.Since(t0)
 						} else {
-							sum.add(j.saveAsync(b, mgrs, step))
+							a := j.saveAsync(b, mgrs, step)
+							sum.add(a)
+							b.StopTimer()
+							floor += j.copyFloor(b, bufs)
+							jit += j.jitter(b, mgrs, a.colls, false, 0)
+							step++
+							busyJit += j.jitter(b, mgrs, a.colls, true, step)
+							b.StartTimer()
 						}
 					}
 				}
@@ -385,6 +470,19 @@ func BenchmarkSaveStall(b *testing.B) {
 				b.ReportMetric(msOf(sync/time.Duration(b.N)), "sync-ms/op")
 				b.ReportMetric(100*float64(sum.stall)/float64(sync), "stall/sync-%")
 				b.ReportMetric(float64(sum.persist)/float64(sync), "persist/sync-x")
+				// Where the stall's floor is: the snapshot copy at memory
+				// bandwidth (copy), and the wait of as many collectives as
+				// the Polls issued for the last rank to wake, with no save
+				// in flight (jitter) and while a save's writes run
+				// (busyjitter), which any collective of the training loop
+				// pays too.
+				N := time.Duration(b.N)
+				b.ReportMetric(msOf(floor/N), "copy-ms/op")
+				b.ReportMetric(msOf(jit/N), "jitter-ms/op")
+				b.ReportMetric(msOf(busyJit/N), "busyjitter-ms/op")
+				b.ReportMetric(100*float64(floor)/float64(sync), "copy/sync-%")
+				b.ReportMetric(100*float64(floor+busyJit)/float64(sync), "floor/sync-%")
+				b.ReportMetric(float64(sum.stall)/float64(floor+busyJit), "stall/floor-x")
 			})
 		})
 	}
