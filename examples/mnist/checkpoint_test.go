@@ -216,20 +216,25 @@ func TestCheckpointS3(t *testing.T) {
 		t.Errorf("final checksum %s after the restart, %s uninterrupted", got, want)
 	}
 
+	// A missing bucket and refused credentials fail before training, and
+	// would fail a restart the same way: exit checkpoint.ExitNoRestart,
+	// after a line saying so (for gorun --max-restarts).
 	for _, tc := range []struct {
 		name, loc string
 		env       []string
-		want      string
+		want, why string
 	}{
-		{"no bucket", "s3://nosuchbucket/mnist", nil, `bucket "nosuchbucket" does not exist on ` + srv.Endpoint()},
-		{"bad secret", loc, []string{"AWS_SECRET_ACCESS_KEY=wrong"}, "refused the credentials"},
+		{"no bucket", "s3://nosuchbucket/mnist", nil, `bucket "nosuchbucket" does not exist on ` + srv.Endpoint(), `has no bucket "nosuchbucket"`},
+		{"bad secret", loc, []string{"AWS_SECRET_ACCESS_KEY=wrong"}, "refused the credentials", "refuses the credentials ("},
 	} {
 		out, errOut, code := runCmdEnv(t, append(env[:len(env):len(env)], tc.env...), mnist, "--epochs", "1", "--progress", "off", "--checkpoint-dir", tc.loc)
 		t.Logf("%s: %s", tc.name, errOut)
 		lines := strings.Split(strings.TrimSpace(errOut), "\n")
-		if code != 1 || len(lines) != 1 || !strings.HasPrefix(lines[0], "mnist: --checkpoint-dir: checkpoint: "+tc.loc) ||
-			!strings.Contains(lines[0], tc.want) || strings.Contains(out, "epoch 1/1") {
-			t.Errorf("%s: exit %d, stderr:\n%s\nwant exit 1 before training, and one line naming %s and saying %q", tc.name, code, errOut, tc.loc, tc.want)
+		if code != checkpoint.ExitNoRestart || len(lines) != 2 || !strings.HasPrefix(lines[0], "mnist: --checkpoint-dir: checkpoint: "+tc.loc) ||
+			!strings.Contains(lines[0], tc.want) || strings.Contains(out, "epoch 1/1") ||
+			!strings.HasPrefix(lines[1], "mnist: checkpoint storage at "+tc.loc+" "+tc.why) || !strings.HasSuffix(lines[1], "; a restart would fail the same way") {
+			t.Errorf("%s: exit %d, stderr:\n%s\nwant exit %d before training, a line naming %s and saying %q, and one saying it %s",
+				tc.name, code, errOut, checkpoint.ExitNoRestart, tc.loc, tc.want, tc.why)
 		}
 	}
 }
