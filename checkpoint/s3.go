@@ -155,24 +155,24 @@ func (s *s3Store) err(op, key string, err error) error {
 	short := func(format string, args ...any) *s3Error {
 		return &s3Error{msg: fmt.Sprintf(format, args...), err: err}
 	}
-	recurring := func(recur string, e *s3Error) error { e.recur = recur; return e }
+	lasting := func(recur string, e *s3Error) error { e.recur = recur; return e }
 	var ae smithy.APIError
 	if errors.As(err, &ae) {
 		noBucket := fmt.Sprintf("has no bucket %q", s.bucket)
 		switch code := ae.ErrorCode(); code {
 		case "NoSuchBucket":
-			return recurring(noBucket, short("%s: %s: bucket %q does not exist on %s: create it, or fix the location", what, op, s.bucket, s.where))
+			return lasting(noBucket, short("%s: %s: bucket %q does not exist on %s: create it, or fix the location", what, op, s.bucket, s.where))
 		case "NotFound":
 			if key == "" {
-				return recurring(noBucket, short("%s: %s: bucket %q does not exist on %s: create it, or fix the location", what, op, s.bucket, s.where))
+				return lasting(noBucket, short("%s: %s: bucket %q does not exist on %s: create it, or fix the location", what, op, s.bucket, s.where))
 			}
 			return fmt.Errorf("%s: %w", key, fs.ErrNotExist)
 		case "NoSuchKey":
 			return fmt.Errorf("%s: %w", key, fs.ErrNotExist)
 		case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden", "InvalidToken", "ExpiredToken", "InvalidClientTokenId":
-			return recurring("refuses the credentials ("+code+")", short("%s: %s: %s refused the credentials (%s): check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's permissions", what, op, s.where, code))
+			return lasting("refuses the credentials ("+code+")", short("%s: %s: %s refused the credentials (%s): check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's permissions", what, op, s.where, code))
 		case "QuotaExceeded", "EntityTooLarge", "InsufficientStorage", "XMinioStorageFull":
-			return recurring("is out of space or quota ("+code+")", short("%s: %s: the S3 service is out of space or quota (%s): free space or raise the quota", what, op, code))
+			return lasting("is out of space or quota ("+code+")", short("%s: %s: the S3 service is out of space or quota (%s): free space or raise the quota", what, op, code))
 		}
 	}
 	return short("%s: %s: %s (%s)", what, op, s3Cause(err), s.where)
