@@ -503,7 +503,7 @@ func TestCheckpointReplicasFlagRefused(t *testing.T) {
 		}
 	}
 	out, _, _ := run(t, nil, gorunBin, "--help")
-	if w := "Checkpoint flags: --checkpoint-replicas k keep each checkpoint file on k more hosts than its own"; !strings.Contains(strings.Join(strings.Fields(out), " "), w) {
+	if w := "--checkpoint-replicas k keep each checkpoint file on k more hosts than its own"; !strings.Contains(strings.Join(strings.Fields(out), " "), w) {
 		t.Errorf("--help lacks %q:\n%s", w, out)
 	}
 	out, _, _ = run(t, nil, gorunBin, "help", "checkpoints")
