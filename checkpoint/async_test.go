@@ -460,6 +460,11 @@ func TestSaveAsyncAbandonedWhenJobReforms(t *testing.T) {
 	dir := t.TempDir()
 	var lb logBuf
 	errCrashed := errors.New("crashed")
+	// Rank 2 crashes once every rank's SaveAsync returned: a crash while a
+	// rank is still in the save's preparing collective fails that save
+	// there instead of leaving it in flight.
+	var saved sync.WaitGroup
+	saved.Add(3)
 	errs := onEach(j.Comms, func(r int, c *collective.Comm) error {
 		m, err := New(c, dir, WithLogger(lb.logf))
 		if err != nil {
@@ -479,10 +484,13 @@ func TestSaveAsyncAbandonedWhenJobReforms(t *testing.T) {
 					return err
 				}
 				s.fill(2, rank)
-				if err := m.SaveAsync(ctx, 2, s.st); err != nil {
+				err := m.SaveAsync(ctx, 2, s.st)
+				saved.Done()
+				if err != nil {
 					return err
 				}
 				if rank == 2 {
+					saved.Wait()
 					<-m.flight.done // its files are written, none is committed
 					j.Crash(c)
 					return errCrashed
