@@ -140,6 +140,7 @@ with their rank, and stops every rank when one fails, unless the job is elastic.
 	fl.Var(&f.ckptReplicas, "checkpoint-replicas", "keep each checkpoint file on `k` more hosts than its own")
 	cmd.AddCommand(newBenchCmd(), newBenchWorkerCmd())
 	cmd.AddCommand(newCheckpointCmd())
+	cmd.AddCommand(newSimCmd())
 	setUpHelp(cmd)
 	return cmd
 }
