@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -30,8 +31,11 @@ type dataPlane struct {
 	tlsPort  int
 	sec      *libp2ptls.Transport // TLS with this rank's libp2p identity, for tcp-tls links
 
-	shm       bool        // shm links allowed (shmEnabled)
-	shmBytes  int         // ring capacity of the shm links this rank writes
+	shm      bool // shm links allowed (shmEnabled)
+	shmBytes int  // ring capacity of the shm links this rank writes...
+	// ...unless shmByHost: GORUN_SHM_BYTES is not set, and the capacity
+	// is the host's share (shmRingBytes).
+	shmByHost bool
 	shmWarned atomic.Bool // a failed shm setup was logged
 
 	// handshakes, under Node.mu, holds the accepted data connections (and
@@ -53,6 +57,7 @@ func (d *dataPlane) closeListeners() {
 // tcp-plaintext port in plaintext mode. What a rank listens on is what it
 // accepts (besides libp2p streams): a tls rank never takes plaintext.
 func (n *Node) listenData(ip net.IP) error {
+	n.data.shmByHost = os.Getenv(envShmBytes) == ""
 	mode := n.cfg.DataPlane
 	if mode == DataPlaneAuto || mode == DataPlaneTLS {
 		ln, err := listenTCP(ip)

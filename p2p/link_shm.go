@@ -394,6 +394,20 @@ func (s *shmLink) drain(deadline time.Time) bool {
 	}
 }
 
+// localRanks is the number of the job's ranks on this host, this one
+// included.
+func (n *Node) localRanks() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	local := 0
+	for _, p := range n.job.peers {
+		if p.HostID == n.cfg.HostID {
+			local++
+		}
+	}
+	return max(local, 1)
+}
+
 // setupShm moves a unix link whose handshake agreed on shared memory to
 // it: the end that writes on the link (writer) creates the ring and passes
 // it over the socket, the other maps it (shm_setup.go). Only ever called
@@ -409,7 +423,11 @@ func (n *Node) setupShm(l *link, id shmIdentity, writer bool) (*shmLink, error) 
 	var s *shmLink
 	var fallback, err error
 	if writer {
-		s, fallback, err = offerShm(c, id, n.data.shmBytes)
+		capacity := n.data.shmBytes
+		if n.data.shmByHost {
+			capacity = shmRingBytes(n.localRanks())
+		}
+		s, fallback, err = offerShm(c, id, capacity)
 	} else {
 		s, fallback, err = receiveShm(c, id)
 	}

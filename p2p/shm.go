@@ -36,6 +36,11 @@ const (
 	minShmBytes = 2 * ring.SmallBytes
 	maxShmBytes = 1 << 30
 
+	// shmHostBytes bounds the rings a host's ranks write, all links
+	// together, when GORUN_SHM_BYTES does not set their size
+	// (shmRingBytes).
+	shmHostBytes = 1 << 30
+
 	// shmChunk bounds how much a writer copies before it publishes (and a
 	// reader before it frees space), so the other side works in parallel
 	// on a long message.
@@ -69,6 +74,23 @@ func shmCapacity() (int, error) {
 	}
 	c := min(max(v, minShmBytes), maxShmBytes)
 	return 1 << bits.Len(uint(c-1)), nil
+}
+
+// shmRingBytes is the ring capacity of the links of a host with local
+// ranks, when GORUN_SHM_BYTES does not set it: defaultShmBytes, halved
+// (down to minShmBytes) until the host's rings fit shmHostBytes. Every
+// pair of the host's ranks has two links, local(local-1) rings, each
+// allocated when it is set up (shm_ring.go): at 2 MiB, 128 ranks on one
+// host would take 32 GiB, more than such a host may have, and allocating
+// them took most of the setup. Up to 23 ranks keep 2 MiB; 64 get
+// 256 KiB; from 65 on, minShmBytes, of which a host of 256 ranks needs
+// 8 GiB.
+func shmRingBytes(local int) int {
+	c := defaultShmBytes
+	for c > minShmBytes && local*(local-1)*c > shmHostBytes {
+		c /= 2
+	}
+	return c
 }
 
 // Mapping layout. Every counter the two processes write has a cache line

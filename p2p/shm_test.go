@@ -166,6 +166,22 @@ func TestShmCapacityEnv(t *testing.T) {
 	}
 }
 
+// TestShmRingBytes: without GORUN_SHM_BYTES, the rings of a host's links
+// are as large as the host's ranks allow together (shmHostBytes), never
+// below what the ring's schedules need (minShmBytes).
+func TestShmRingBytes(t *testing.T) {
+	for local, want := range map[int]int{1: defaultShmBytes, 4: defaultShmBytes, 23: defaultShmBytes, 24: 1 << 20,
+		32: 1 << 20, 64: 256 << 10, 65: minShmBytes, 256: minShmBytes} {
+		got := shmRingBytes(local)
+		if got != want {
+			t.Errorf("%d ranks on a host: rings of %d bytes, want %d", local, got, want)
+		}
+		if got > minShmBytes && local*(local-1)*got > shmHostBytes {
+			t.Errorf("%d ranks on a host: %d bytes of rings, above %d", local, local*(local-1)*got, shmHostBytes)
+		}
+	}
+}
+
 // TestShmDisabled: GORUN_SHM=0, or NoShm on either rank of a pair, keeps
 // that pair on unix sockets; the others still use shared memory.
 func TestShmDisabled(t *testing.T) {
