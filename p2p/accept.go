@@ -38,6 +38,12 @@ type dataPlane struct {
 	shmByHost bool
 	shmWarned atomic.Bool // a failed shm setup was logged
 
+	// handshakeIdle is GORUN_HANDSHAKE_TIMEOUT, and linksUp counts the
+	// data links that came up: what keeps an acceptor's handshake waiting
+	// for its dialer (handshake_deadline.go).
+	handshakeIdle time.Duration
+	linksUp       atomic.Int64
+
 	// handshakes, under Node.mu, holds the accepted data connections (and
 	// libp2p streams) not yet authenticated; shutdown closes them.
 	handshakes map[io.Closer]struct{}
@@ -57,6 +63,11 @@ func (d *dataPlane) closeListeners() {
 // tcp-plaintext port in plaintext mode. What a rank listens on is what it
 // accepts (besides libp2p streams): a tls rank never takes plaintext.
 func (n *Node) listenData(ip net.IP) error {
+	idle, err := handshakeIdleTimeout()
+	if err != nil {
+		return err
+	}
+	n.data.handshakeIdle = idle
 	n.data.shmByHost = os.Getenv(envShmBytes) == ""
 	mode := n.cfg.DataPlane
 	if mode == DataPlaneAuto || mode == DataPlaneTLS {
@@ -173,20 +184,23 @@ func (n *Node) acceptLoop(ln net.Listener, kind string) {
 func (n *Node) accept(c net.Conn, kind string) error {
 	from := c.RemoteAddr().String()
 	if kind != LinkTCPTLS {
-		return n.acceptHandshake(newSocketLink(c, kind), from)
+		return n.acceptHandshake(newSocketLink(c, kind), from, nil)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), n.handshakeTimeout())
-	defer cancel()
-	c.SetDeadline(time.Now().Add(n.handshakeTimeout()))
+	// The TLS handshake comes before the dialer proves anything: it runs
+	// under the same idle watch as the hello (handshake_deadline.go).
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	w := n.watchIdle(c, false, cancel)
 	l, err := n.newTLSLink(ctx, c, "")
 	if err != nil {
-		return err
+		return w.endedByIdle(err)
 	}
 	// Refuse a stranger before it learns anything, like the gater does.
 	if !n.inTable(l.peerID) {
+		w.stop()
 		return fmt.Errorf("peer %s is not in the job table", l.peerID)
 	}
-	return n.acceptHandshake(l, from)
+	return n.acceptHandshake(l, from, w)
 }
 
 func (n *Node) handleRingStream(s network.Stream) {
@@ -196,7 +210,7 @@ func (n *Node) handleRingStream(s network.Stream) {
 	}
 	defer n.untrackHandshake(r)
 	from := s.Conn().RemoteMultiaddr().String()
-	if err := n.acceptHandshake(newStreamLink(s, from), from); err != nil {
+	if err := n.acceptHandshake(newStreamLink(s, from), from, nil); err != nil {
 		n.logf("refused libp2p data stream from %s: %v", s.Conn().RemotePeer(), err)
 		s.Reset()
 	}

@@ -19,16 +19,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 )
 
-// maxHandshake bounds the handshake of an accepted data connection (or
-// the collective timeout, if that is shorter). It is short and independent
-// of the collective timeout: anyone who can reach a data port can open a
-// connection and say nothing, and it must not hold a goroutine and a socket
-// for a minute. Ranks dial their links only once every rank is ready
-// ("go"), so a real dialer answers within milliseconds.
-const maxHandshake = 5 * time.Second
-
-func (n *Node) handshakeTimeout() time.Duration { return min(maxHandshake, n.cfg.Timeout) }
-
 // dialHandshake authenticates the link l, just dialed to rank to, of
 // epoch ep, on which rank id sends: the acceptor challenges, we prove the
 // job key and check its proof back. Bounded by ctx, which also closes l
@@ -48,6 +38,9 @@ func (n *Node) dialHandshake(ctx context.Context, ep *epochRun, l *link, id, to 
 		if err != nil {
 			return err
 		}
+		if ch.T == tError {
+			return fmt.Errorf("rank %d ended the handshake: %s", to, ch.Text)
+		}
 		if ch.T != tDChal {
 			return fmt.Errorf("expected data challenge, got %q", ch.T)
 		}
@@ -55,11 +48,14 @@ func (n *Node) dialHandshake(ctx context.Context, ep *epochRun, l *link, id, to 
 		rand.Read(nonce)
 		if err := writeMsg(l.rw, &msg{T: tDHello, Rank: ep.rank, Link: id, Nonce: nonce, Epoch: ep.epoch,
 			Proof: dataProof(n.cfg.JobKey, ch.Nonce, ep.rank, id, ep.epoch), Shm: wantShm}); err != nil {
-			return err
+			return peerEnded(l.rw, to, err)
 		}
 		ok, err := readMsg(l.rw)
 		if err != nil {
 			return err
+		}
+		if ok.T == tError {
+			return fmt.Errorf("rank %d ended the handshake: %s", to, ok.Text)
 		}
 		if ok.T != tDOK || !hmac.Equal(ok.Proof, dataOKProof(n.cfg.JobKey, nonce, to, id, ep.epoch)) {
 			return errors.New("peer failed to prove the job key")
@@ -89,40 +85,36 @@ func (n *Node) dialHandshake(ctx context.Context, ep *epochRun, l *link, id, to 
 	if err != nil {
 		l.close()
 		if ctx.Err() != nil {
-			err = context.Cause(ctx)
+			err = setupDeadline(ctx)
 		}
 		return nil, fmt.Errorf("data handshake with rank %d (%s, %s): %w", to, l.addr, kind, err)
 	}
 	l.rw.SetDeadline(time.Time{})
+	n.linkUp()
 	return l, nil
 }
 
 // acceptHandshake authenticates a dialer: it must prove the job key over
 // our fresh nonce and be the rank expected on that link (and, over libp2p
 // or TLS, have that rank's peer ID). We prove the key back over its nonce.
-func (n *Node) acceptHandshake(l *link, from string) error {
+// w is the idle watch of the connection (handshake_deadline.go), nil if
+// none started yet.
+func (n *Node) acceptHandshake(l *link, from string, w *idleWatch) error {
 	// The epoch this link would belong to: if the node moves on before the
 	// handshake ends, the link is dropped (below).
 	ep := n.cur.Load()
-	l.rw.SetDeadline(time.Now().Add(n.handshakeTimeout()))
-	nonce := make([]byte, nonceLen)
-	rand.Read(nonce)
-	if err := writeMsg(l.rw, &msg{T: tDChal, Nonce: nonce}); err != nil {
-		return err
+	if w == nil {
+		w = n.watchIdle(l.rw, true, nil)
+	} else {
+		w.use(l.rw)
 	}
-	m, err := readMsgMax(l.rw, maxSmallFrame)
+	m, err := n.readHello(l, ep)
 	if err != nil {
-		return err
+		return w.endedByIdle(err)
 	}
-	if m.T != tDHello {
-		return fmt.Errorf("expected data hello, got %q", m.T)
-	}
-	if !hmac.Equal(m.Proof, dataProof(n.cfg.JobKey, nonce, m.Rank, m.Link, ep.epoch)) {
-		if m.Epoch != ep.epoch && hmac.Equal(m.Proof, dataProof(n.cfg.JobKey, nonce, m.Rank, m.Link, m.Epoch)) {
-			return fmt.Errorf("link from membership epoch %d, this rank is in epoch %d", m.Epoch, ep.epoch)
-		}
-		return errors.New("bad job key")
-	}
+	// The dialer is a rank of the job: the rest is bounded like its side.
+	w.stop()
+	l.rw.SetDeadline(time.Now().Add(n.cfg.Timeout))
 	n.mu.Lock()
 	table := n.job.table
 	current := n.cur.Load() == ep
@@ -156,7 +148,7 @@ func (n *Node) acceptHandshake(l *link, from string) error {
 	n.mu.Unlock()
 	shm := m.Shm && n.data.shm && l.kind == LinkUnix
 	if err := writeMsg(l.rw, &msg{T: tDOK, Proof: dataOKProof(n.cfg.JobKey, m.Nonce, me, m.Link, ep.epoch), Shm: shm}); err != nil {
-		return err
+		return n.afterProof(err)
 	}
 	l.id, l.peer = m.Link, m.Rank
 	l.addr = n.peerAddr(m.Rank, l.kind, from)
@@ -169,7 +161,7 @@ func (n *Node) acceptHandshake(l *link, from string) error {
 		}
 		s, err := n.setupShm(l, id, !recv)
 		if err != nil {
-			return err
+			return n.afterProof(err)
 		}
 		if s != nil {
 			l.conn, l.kind = s, LinkShm
@@ -182,12 +174,37 @@ func (n *Node) acceptHandshake(l *link, from string) error {
 		l.close()
 		return fmt.Errorf("membership epoch %d ended during the handshake", ep.epoch)
 	}
+	n.linkUp()
 	// Recorded at once, so that the end of the epoch closes it even if
 	// connectLinks is no longer there to take it.
 	n.links.all = append(n.links.all, l)
 	n.links.accepted <- l // capacity covers every expected link of the epoch
 	n.mu.Unlock()
 	return nil
+}
+
+// readHello challenges the dialer of l and reads its hello, which must
+// prove the job key for epoch ep.
+func (n *Node) readHello(l *link, ep *epochRun) (*msg, error) {
+	nonce := make([]byte, nonceLen)
+	rand.Read(nonce)
+	if err := writeMsg(l.rw, &msg{T: tDChal, Nonce: nonce}); err != nil {
+		return nil, err
+	}
+	m, err := readMsgMax(l.rw, maxSmallFrame)
+	if err != nil {
+		return nil, err
+	}
+	if m.T != tDHello {
+		return nil, fmt.Errorf("expected data hello, got %q", m.T)
+	}
+	if !hmac.Equal(m.Proof, dataProof(n.cfg.JobKey, nonce, m.Rank, m.Link, ep.epoch)) {
+		if m.Epoch != ep.epoch && hmac.Equal(m.Proof, dataProof(n.cfg.JobKey, nonce, m.Rank, m.Link, m.Epoch)) {
+			return nil, fmt.Errorf("link from membership epoch %d, this rank is in epoch %d", m.Epoch, ep.epoch)
+		}
+		return nil, errors.New("bad job key")
+	}
+	return m, nil
 }
 
 // inTable reports whether id is the peer ID of a rank of the job.

@@ -64,8 +64,8 @@ func dialSilently(t *testing.T, nodes []*Node) []stranger {
 // while it hangs.
 func TestSilentDialerCutAtHandshakeDeadline(t *testing.T) {
 	j := startJob(t, jobOpts{size: 3, modeOf: func(r int) string { return mixedModes[r] }, hostID: otherHosts, timeout: time.Minute})
-	if got := j.nodes[0].handshakeTimeout(); got != maxHandshake {
-		t.Fatalf("handshake timeout %v with a 1m collective timeout, want %v", got, maxHandshake)
+	if got := j.nodes[0].handshakeTimeout(); got != defaultHandshakeIdle {
+		t.Fatalf("handshake timeout %v with a 1m collective timeout, want %v", got, defaultHandshakeIdle)
 	}
 	start := time.Now()
 	strangers := dialSilently(t, j.nodes)
@@ -90,8 +90,8 @@ func TestSilentDialerCutAtHandshakeDeadline(t *testing.T) {
 	for _, kind := range []string{LinkUnix, LinkTCPPlaintext, LinkTCPTLS} {
 		waitLog(t, j.log, "refused "+kind+" data connection from")
 	}
-	if !j.log.has("i/o timeout") {
-		t.Error("no refusal says the handshake timed out")
+	if !j.log.has("data handshake deadline passed") || !j.log.has(envHandshakeTimeout) {
+		t.Error("no refusal says the handshake deadline passed and how to raise it")
 	}
 	for _, n := range j.nodes {
 		if n.Err() != nil {
@@ -140,7 +140,7 @@ func TestCloseNotDelayedBySilentDialer(t *testing.T) {
 			t.Errorf("rank %d: Close: %v", r, errs[r])
 		}
 		// Well below the handshake deadline, so not by waiting it out.
-		if took[r] > maxHandshake/2 {
+		if took[r] > defaultHandshakeIdle/2 {
 			t.Errorf("rank %d: Close took %v with strangers in the handshake", r, took[r].Round(time.Millisecond))
 		}
 	}
@@ -154,5 +154,100 @@ func TestCloseNotDelayedBySilentDialer(t *testing.T) {
 		if _, err := io.Copy(io.Discard, s.c); err != nil {
 			t.Errorf("rank %d's %s acceptor did not close the stranger's connection: %v", s.rank, s.kind, err)
 		}
+	}
+}
+
+// TestHandshakeWaitsWhileLinksComeUp: an accepted connection that has not
+// said its hello yet is kept while other data links of the rank keep
+// coming up (as when hundreds of ranks of one host dial each other and a
+// real dialer's turn comes late), and ended once none has for the idle
+// time; the dialer is told which deadline it was and how to raise it.
+func TestHandshakeWaitsWhileLinksComeUp(t *testing.T) {
+	const idle = 2 * time.Second
+	t.Setenv(envHandshakeTimeout, idle.String())
+	j := startJob(t, jobOpts{size: 3, modeOf: func(r int) string { return mixedModes[r] }, hostID: otherHosts, timeout: time.Minute})
+	if got := j.nodes[0].handshakeTimeout(); got != idle {
+		t.Fatalf("handshake timeout %v with %s=%v", got, envHandshakeTimeout, idle)
+	}
+	strangers := dialSilently(t, j.nodes)
+	// Links come up every 100 ms for three idle times.
+	progress := time.NewTicker(100 * time.Millisecond)
+	until := time.After(3 * idle)
+ticking:
+	for {
+		select {
+		case <-progress.C:
+			for _, n := range j.nodes {
+				n.linkUp()
+			}
+		case <-until:
+			break ticking
+		}
+	}
+	progress.Stop()
+	stopped := time.Now()
+	var wg sync.WaitGroup
+	for _, s := range strangers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.c.SetReadDeadline(time.Now().Add(30 * time.Second))
+			var told *msg
+			if s.kind != LinkTCPTLS { // a TLS acceptor waits for the ClientHello, then says nothing readable
+				if m, err := readMsg(s.c); err != nil || m.T != tDChal {
+					t.Errorf("rank %d's %s acceptor: %v, %v; want its challenge", s.rank, s.kind, m, err)
+					return
+				}
+				m, err := readMsg(s.c)
+				if err != nil {
+					t.Errorf("rank %d's %s acceptor ended the handshake without a word: %v", s.rank, s.kind, err)
+					return
+				}
+				told = m
+			}
+			io.Copy(io.Discard, s.c)
+			took := time.Since(stopped)
+			if took < idle/2 {
+				t.Errorf("rank %d's %s acceptor dropped a dialer %v after the last link came up, before the idle time %v", s.rank, s.kind, took, idle)
+			}
+			if told != nil && (told.T != tError || !strings.Contains(told.Text, envHandshakeTimeout) || !strings.Contains(told.Text, "deadline")) {
+				t.Errorf("rank %d's %s acceptor said %+v, want the deadline and %s", s.rank, s.kind, told, envHandshakeTimeout)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, n := range j.nodes {
+		if n.Err() != nil {
+			t.Fatal(n.Err())
+		}
+	}
+}
+
+// TestDialerHearsWhyHandshakeEnded: a dialer whose hello the acceptor
+// would not wait for any more learns why from the acceptor's last message,
+// even when its own write failed because the acceptor closed.
+func TestDialerHearsWhyHandshakeEnded(t *testing.T) {
+	ln, err := net.Listen("unix", "@gorun-test-"+strconv.Itoa(int(time.Now().UnixNano())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	reason := (&HandshakeDeadlineError{Idle: 5 * time.Second}).Error()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		writeMsg(c, &msg{T: tError, Text: reason})
+		c.Close()
+	}()
+	c, err := net.Dial("unix", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	got := peerEnded(c, 7, io.ErrClosedPipe)
+	if !strings.Contains(got.Error(), "rank 7 ended the handshake: "+reason) {
+		t.Fatalf("got %v", got)
 	}
 }
