@@ -32,7 +32,7 @@ const (
 	tChallenge = "challenge" // server -> client: nonce
 	tHello     = "hello"     // client -> server: rank, proof, nonce, contact info
 	tWelcome   = "welcome"   // server -> client: proof that the server knows the key
-	tError     = "error"     // server -> client: registration refused (text)
+	tError     = "error"     // server -> client: registration refused; data acceptor -> dialer: handshake ended (text)
 	tTable     = "table"     // server -> client: the job table
 	tAck       = "ack"       // client -> server: table installed in the gater
 	tGo        = "go"        // server -> client: every rank acked; dial now
