@@ -38,8 +38,11 @@
 // the S3 tests versitygw (internal/testenv/s3test); the firewall cases of
 // TestDoctorNamespaceHosts nft.
 //
-// Two benchmarks measure what only whole jobs show; each says how to run
-// it: BenchmarkElasticRecovery (what a lost rank costs a running job) and
+// Four benchmarks measure what only whole jobs show; each says how to run
+// it: BenchmarkElasticRecovery (what a lost rank costs a running job),
 // BenchmarkHierarchicalSlowLink (the hierarchical allreduce on slow links
-// between hosts).
+// between hosts), BenchmarkSimulatorValidation (the allreduce simulator,
+// internal/ringsim, against gorun on shaped links) and
+// BenchmarkManyRanksStart (how long jobs of up to 256 ranks on one host
+// take to start).
 package e2e

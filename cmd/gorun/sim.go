@@ -22,7 +22,7 @@ func newSimCmd() *cobra.Command {
 		layouts, sizes, gbps, algos string
 		latency, localLatency       time.Duration
 		localGbps                   float64
-		memory                      string
+		memory, burst               string
 		asJSON                      bool
 	)
 	cmd := &cobra.Command{
@@ -37,8 +37,8 @@ fastest. Every result is checked.
 
 The network is an α-β model: every host has a NIC of --gbps each way,
 shared by its ranks, and --latency between hosts; ranks of one host have
-links of their own (--local-gbps, --local-latency). Reductions take no
-time. How the model and the simulation work, and how buffers too large
+links of their own (--local-gbps, --local-latency); --burst models links
+shaped with tc tbf. Reductions take no time. How the model and the simulation work, and how buffers too large
 for this machine run scaled: go doc ./internal/ringsim. The simulation is
 deterministic: the same flags print the same table. It runs on one core.`,
 		Example: `  gorun sim
@@ -87,6 +87,11 @@ deterministic: the same flags print the same table. It runs on one core.`,
 				return fmt.Errorf("--memory: %w", err)
 			}
 			g.Memory = int64(m)
+			b, err := ring.ParseBytes(burst)
+			if err != nil {
+				return fmt.Errorf("--burst: %w", err)
+			}
+			g.Network.Burst = int64(b)
 			out := cmd.OutOrStdout()
 			if !asJSON {
 				simHeader(out, g)
@@ -101,14 +106,15 @@ deterministic: the same flags print the same table. It runs on one core.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&layouts, "layouts", "16/8,64/8,256/32,1024/128,4096/512,4096/1024", "`RANKS/HOSTS` pairs, comma-separated")
+	fl.StringVar(&layouts, "layouts", "16/8,64/8,256/32,1024/128,4096/1024", "`RANKS/HOSTS` pairs, comma-separated")
 	fl.StringVar(&sizes, "sizes", "1K,32K,1M,32M,1G", "bytes per rank, comma-separated, K/M/G suffixes allowed")
 	fl.StringVar(&gbps, "gbps", "10,100,400", "bandwidths between hosts in Gbit/s, comma-separated")
-	fl.StringVar(&algos, "algorithms", "recursive-doubling:1M,rabenseifner,ring,hierarchical", "algorithms to simulate besides the policy's choice, each `NAME[:MAXBYTES]`")
+	fl.StringVar(&algos, "algorithms", "recursive-doubling:1M,rabenseifner,ring,hierarchical", "algorithms to simulate besides the policy's choice, each up to its MAXBYTES if given: `NAME[:MAXBYTES],...`")
 	fl.DurationVar(&latency, "latency", 10*time.Microsecond, "one-way latency of a message between hosts (α)")
 	fl.DurationVar(&localLatency, "local-latency", time.Microsecond, "latency of a message between ranks of one host")
 	fl.Float64Var(&localGbps, "local-gbps", 80, "bandwidth of a link between two ranks of one host, Gbit/s")
 	fl.StringVar(&memory, "memory", "256M", "bound on the simulated ranks' buffers together; larger ones run scaled")
+	fl.StringVar(&burst, "burst", "0", "token-bucket burst of every NIC, bytes (as tc tbf shapes a link; a NIC has none)")
 	fl.BoolVar(&asJSON, "json", false, "print one JSON object per row")
 	return cmd
 }
