@@ -38,11 +38,8 @@ type dataPlane struct {
 	shmByHost bool
 	shmWarned atomic.Bool // a failed shm setup was logged
 
-	// handshakeIdle is GORUN_HANDSHAKE_TIMEOUT, and linksUp counts the
-	// data links that came up: what keeps an acceptor's handshake waiting
-	// for its dialer (handshake_deadline.go).
+	// handshakeIdle is GORUN_HANDSHAKE_TIMEOUT (handshake_deadline.go).
 	handshakeIdle time.Duration
-	linksUp       atomic.Int64
 
 	// handshakes, under Node.mu, holds the accepted data connections (and
 	// libp2p streams) not yet authenticated; shutdown closes them.

@@ -90,7 +90,6 @@ func (n *Node) dialHandshake(ctx context.Context, ep *epochRun, l *link, id, to 
 		return nil, fmt.Errorf("data handshake with rank %d (%s, %s): %w", to, l.addr, kind, err)
 	}
 	l.rw.SetDeadline(time.Time{})
-	n.linkUp()
 	return l, nil
 }
 
@@ -174,7 +173,6 @@ func (n *Node) acceptHandshake(l *link, from string, w *idleWatch) error {
 		l.close()
 		return fmt.Errorf("membership epoch %d ended during the handshake", ep.epoch)
 	}
-	n.linkUp()
 	// Recorded at once, so that the end of the epoch closes it even if
 	// connectLinks is no longer there to take it.
 	n.links.all = append(n.links.all, l)

@@ -6,21 +6,23 @@ package p2p
 // Until the dialer's hello proves the job key, an acceptor does not know
 // who connected: anyone who can reach a data port can open a connection
 // and say nothing, and must not hold a goroutine and a socket for long.
-// So that part is bounded by the handshake idle time
-// (GORUN_HANDSHAKE_TIMEOUT, 5 s, or Timeout if shorter). But a real dialer
-// can be slow too while a job sets its links up: with hundreds of ranks on
-// one host, every rank dials hundreds of links at once on a few cores, and
-// a dialer's turn to answer comes after many others. A fixed bound cut
-// such jobs off (128 ranks on 2 cores failed to start). So the idle time
-// runs from the last data link of this rank that came up, dialed or
-// accepted: while the setup makes progress here, a pending handshake
-// waits; once no link has come up for the idle time, it ends, the dialer
-// is told why, and both ends' messages say which deadline it was and how
-// to raise it.
+// Once the rank has all its links, only such a stranger can still be in
+// that part, and it gets the handshake idle time (GORUN_HANDSHAKE_TIMEOUT,
+// 5 s, or Timeout if shorter). But while the rank still waits for links
+// its peers dial, a silent connection may be one of them, and a real
+// dialer can be slow: with hundreds of ranks on one host, every rank dials
+// hundreds of links at once on a few cores, and a dialer's turn to answer
+// comes after many others. A fixed 5 s cut such jobs off (128 ranks on 2
+// cores failed to start), and so did 5 s counted from the last link of the
+// acceptor that came up: an acceptor that had all but a few of its links
+// saw no progress while their dialers, starved of CPU, worked through
+// hundreds of others (256 ranks). So then the wait is bounded as the
+// dialers' own setup step is: by Timeout. When a deadline ends a
+// handshake, the dialer is told, and both ends' messages say which
+// deadline it was and how to raise it.
 //
 // Once the hello is proved, the dialer is a rank of the job, and the rest
-// of the handshake (the answer, shared memory) is bounded as the dialer's
-// side is: by Timeout, the bound of every setup step.
+// of the handshake (the answer, shared memory) is bounded by Timeout too.
 
 import (
 	"context"
@@ -57,18 +59,23 @@ func handshakeIdleTimeout() (time.Duration, error) {
 // or the collective timeout if that is shorter.
 func (n *Node) handshakeTimeout() time.Duration { return min(n.data.handshakeIdle, n.cfg.Timeout) }
 
-// linkUp records that a data link of this rank came up: progress, which
-// keeps the handshakes still waiting for their dialer going.
-func (n *Node) linkUp() { n.data.linksUp.Add(1) }
+// awaitsDialers reports whether this rank still waits for links of its
+// epoch that its peers dial.
+func (n *Node) awaitsDialers() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.links.have) < len(n.links.expect)
+}
 
-// idleWatch ends an acceptor's handshake once neither it nor any other
-// data link of the rank has made progress for the idle time: it sets a
-// past deadline on the connection (which wakes a blocked read or write)
-// and cancels the handshake's context, if it has one.
+// idleWatch ends an acceptor's handshake that waited for the dialer's
+// hello too long (see the top of the file): it sets a past deadline on the
+// connection (which wakes a blocked read or write) and cancels the
+// handshake's context, if it has one.
 type idleWatch struct {
 	n      *Node
 	cancel context.CancelCauseFunc // nil: nothing but rw to end
 	idle   time.Duration
+	start  time.Time
 
 	mu sync.Mutex
 	// rw is the stream the handshake runs on; tell says whether the
@@ -76,15 +83,14 @@ type idleWatch struct {
 	rw      deadliner
 	tell    bool
 	t       *time.Timer
-	seen    int64 // n.data.linksUp when the idle time last started
-	expired bool
+	expired error // why it ended the handshake; nil while it has not
 	stopped bool
 }
 
 // watchIdle starts the idle time of a handshake on rw. tell says whether
 // the dialer would read a message written on rw (use says when it can).
 func (n *Node) watchIdle(rw deadliner, tell bool, cancel context.CancelCauseFunc) *idleWatch {
-	w := &idleWatch{n: n, rw: rw, tell: tell, cancel: cancel, idle: n.handshakeTimeout(), seen: n.data.linksUp.Load()}
+	w := &idleWatch{n: n, rw: rw, tell: tell, cancel: cancel, idle: n.handshakeTimeout(), start: time.Now()}
 	rw.SetDeadline(time.Time{})
 	w.mu.Lock()
 	w.t = time.AfterFunc(w.idle, w.check)
@@ -99,34 +105,37 @@ func (w *idleWatch) use(rw deadliner) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.rw, w.tell = rw, true
-	if w.expired {
+	if w.expired != nil {
 		rw.SetDeadline(time.Unix(1, 0))
 	}
 }
 
-// check runs when the idle time is up: it starts it again if a link came
-// up meanwhile, and ends the handshake otherwise.
+// check runs when the idle time is up: while the rank still waits for
+// dialers, it waits on, up to Timeout; otherwise it ends the handshake.
 func (w *idleWatch) check() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stopped {
 		return
 	}
-	if up := w.n.data.linksUp.Load(); up != w.seen {
-		w.seen = up
-		w.t.Reset(w.idle)
+	waited := time.Since(w.start)
+	if !w.n.awaitsDialers() {
+		w.expired = &HandshakeDeadlineError{Waited: waited, Idle: w.idle}
+	} else if left := w.n.cfg.Timeout - waited; left > 0 {
+		w.t.Reset(min(w.idle, left))
 		return
+	} else {
+		w.expired = &HandshakeDeadlineError{Waited: waited, Setup: w.n.cfg.Timeout}
 	}
-	w.expired = true
 	w.rw.SetDeadline(time.Unix(1, 0))
 	if w.cancel != nil {
-		w.cancel(w.err())
+		w.cancel(w.expired)
 	}
 }
 
 // stop ends the watch (the dialer proved itself, or the handshake failed)
-// and reports whether the idle time had passed.
-func (w *idleWatch) stop() bool {
+// and returns why it ended the handshake, nil if it did not.
+func (w *idleWatch) stop() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.stopped = true
@@ -134,28 +143,31 @@ func (w *idleWatch) stop() bool {
 	return w.expired
 }
 
-func (w *idleWatch) err() error { return &HandshakeDeadlineError{Idle: w.idle} }
-
 // HandshakeDeadlineError says that an acceptor ended a data handshake at
-// its deadline: no hello from the dialer while none of its links came up
-// for Idle.
+// a deadline, without a hello from the dialer after Waited: the idle time
+// Idle, once the rank expected no more links, or the setup step's bound
+// Setup (Timeout) while it still did.
 type HandshakeDeadlineError struct {
-	Idle time.Duration
+	Waited, Idle, Setup time.Duration
 }
 
 func (e *HandshakeDeadlineError) Error() string {
-	return fmt.Sprintf("the data handshake deadline passed: no hello from the dialer while no data link of this rank came up for %v (raise it with %s, e.g. %s=%v)",
-		e.Idle, envHandshakeTimeout, envHandshakeTimeout, 6*e.Idle)
+	if e.Setup > 0 {
+		return fmt.Sprintf("the data handshake deadline passed: no hello from the dialer after %v, the setup step's bound, while this rank waited for its links (raise it with gorun --timeout or GORUN_TIMEOUT)",
+			e.Setup)
+	}
+	return fmt.Sprintf("the data handshake deadline passed: no hello from the dialer after %v, and this rank expects no more links (raise the %v with %s, e.g. %s=%v)",
+		e.Waited.Round(time.Millisecond), e.Idle, envHandshakeTimeout, envHandshakeTimeout, 6*e.Idle)
 }
 
-// endedByIdle ends a failed handshake of the acceptor: if its idle time
-// had passed, it returns that reason instead of the i/o error it caused,
-// and tells the dialer so (best effort: it may be gone).
+// endedByIdle ends a failed handshake of the acceptor: if its watch ended
+// it, it returns why instead of the i/o error that caused, and tells the
+// dialer so (best effort: it may be gone).
 func (w *idleWatch) endedByIdle(err error) error {
-	if !w.stop() {
+	reason := w.stop()
+	if reason == nil {
 		return err
 	}
-	reason := w.err()
 	if w.tell {
 		w.rw.SetWriteDeadline(time.Now().Add(time.Second))
 		writeMsg(w.rw, &msg{T: tError, Text: reason.Error()})

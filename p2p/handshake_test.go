@@ -1,8 +1,10 @@
 package p2p
 
 import (
+	"errors"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -157,65 +159,123 @@ func TestCloseNotDelayedBySilentDialer(t *testing.T) {
 	}
 }
 
-// TestHandshakeWaitsWhileLinksComeUp: an accepted connection that has not
-// said its hello yet is kept while other data links of the rank keep
-// coming up (as when hundreds of ranks of one host dial each other and a
-// real dialer's turn comes late), and ended once none has for the idle
-// time; the dialer is told which deadline it was and how to raise it.
-func TestHandshakeWaitsWhileLinksComeUp(t *testing.T) {
-	const idle = 2 * time.Second
+// expectDialer makes every node wait for one more link that a peer would
+// dial, as while a job's links are being set up.
+func expectDialer(nodes []*Node, on bool) {
+	const never = -1 // no link has this key
+	for _, n := range nodes {
+		n.mu.Lock()
+		if on {
+			n.links.expect[never] = true
+		} else {
+			delete(n.links.expect, never)
+		}
+		n.mu.Unlock()
+	}
+}
+
+// readChallenges reads every stranger's challenge (not over TLS, whose
+// acceptor waits for the ClientHello).
+func readChallenges(t *testing.T, strangers []stranger) {
+	t.Helper()
+	for _, s := range strangers {
+		if s.kind == LinkTCPTLS {
+			continue
+		}
+		s.c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		if m, err := readMsg(s.c); err != nil || m.T != tDChal {
+			t.Fatalf("rank %d's %s acceptor: %v, %v; want its challenge", s.rank, s.kind, m, err)
+		}
+	}
+}
+
+// silentUntilDropped reads what each stranger's acceptor sends after the
+// challenge until it closes the connection (within limit): if it says why
+// it ends the handshake, that. It returns, per stranger, what it said and
+// when the connection closed.
+func silentUntilDropped(t *testing.T, strangers []stranger, limit time.Duration) (told []*msg, closed []time.Time) {
+	t.Helper()
+	told, closed = make([]*msg, len(strangers)), make([]time.Time, len(strangers))
+	var wg sync.WaitGroup
+	for i, s := range strangers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.c.SetReadDeadline(time.Now().Add(limit))
+			if s.kind != LinkTCPTLS {
+				if m, err := readMsg(s.c); err == nil {
+					told[i] = m
+				}
+			}
+			if _, err := io.Copy(io.Discard, s.c); err != nil {
+				t.Errorf("rank %d's %s acceptor did not close a silent connection: %v", s.rank, s.kind, err)
+			}
+			closed[i] = time.Now()
+		}()
+	}
+	wg.Wait()
+	return told, closed
+}
+
+// TestHandshakeWaitsWhileDialersAreExpected: while a rank still waits for
+// links its peers dial, an accepted connection that has not said its
+// hello is kept beyond the idle time (a real dialer may be starved of
+// CPU), up to the setup step's bound, Timeout; the dialer is then told
+// that deadline and how to raise it.
+func TestHandshakeWaitsWhileDialersAreExpected(t *testing.T) {
+	const idle, timeout = time.Second, 6 * time.Second
+	t.Setenv(envHandshakeTimeout, idle.String())
+	j := startJob(t, jobOpts{size: 3, modeOf: func(r int) string { return mixedModes[r] }, hostID: otherHosts, timeout: timeout})
+	expectDialer(j.nodes, true)
+	start := time.Now()
+	strangers := dialSilently(t, j.nodes)
+	readChallenges(t, strangers)
+	told, closed := silentUntilDropped(t, strangers, 30*time.Second)
+	for i, s := range strangers {
+		if took := closed[i].Sub(start); took < timeout-time.Second {
+			t.Errorf("rank %d's %s acceptor dropped a silent connection after %v while it waited for a dialer, before Timeout %v", s.rank, s.kind, took, timeout)
+		}
+		if m := told[i]; s.kind != LinkTCPTLS && (m == nil || m.T != tError || !strings.Contains(m.Text, "setup step") || !strings.Contains(m.Text, "GORUN_TIMEOUT")) {
+			t.Errorf("rank %d's %s acceptor said %+v, want the setup step's deadline and GORUN_TIMEOUT", s.rank, s.kind, m)
+		}
+	}
+}
+
+// TestHandshakeIdleOnceNoDialerIsExpected: once a rank has all its links,
+// a silent connection is dropped at the idle time, and told it was that
+// deadline and how to raise it.
+func TestHandshakeIdleOnceNoDialerIsExpected(t *testing.T) {
+	const idle = time.Second
 	t.Setenv(envHandshakeTimeout, idle.String())
 	j := startJob(t, jobOpts{size: 3, modeOf: func(r int) string { return mixedModes[r] }, hostID: otherHosts, timeout: time.Minute})
 	if got := j.nodes[0].handshakeTimeout(); got != idle {
 		t.Fatalf("handshake timeout %v with %s=%v", got, envHandshakeTimeout, idle)
 	}
+	// While a dialer is expected, the strangers stay beyond the idle time:
+	// nothing comes for three of them, not even the end of the stream.
+	expectDialer(j.nodes, true)
 	strangers := dialSilently(t, j.nodes)
-	// Links come up every 100 ms for three idle times.
-	progress := time.NewTicker(100 * time.Millisecond)
-	until := time.After(3 * idle)
-ticking:
-	for {
-		select {
-		case <-progress.C:
-			for _, n := range j.nodes {
-				n.linkUp()
-			}
-		case <-until:
-			break ticking
+	readChallenges(t, strangers)
+	for _, s := range strangers {
+		s.c.SetReadDeadline(time.Now().Add(3 * idle))
+	}
+	for _, s := range strangers {
+		var b [1]byte
+		if _, err := s.c.Read(b[:]); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("rank %d's %s acceptor, waiting for a dialer: read %v, want nothing until the reader's deadline", s.rank, s.kind, err)
 		}
 	}
-	progress.Stop()
-	stopped := time.Now()
-	var wg sync.WaitGroup
-	for _, s := range strangers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.c.SetReadDeadline(time.Now().Add(30 * time.Second))
-			var told *msg
-			if s.kind != LinkTCPTLS { // a TLS acceptor waits for the ClientHello, then says nothing readable
-				if m, err := readMsg(s.c); err != nil || m.T != tDChal {
-					t.Errorf("rank %d's %s acceptor: %v, %v; want its challenge", s.rank, s.kind, m, err)
-					return
-				}
-				m, err := readMsg(s.c)
-				if err != nil {
-					t.Errorf("rank %d's %s acceptor ended the handshake without a word: %v", s.rank, s.kind, err)
-					return
-				}
-				told = m
-			}
-			io.Copy(io.Discard, s.c)
-			took := time.Since(stopped)
-			if took < idle/2 {
-				t.Errorf("rank %d's %s acceptor dropped a dialer %v after the last link came up, before the idle time %v", s.rank, s.kind, took, idle)
-			}
-			if told != nil && (told.T != tError || !strings.Contains(told.Text, envHandshakeTimeout) || !strings.Contains(told.Text, "deadline")) {
-				t.Errorf("rank %d's %s acceptor said %+v, want the deadline and %s", s.rank, s.kind, told, envHandshakeTimeout)
-			}
-		}()
+	expectDialer(j.nodes, false)
+	none := time.Now()
+	told, closed := silentUntilDropped(t, strangers, 30*time.Second)
+	for i, s := range strangers {
+		if took := closed[i].Sub(none); took > 10*idle {
+			t.Errorf("rank %d's %s acceptor kept a silent connection %v after it expected no dialer (idle time %v)", s.rank, s.kind, took, idle)
+		}
+		if m := told[i]; s.kind != LinkTCPTLS && (m == nil || m.T != tError || !strings.Contains(m.Text, "expects no more links") || !strings.Contains(m.Text, envHandshakeTimeout)) {
+			t.Errorf("rank %d's %s acceptor said %+v, want the idle deadline and %s", s.rank, s.kind, m, envHandshakeTimeout)
+		}
 	}
-	wg.Wait()
 	for _, n := range j.nodes {
 		if n.Err() != nil {
 			t.Fatal(n.Err())
