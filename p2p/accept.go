@@ -184,13 +184,13 @@ func (n *Node) accept(c net.Conn, kind string) error {
 		return n.acceptHandshake(newSocketLink(c, kind), from, nil)
 	}
 	// The TLS handshake comes before the dialer proves anything: it runs
-	// under the same idle watch as the hello (handshake_deadline.go).
+	// under the same watch as the wait for the hello (handshake_deadline.go).
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
-	w := n.watchIdle(c, false, cancel)
+	w := n.watchHello(c, false, cancel)
 	l, err := n.newTLSLink(ctx, c, "")
 	if err != nil {
-		return w.endedByIdle(err)
+		return w.endedByWatch(err)
 	}
 	// Refuse a stranger before it learns anything, like the gater does.
 	if !n.inTable(l.peerID) {

@@ -96,20 +96,20 @@ func (n *Node) dialHandshake(ctx context.Context, ep *epochRun, l *link, id, to 
 // acceptHandshake authenticates a dialer: it must prove the job key over
 // our fresh nonce and be the rank expected on that link (and, over libp2p
 // or TLS, have that rank's peer ID). We prove the key back over its nonce.
-// w is the idle watch of the connection (handshake_deadline.go), nil if
+// w is the watch on the wait for the hello (handshake_deadline.go), nil if
 // none started yet.
-func (n *Node) acceptHandshake(l *link, from string, w *idleWatch) error {
+func (n *Node) acceptHandshake(l *link, from string, w *helloWatch) error {
 	// The epoch this link would belong to: if the node moves on before the
 	// handshake ends, the link is dropped (below).
 	ep := n.cur.Load()
 	if w == nil {
-		w = n.watchIdle(l.rw, true, nil)
+		w = n.watchHello(l.rw, true, nil)
 	} else {
 		w.use(l.rw)
 	}
 	m, err := n.readHello(l, ep)
 	if err != nil {
-		return w.endedByIdle(err)
+		return w.endedByWatch(err)
 	}
 	// The dialer is a rank of the job: the rest is bounded like its side.
 	w.stop()

@@ -67,11 +67,11 @@ func (n *Node) awaitsDialers() bool {
 	return len(n.links.have) < len(n.links.expect)
 }
 
-// idleWatch ends an acceptor's handshake that waited for the dialer's
+// helloWatch ends an acceptor's handshake that waited for the dialer's
 // hello too long (see the top of the file): it sets a past deadline on the
 // connection (which wakes a blocked read or write) and cancels the
 // handshake's context, if it has one.
-type idleWatch struct {
+type helloWatch struct {
 	n      *Node
 	cancel context.CancelCauseFunc // nil: nothing but rw to end
 	idle   time.Duration
@@ -87,10 +87,10 @@ type idleWatch struct {
 	stopped bool
 }
 
-// watchIdle starts the idle time of a handshake on rw. tell says whether
+// watchHello starts the wait for a hello on rw. tell says whether
 // the dialer would read a message written on rw (use says when it can).
-func (n *Node) watchIdle(rw deadliner, tell bool, cancel context.CancelCauseFunc) *idleWatch {
-	w := &idleWatch{n: n, rw: rw, tell: tell, cancel: cancel, idle: n.handshakeTimeout(), start: time.Now()}
+func (n *Node) watchHello(rw deadliner, tell bool, cancel context.CancelCauseFunc) *helloWatch {
+	w := &helloWatch{n: n, rw: rw, tell: tell, cancel: cancel, idle: n.handshakeTimeout(), start: time.Now()}
 	rw.SetDeadline(time.Time{})
 	w.mu.Lock()
 	w.t = time.AfterFunc(w.idle, w.check)
@@ -101,7 +101,7 @@ func (n *Node) watchIdle(rw deadliner, tell bool, cancel context.CancelCauseFunc
 // use moves the watch to the stream the handshake goes on with (the TLS
 // connection over the socket it watched), on which the dialer can be told
 // why it ended.
-func (w *idleWatch) use(rw deadliner) {
+func (w *helloWatch) use(rw deadliner) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.rw, w.tell = rw, true
@@ -112,7 +112,7 @@ func (w *idleWatch) use(rw deadliner) {
 
 // check runs when the idle time is up: while the rank still waits for
 // dialers, it waits on, up to Timeout; otherwise it ends the handshake.
-func (w *idleWatch) check() {
+func (w *helloWatch) check() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stopped {
@@ -135,7 +135,7 @@ func (w *idleWatch) check() {
 
 // stop ends the watch (the dialer proved itself, or the handshake failed)
 // and returns why it ended the handshake, nil if it did not.
-func (w *idleWatch) stop() error {
+func (w *helloWatch) stop() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.stopped = true
@@ -160,10 +160,10 @@ func (e *HandshakeDeadlineError) Error() string {
 		e.Waited.Round(time.Millisecond), e.Idle, envHandshakeTimeout, envHandshakeTimeout, 6*e.Idle)
 }
 
-// endedByIdle ends a failed handshake of the acceptor: if its watch ended
+// endedByWatch ends a failed handshake of the acceptor: if its watch ended
 // it, it returns why instead of the i/o error that caused, and tells the
 // dialer so (best effort: it may be gone).
-func (w *idleWatch) endedByIdle(err error) error {
+func (w *helloWatch) endedByWatch(err error) error {
 	reason := w.stop()
 	if reason == nil {
 		return err
