@@ -40,8 +40,12 @@ shared by its ranks, and --latency between hosts; ranks of one host have
 links of their own (--local-gbps, --local-latency); --burst models links
 shaped with tc tbf. Reductions take no time. How the model and the simulation work, and how buffers too large
 for this machine run scaled: go doc ./internal/ringsim. The simulation is
-deterministic: the same flags print the same table. It runs on one core.`,
+deterministic: the same flags print the same table. It runs on one core:
+the default table takes about half an hour; at 4096 ranks an algorithm
+takes minutes per size and gigabytes of memory (BENCHMARKS.md,
+"Simulator").`,
 		Example: `  gorun sim
+  gorun sim --layouts 4096/1024 --sizes 1M --algorithms rabenseifner
   gorun sim --layouts 64/8 --sizes 1M,64M --gbps 100
   gorun sim --layouts 4/2 --sizes 64M --gbps 1 --latency 50us --json`,
 		// A tool for gorun's developers (BENCHMARKS.md, "Simulator"), not
@@ -106,7 +110,7 @@ deterministic: the same flags print the same table. It runs on one core.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&layouts, "layouts", "16/8,64/8,256/32,1024/128,4096/1024", "`RANKS/HOSTS` pairs, comma-separated")
+	fl.StringVar(&layouts, "layouts", "16/8,64/8,256/32,1024/128", "`RANKS/HOSTS` pairs, comma-separated")
 	fl.StringVar(&sizes, "sizes", "1K,32K,1M,32M,1G", "bytes per rank, comma-separated, K/M/G suffixes allowed")
 	fl.StringVar(&gbps, "gbps", "10,100,400", "bandwidths between hosts in Gbit/s, comma-separated")
 	fl.StringVar(&algos, "algorithms", "recursive-doubling:1M,rabenseifner,ring,hierarchical", "algorithms to simulate besides the policy's choice, each up to its MAXBYTES if given: `NAME[:MAXBYTES],...`")
