@@ -22,7 +22,7 @@ import (
 // environment to every rank, remote ones included, because ranks that
 // disagree on them fail (an allreduce algorithm is part of every message's
 // fingerprint) or lose speed.
-var TuningEnv = []string{EnvAllreduceAlgorithms, EnvChunkBytes, EnvCPUBind, EnvDataPlane, EnvPollUS, EnvShm, EnvShmBytes}
+var TuningEnv = []string{EnvAllreduceAlgorithms, EnvChunkBytes, EnvCPUBind, EnvDataPlane, EnvPollUS, EnvShm, EnvShmBytes, EnvHandshakeTimeout}
 
 // The environment contract. gorun sets the GORUN_* variables for every rank;
 // the others are read so that the same binary also runs without gorun,
@@ -106,8 +106,13 @@ const (
 	// only if both ranks allow it (tuning).
 	EnvShm = "GORUN_SHM"
 	// EnvShmBytes is the size of each shared-memory link's ring buffer in
-	// bytes, rounded up to a power of two (default 2 MiB; tuning).
+	// bytes, rounded up to a power of two (default 2 MiB, less on a host
+	// of more than 23 ranks; tuning).
 	EnvShmBytes = "GORUN_SHM_BYTES"
+	// EnvHandshakeTimeout is how long a rank that expects no more links
+	// waits for the hello of a connection to its data ports (a Go
+	// duration, default 5s; tuning).
+	EnvHandshakeTimeout = "GORUN_HANDSHAKE_TIMEOUT"
 	// EnvPollUS is how long, in microseconds, a receive polls before it
 	// sleeps (default 50; 0 sleeps at once; tuning).
 	EnvPollUS = "GORUN_POLL_US"

@@ -365,8 +365,8 @@ NAME from gorun's environment; it is repeatable. Ranks on this host see
 gorun's environment too; remote ranks get only the -x variables, the GORUN_*
 gorun sets, and the tuning variables set in gorun's environment:
 GORUN_ALLREDUCE_ALGORITHMS, GORUN_CHUNK_BYTES, GORUN_DATA_PLANE,
-GORUN_POLL_US, GORUN_SHM, GORUN_SHM_BYTES. Ranks started with srun see
-gorun's environment (gorun help slurm).
+GORUN_POLL_US, GORUN_SHM, GORUN_SHM_BYTES, GORUN_HANDSHAKE_TIMEOUT. Ranks
+started with srun see gorun's environment (gorun help slurm).
 
 gorun itself reads GORUN_SSH_OPTS, extra options for ssh (gorun help hosts),
 and GORUN_SRUN_OPTS, extra options for srun (gorun help slurm).
