@@ -132,6 +132,12 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 // reconfigureAll calls Reconfigure on every node at once.
 func reconfigureAll(t *testing.T, nodes []*Node) []View {
 	t.Helper()
+	return onAllNodes(t, nodes, (*Node).Reconfigure)
+}
+
+// onAllNodes calls call on every node at once and returns their views.
+func onAllNodes(t *testing.T, nodes []*Node, call func(*Node, context.Context) (View, error)) []View {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	views := make([]View, len(nodes))
@@ -141,7 +147,7 @@ func reconfigureAll(t *testing.T, nodes []*Node) []View {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			views[i], errs[i] = n.Reconfigure(ctx)
+			views[i], errs[i] = call(n, ctx)
 		}()
 	}
 	wg.Wait()

@@ -358,23 +358,30 @@ func (r *Rendezvous) Close() error {
 			}
 			t.Stop()
 		}
-		r.mu.Lock()
-		r.closed = true
-		close(r.closeCh)
-		conns := make([]*rzConn, 0, len(r.conns))
-		for _, c := range r.conns {
-			conns = append(conns, c)
-		}
-		r.mu.Unlock()
-		for _, c := range conns {
-			c.s.Reset()
-		}
-		if r.grp != nil {
-			r.closeGroup()
-		}
-		err = r.h.Close()
-		r.wg.Wait()
+		err = r.teardown()
 	})
+	return err
+}
+
+// teardown stops the rendezvous: its streams, its group's, its host, and
+// waits for its goroutines. Close and CloseNow run it once.
+func (r *Rendezvous) teardown() error {
+	r.mu.Lock()
+	r.closed = true
+	close(r.closeCh)
+	conns := make([]*rzConn, 0, len(r.conns))
+	for _, c := range r.conns {
+		conns = append(conns, c)
+	}
+	r.mu.Unlock()
+	for _, c := range conns {
+		c.s.Reset()
+	}
+	if r.grp != nil {
+		r.closeGroup()
+	}
+	err := r.h.Close()
+	r.wg.Wait()
 	return err
 }
 

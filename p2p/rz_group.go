@@ -382,22 +382,9 @@ func (r *Rendezvous) CloseNow() error {
 			t.Stop()
 		}
 	}
-	r.closeOnce.Do(func() {
-		r.mu.Lock()
-		r.closed = true
-		close(r.closeCh)
-		conns := slices.Collect(maps.Values(r.conns))
-		r.mu.Unlock()
-		for _, c := range conns {
-			c.s.Reset()
-		}
-		if r.grp != nil {
-			r.closeGroup()
-		}
-		r.h.Close()
-		r.wg.Wait()
-	})
-	return nil
+	var err error
+	r.closeOnce.Do(func() { err = r.teardown() })
+	return err
 }
 
 func groupText(replicas map[uint64]string) string {
@@ -449,12 +436,12 @@ func (r *Rendezvous) becameLeader() {
 	g.leadTerm++
 	term := g.leadTerm
 	since, waiting := r.m.WaitingSince()
-	started := r.m.Started()
+	idle := !r.m.Started() && r.m.Registered() == 0
 	r.mu.Unlock()
 	if waiting {
 		r.afterWaiting(since)
 	}
-	if !started && r.m.Registered() == 0 {
+	if idle {
 		return
 	}
 	grace := 2 * r.hb

@@ -205,23 +205,7 @@ func TestFailoverHandedOffLeaderKilled(t *testing.T) {
 // growAll calls Grow on every node at once.
 func growAll(t *testing.T, nodes []*Node) []View {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	views := make([]View, len(nodes))
-	errs := make([]error, len(nodes))
-	var wg sync.WaitGroup
-	for i, n := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			views[i], errs[i] = n.Grow(ctx)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	return views
+	return onAllNodes(t, nodes, (*Node).Grow)
 }
 
 func waitLogWithin(t *testing.T, log *logRec, within time.Duration, want string) {
