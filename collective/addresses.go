@@ -7,6 +7,8 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/gorun/gorun/p2p"
 )
@@ -45,7 +47,39 @@ func hostingListenAddr(ctx context.Context, addr string) (string, error) {
 // name in /etc/hosts: the default route's address is taken instead, or,
 // without one, it is an error, since ranks on other hosts could not reach
 // a loopback address.
+//
+// A list of a rendezvous group's replicas ("host:port,4@host:port,...")
+// takes the first entry whose name resolves: a replica's pod or node may
+// be gone with its name.
 func defaultListenIP(ctx context.Context, rendezvous string, multiHost bool) (string, error) {
+	entries := strings.Split(rendezvous, ",")
+	if len(entries) == 1 {
+		return listenIPToward(ctx, rendezvous, multiHost)
+	}
+	var errs []error
+	for round := 0; ; round++ {
+		for _, e := range entries {
+			if _, addr, ok := strings.Cut(e, "@"); ok {
+				e = addr
+			}
+			ectx, cancel := context.WithTimeout(ctx, time.Second<<min(round, 3))
+			ip, err := listenIPToward(ectx, strings.TrimSpace(e), multiHost)
+			cancel()
+			if err == nil {
+				return ip, nil
+			}
+			if ctx.Err() != nil {
+				return "", errors.Join(append(errs, err)...)
+			}
+			if round == 0 {
+				errs = append(errs, err)
+			}
+		}
+	}
+}
+
+// listenIPToward is defaultListenIP for one rendezvous address.
+func listenIPToward(ctx context.Context, rendezvous string, multiHost bool) (string, error) {
 	host, port, err := net.SplitHostPort(rendezvous)
 	if err != nil {
 		return "", fmt.Errorf("rendezvous address %q: %w (write HOST:PORT)", rendezvous, err)

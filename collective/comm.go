@@ -130,9 +130,10 @@ type config struct {
 	minSize, maxSize     int // StartLocal's elastic rendezvous, or the bounds of a replica's membership
 	// replica: host a replica of the job's rendezvous group (a rank gorun
 	// chose), with the job's bounds minSize, maxSize and elasticWait.
-	replica     bool
-	elasticWait time.Duration
-	group       bool // rank 0 hosts replica 1 of the group (srun)
+	replica      bool
+	replicaSpare bool
+	elasticWait  time.Duration
+	group        bool // rank 0 hosts replica 1 of the group (srun)
 }
 
 // WithRank sets this process's rank and the job size instead of reading them
@@ -215,7 +216,7 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 		rank: env.rank, size: env.size, localRank: env.localRank, localSize: env.localSize,
 		rendezvous: env.rendezvous, hostRendezvous: env.hostRendezvous, jobKey: env.jobKey,
 		listenIP: os.Getenv(EnvListenIP), dataPlane: os.Getenv(EnvDataPlane),
-		replica: env.replica, group: env.group, minSize: env.minNP, maxSize: env.maxNP, elasticWait: env.elasticWait,
+		replica: env.replica, replicaSpare: env.replicaSpare, group: env.group, minSize: env.minNP, maxSize: env.maxNP, elasticWait: env.elasticWait,
 	}
 	if env.source == "" {
 		cfg.size, cfg.localSize = 1, 1
@@ -384,7 +385,7 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		c.node, err = p2p.Join(setup, p2p.Config{
 			Rank: cfg.rank, Size: cfg.size, JobKey: cfg.jobKey, Rendezvous: cfg.rendezvous,
 			ListenIP: cfg.listenIP, DataPlane: cfg.dataPlane, Timeout: cfg.timeout, Logf: cfg.logf,
-			Elastic: cfg.elastic, HeartbeatTimeout: c.heartbeat, Replica: c.replica,
+			Elastic: cfg.elastic, HeartbeatTimeout: c.heartbeat, Replica: c.hostedReplica(),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("gorun: %s: joining the job at %s: %w", who, cfg.rendezvous, err)
@@ -570,4 +571,18 @@ func (c *Comm) shutdown(cause error) error {
 		errs = append(errs, c.tl.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// hostedReplica is the replica of the job's rendezvous group this rank
+// hosts, nil if none: its own (GORUN_RDZV_REPLICA), or replica 1, which
+// rank 0 hosts where no gorun does. The hello names it, so that a new
+// leader knows which ranks went with the old one.
+func (c *Comm) hostedReplica() *p2p.Rendezvous {
+	if c.replica != nil {
+		return c.replica
+	}
+	if c.cfgGroup {
+		return c.rdv
+	}
+	return nil
 }

@@ -149,6 +149,7 @@ type launchEnv struct {
 	// replica: this rank hosts a replica of the rendezvous group, whose
 	// membership has the job's elastic bounds (env_replica.go).
 	replica      bool
+	replicaSpare bool // the replica is a spare (GORUN_RDZV_REPLICA=spare)
 	minNP, maxNP int
 	elasticWait  time.Duration
 	// group: rank 0 hosts replica 1 of a rendezvous group (an elastic job

@@ -21,7 +21,8 @@ import (
 const (
 	// EnvRdzvReplica "1": this rank hosts a replica of the job's
 	// rendezvous group (gorun sets it for two ranks on other hosts than
-	// its own; ignored for a joiner).
+	// its own; ignored for a joiner); "spare": a replica that takes the
+	// place of a lost one (gorun sets it for as many more ranks).
 	EnvRdzvReplica = "GORUN_RDZV_REPLICA"
 	// EnvMinNP, EnvMaxNP: the elastic job's --min-np and --max-np;
 	// EnvElasticWait: how long it may stay below --min-np (--elastic-timeout).
@@ -42,16 +43,22 @@ func readReplica(getenv func(string) string, e *launchEnv) error {
 	case "", "0":
 	case "1":
 		e.replica = true
+	case "spare":
+		e.replica, e.replicaSpare = true, true
 	default:
-		return fmt.Errorf("%s=%q: want 1 (host a replica of the rendezvous) or 0", EnvRdzvReplica, v)
+		return fmt.Errorf("%s=%q: want 1 (host a replica of the rendezvous), spare (host a spare one) or 0", EnvRdzvReplica, v)
 	}
 	if !e.elastic || e.rank < 0 {
-		e.replica = false // only the members of an elastic job's start host one
+		e.replica, e.replicaSpare = false, false // only the members of an elastic job's start host one
 		return nil
 	}
 	if e.hostRendezvous && e.source == "slurm" {
 		e.group = true
-		e.replica = e.rank != 0 && schedulerReplica(e.nodeID, e.localRank, e.nodeCounts)
+		pick := -1
+		if e.rank != 0 {
+			pick = schedulerReplica(e.nodeID, e.localRank, e.nodeCounts)
+		}
+		e.replica, e.replicaSpare = pick >= 0, pick >= 2
 	}
 	if !e.replica && !e.group {
 		return nil
@@ -81,33 +88,40 @@ func readReplica(getenv func(string) string, e *launchEnv) error {
 }
 
 // schedulerReplica says whether the task with local rank local on node
-// node of a step (counts: tasks per node) hosts one of the two replicas
-// beside rank 0's: the first task of nodes 1 and 2; with two nodes, the
-// first two of node 1, so that losing rank 0's node leaves a majority;
-// on one node, local ranks 1 and 2.
-func schedulerReplica(node, local int, counts []int) bool {
+// node of a step (counts: tasks per node) hosts one of the four replicas
+// beside rank 0's (two for the group of three, two spares that take the
+// place of lost ones): the first task of nodes 1, 2, ..., then the second,
+// rank 0's node last; with two nodes, the first two of node 1 and the
+// second of node 0; on one node, local ranks 1 to 4. The group's leader
+// picks its voters among them so that losing rank 0's node leaves a
+// majority where it can.
+//
+// It returns the task's place in that order (0 and 1: the group's, 2 and
+// 3: the spares), -1 if it hosts none.
+func schedulerReplica(node, local int, counts []int) int {
+	const replicas = 4
 	if len(counts) == 0 {
 		counts = []int{max(local+1, 1)}
 	}
 	picked := 0
-	for l := 0; picked < 2; l++ {
+	for l := 0; picked < replicas; l++ {
 		more := false
-		for n := 1; n <= len(counts) && picked < 2; n++ {
+		for n := 1; n <= len(counts) && picked < replicas; n++ {
 			i := n % len(counts) // nodes 1, 2, ... and rank 0's last
 			if i == 0 && l == 0 || l >= counts[i] {
 				continue
 			}
 			more = true
 			if i == node && l == local {
-				return true
+				return picked
 			}
 			picked++
 		}
 		if !more && l > 0 {
-			return false
+			return -1
 		}
 	}
-	return false
+	return -1
 }
 
 // boundVar reads a positive bound, def when unset and defaults allowed.
@@ -135,7 +149,7 @@ func startReplica(ctx context.Context, cfg config, heartbeat time.Duration) (*p2
 	rz, err := p2p.StartRendezvous(ctx, p2p.RendezvousConfig{
 		ListenAddr: net.JoinHostPort(ip, "0"), Size: cfg.size, JobKey: cfg.jobKey, Timeout: cfg.timeout, Logf: cfg.logf,
 		Elastic: &p2p.ElasticConfig{MinSize: cfg.minSize, MaxSize: cfg.maxSize, WaitTimeout: cfg.elasticWait, HeartbeatTimeout: heartbeat},
-		Group:   &p2p.GroupConfig{ID: p2p.ReplicaID(cfg.rank)},
+		Group:   &p2p.GroupConfig{ID: p2p.ReplicaID(cfg.rank), Spare: cfg.replicaSpare},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("hosting a replica of the rendezvous (%s=1): %w", EnvRdzvReplica, err)

@@ -322,6 +322,11 @@ func TestDefaultListenIP(t *testing.T) {
 			t.Errorf("toward %v: %q, %v; want %v", ipn.IP, got, err, ipn.IP)
 		}
 	}
+	// A list of a rendezvous group's replicas: the first that resolves (a
+	// lost pod's name is gone).
+	if got, err := defaultListenIP(ctx, "pod-0.gone.invalid:29500,3@127.0.0.1:29500", false); err != nil || got != "127.0.0.1" {
+		t.Errorf("toward a list whose first name is gone: %q, %v; want 127.0.0.1", got, err)
+	}
 	// A name that does not resolve is asked again until the deadline (a
 	// pod's DNS record may come later), then named in the error.
 	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -916,23 +921,23 @@ func TestRendezvousPortTaken(t *testing.T) {
 }
 
 // Under srun, an elastic job's rendezvous is a group: rank 0 hosts replica
-// 1 and two tasks on other nodes the others, placed so that losing rank
-// 0's node leaves a majority.
+// 1 and four tasks, on other nodes first, the others and the spares.
 func TestSchedulerReplica(t *testing.T) {
 	for _, tc := range []struct {
 		counts []int
 		want   [][2]int // node, local rank
 	}{
-		{[]int{2, 2, 2}, [][2]int{{1, 0}, {2, 0}}},
-		{[]int{2, 2}, [][2]int{{1, 0}, {1, 1}}},
+		{[]int{2, 2, 2}, [][2]int{{1, 0}, {1, 1}, {2, 0}, {2, 1}}},
+		{[]int{3, 3, 3}, [][2]int{{1, 0}, {1, 1}, {2, 0}, {2, 1}}},
+		{[]int{2, 2}, [][2]int{{0, 1}, {1, 0}, {1, 1}}},
 		{[]int{1, 1}, [][2]int{{1, 0}}},
-		{[]int{4}, [][2]int{{0, 1}, {0, 2}}},
-		{[]int{1, 1, 1, 1}, [][2]int{{1, 0}, {2, 0}}},
+		{[]int{6}, [][2]int{{0, 1}, {0, 2}, {0, 3}, {0, 4}}},
+		{[]int{1, 1, 1, 1, 1, 1}, [][2]int{{1, 0}, {2, 0}, {3, 0}, {4, 0}}},
 	} {
 		var got [][2]int
 		for node, n := range tc.counts {
 			for l := range n {
-				if schedulerReplica(node, l, tc.counts) {
+				if schedulerReplica(node, l, tc.counts) >= 0 {
 					got = append(got, [2]int{node, l})
 				}
 			}
@@ -940,6 +945,11 @@ func TestSchedulerReplica(t *testing.T) {
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("tasks per node %v: replicas on %v, want %v", tc.counts, got, tc.want)
 		}
+	}
+	// The group's two come first, as placed before there were spares:
+	// with two nodes, both on node 1.
+	if a, b, c := schedulerReplica(1, 0, []int{2, 2}), schedulerReplica(1, 1, []int{2, 2}), schedulerReplica(0, 1, []int{2, 2}); a != 0 || b != 1 || c != 2 {
+		t.Errorf("two nodes of 2: places %d, %d, %d, want 0, 1 (the group's) and 2 (a spare)", a, b, c)
 	}
 	env := map[string]string{"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
 		"SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "1",

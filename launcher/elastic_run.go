@@ -26,6 +26,7 @@ type elasticRun struct {
 	// rendezvous group (rdzv_group.go); empty: gorun's rendezvous is
 	// alone.
 	replicas map[int]bool
+	spares   map[int]bool // the ranks that host a spare replica (GORUN_RDZV_REPLICA=spare)
 
 	hosts   []Host         // where ranks may run now: -H, or the script's last list
 	perHost map[string]int // running processes per host
@@ -84,7 +85,7 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, n
 		cd: newCooldown(el.CooldownBase, el.CooldownMax), warned: map[string]bool{},
 		rdvWake: make(chan struct{}, 1), aborted: make(chan struct{}, 1), unreachable: map[string]bool{}}
 	e.heartbeat = el.HeartbeatTimeout
-	e.replicas = replicaRanks(lay, el.Replicas)
+	e.replicas, e.spares = replicaRanks(lay, el.Replicas)
 	if err := e.startRendezvous(); err != nil {
 		return err
 	}
@@ -325,6 +326,8 @@ func (e *elasticRun) start(host string, r, localRank, localSize int) error {
 	)
 	if r >= 0 && e.replicas[r] && n == r {
 		env = append(env, collective.EnvRdzvReplica+"=1")
+	} else if r >= 0 && e.spares[r] && n == r {
+		env = append(env, collective.EnvRdzvReplica+"=spare")
 	}
 	p := &rankProc{rank: n, host: hostLabel, hostName: host, joiner: r < 0, localRank: localRank,
 		remote: remote, via: e.job.SSH.via(), tail: &tail{max: 20}, out: e.out, done: make(chan struct{})}

@@ -20,18 +20,33 @@ import (
 // replicaRanks picks the ranks that host a replica, for a group of n
 // (gorun's among them): the first rank of each host, remote hosts first
 // (gorun's own host has its replica), then more ranks of hosts already
-// chosen if there are not enough hosts; none for n <= 1.
-func replicaRanks(lay *layout, n int) map[int]bool {
+// chosen if there are not enough hosts; none for n <= 1. As many more
+// host a spare replica, picked the same way among the rest: when a
+// replica's rank is lost, the group takes a spare in its place (p2p's
+// changeGroupLocked), so it survives more losses than n's majority.
+func replicaRanks(lay *layout, n int) (group, spares map[int]bool) {
 	if n <= 1 {
-		return nil
+		return nil, nil
 	}
-	groupSize := n
+	group = pickReplicaRanks(lay, n-1, nil)
+	return group, pickReplicaRanks(lay, n-1, group)
+}
+
+// pickReplicaRanks picks up to want ranks not in taken: the first rank of
+// each host without one, remote hosts first, then more ranks of hosts.
+func pickReplicaRanks(lay *layout, want int, taken map[int]bool) map[int]bool {
 	out := map[int]bool{}
 	seen := map[int]bool{}
+	for r := range taken {
+		seen[lay.pl.host[r]] = true
+	}
 	for pass := range 3 {
 		for r, h := range lay.pl.host {
-			if len(out) == groupSize-1 {
+			if len(out) == want {
 				return out
+			}
+			if taken[r] {
+				continue
 			}
 			remote := !IsLocalHost(lay.hosts[h].Name)
 			if out[r] || pass < 2 && seen[h] || pass == 0 && !remote {
@@ -48,7 +63,7 @@ func (e *elasticRun) groupConfig() *p2p.GroupConfig {
 	if len(e.replicas) == 0 {
 		return nil
 	}
-	return &p2p.GroupConfig{ID: 1, Size: len(e.replicas) + 1, Reports: true, HandOff: true}
+	return &p2p.GroupConfig{ID: 1, Size: e.el.Replicas, Reports: true, HandOff: true}
 }
 
 // maxSize is the rendezvous' (and every replica's) largest membership.

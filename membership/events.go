@@ -21,6 +21,12 @@ type Info struct {
 	// encoding: it goes into the tables, and a replicated rendezvous
 	// needs it in its log, for a new leader sends the tables too.
 	Contact string `json:",omitempty"`
+	// Replica is the rendezvous replica this process hosts (0: none): a
+	// new leader counts the ranks of the lost leader's host as lost as
+	// soon as every other rank came back, instead of waiting for them.
+	Replica      uint64 `json:",omitempty"`
+	ReplicaAddr  string `json:",omitempty"` // where the other replicas reach it
+	ReplicaSpare bool   `json:",omitempty"` // it replaces lost replicas rather than complete the group
 }
 
 // Register: a process said hello (with the job key checked) and asks to

@@ -138,7 +138,7 @@ func (m *Machine) drop(p *proc, cause string) Lost {
 // records l for the next table.
 func (m *Machine) remove(p *proc, l Lost, kind ProcKind, cause string) Lost {
 	el := &m.el
-	p.member = false
+	p.member, p.removed = false, true
 	el.members = slices.DeleteFunc(el.members, func(o *proc) bool { return o == p })
 	m.procEvent(kind, p, l.Rank, cause)
 	if p.stableRank >= 0 {

@@ -46,6 +46,7 @@ type proc struct {
 	leaveReq   bool // with its grow request: it leaves the job (leaveWhy)
 	leaveWhy   string
 	departed   bool // it left the job gracefully at a commit
+	removed    bool // taken out of the members (lost, dropped, departed)
 	// growSeq: the sequence number of its last Grow taken (a repeat,
 	// sent again after the rendezvous' leader changed, is ignored);
 	// grewNone: that request was answered GrowNone in epoch grewNoneAt;

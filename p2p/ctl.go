@@ -22,7 +22,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/peerstore"
-	ma "github.com/multiformats/go-multiaddr"
 )
 
 // ctlClient is a node's end of the control stream.
@@ -77,59 +76,96 @@ func (c *ctlClient) closed() bool {
 
 // register performs the challenge-response with the rendezvous and starts
 // the control reader and heartbeat.
-func (n *Node) register(ctx context.Context, rzAddrs []ma.Multiaddr) error {
+func (n *Node) register(ctx context.Context, targets []groupItem) error {
 	sctx, cancel := n.stepCtx(ctx, "registering with the rendezvous at "+n.cfg.Rendezvous)
 	defer cancel()
-	n.h.Peerstore().AddAddrs(n.rzID, rzAddrs, peerstore.PermanentAddrTTL)
 	// Ranks may start before the rendezvous (rank 0 hosting it, started by
 	// a batch system at the same time as everyone else): retry with
 	// backoff until the step times out. ForceDirectDial skips the swarm's
 	// own dial backoff, which would otherwise turn retries into instant
 	// failures.
 	dctx := network.WithForceDirectDial(sctx, "gorun rendezvous")
-	pid, where, replicaOf := n.rzID, n.cfg.Rendezvous, uint64(1)
-	var s network.Stream
-	var w *msg
-	for delay, logged := 50*time.Millisecond, false; ; delay = min(2*delay, time.Second) {
-		var err error
-		s, err = n.h.NewStream(dctx, pid, rendezvousProto)
-		if err == nil {
-			if w, err = n.hello(sctx, s, pid, false); err == nil {
-				break
-			}
+	var (
+		s    network.Stream
+		w    *msg
+		at   groupItem
+		hint *groupItem // the leader a replica redirected to
+		err  error
+	)
+	logged := map[uint64]bool{}
+	delay := 50 * time.Millisecond
+	for i := 0; ; {
+		at = targets[i%len(targets)]
+		if hint != nil {
+			at, hint = *hint, nil
+		} else {
+			i++
+		}
+		var final bool
+		if s, w, final, err = n.registerWith(sctx, dctx, at, len(targets) > 1); err == nil {
+			break
+		}
+		if final {
+			return fmt.Errorf("register with rendezvous at %s: %w", at.Addr, err)
+		}
+		var re *redirectError
+		if errors.As(err, &re) {
 			// A replica of a replicated rendezvous that does not lead
 			// (yet) sends this rank to the one that does.
-			var re *redirectError
-			if !errors.As(err, &re) {
-				return fmt.Errorf("register with rendezvous at %s: %w", where, err)
-			}
-			if it := re.leaderItem(); it != nil {
-				if rpid, addrs, rerr := n.replicaAddrs(sctx, *it); rerr == nil {
-					n.h.Peerstore().AddAddrs(rpid, addrs, peerstore.PermanentAddrTTL)
-					pid, where, replicaOf = rpid, it.Addr, it.ID
-					continue
-				}
+			if it := re.leaderItem(); it != nil && it.ID != at.ID {
+				hint = it
+				continue
 			}
 		}
-		if !logged {
-			n.logf("rendezvous at %s not reachable yet, retrying: %v", where, err)
-			logged = true
+		if !logged[at.ID] {
+			n.logf("rendezvous at %s not reachable yet, retrying: %v", at.Addr, err)
+			logged[at.ID] = true
+		}
+		if i%len(targets) != 0 {
+			continue // the next replica of the list at once
 		}
 		t := time.NewTimer(delay)
 		select {
 		case <-sctx.Done():
 			t.Stop()
-			return fmt.Errorf("connect to rendezvous at %s: %v: %w", where, err, context.Cause(sctx))
+			return fmt.Errorf("connect to rendezvous at %s: %v: %w", n.cfg.Rendezvous, err, context.Cause(sctx))
 		case <-t.C:
 		}
+		delay = min(2*delay, time.Second)
 	}
 	n.ctl.learn(w)
 	n.ctl.group.mu.Lock()
-	n.ctl.group.current = replicaOf
+	n.ctl.group.current = at.ID
 	n.ctl.group.mu.Unlock()
-	n.logf("registered with rendezvous %s", where)
+	n.logf("registered with rendezvous %s", at.Addr)
 	n.ctl.start(s)
 	return nil
+}
+
+// registerWith opens a control stream with replica it and says hello;
+// final: the hello failed in a way that trying again cannot mend (a
+// refusal, a wrong job key). In a list (bounded), one replica's dial is
+// bounded by the heartbeat bound, so that a replica whose host is gone
+// does not hold up the others.
+func (n *Node) registerWith(sctx, dctx context.Context, it groupItem, bounded bool) (s network.Stream, w *msg, final bool, err error) {
+	pid, addrs, err := n.replicaAddrs(sctx, it)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	n.h.Peerstore().AddAddrs(pid, addrs, peerstore.PermanentAddrTTL)
+	if bounded {
+		var cancel context.CancelFunc
+		dctx, cancel = context.WithTimeout(dctx, n.hbTimeout())
+		defer cancel()
+	}
+	if s, err = n.hosts.newStream(dctx, n.h, pid, rendezvousProto); err != nil {
+		return nil, nil, false, err
+	}
+	if w, err = n.hello(sctx, s, pid, false); err != nil {
+		var re *redirectError
+		return nil, nil, !errors.As(err, &re) && sctx.Err() == nil, err
+	}
+	return s, w, false, nil
 }
 
 // hello runs the challenge-response on a new stream s with the
@@ -172,7 +208,7 @@ func (n *Node) hello(ctx context.Context, s network.Stream, pid peer.ID, resume 
 		hello.HostName = n.cfg.HostName
 	}
 	if r := n.cfg.Replica; r != nil && r.grp != nil {
-		hello.Replica = &groupItem{ID: r.grp.cfg.ID, Addr: r.grp.cfg.Advertise}
+		hello.Replica = &groupItem{ID: r.grp.cfg.ID, Addr: r.grp.cfg.Advertise, Spare: r.grp.cfg.Spare}
 	}
 	if resume {
 		n.ctl.group.mu.Lock()

@@ -268,6 +268,6 @@ func (c *ctlClient) dialReplica(ctx context.Context, it groupItem) (network.Stre
 	n.h.Peerstore().AddAddrs(pid, addrs, peerstore.PermanentAddrTTL)
 	dctx, cancel := context.WithTimeout(ctx, n.hbTimeout()/2)
 	defer cancel()
-	s, err := n.h.NewStream(network.WithForceDirectDial(dctx, "gorun rendezvous"), pid, rendezvousProto)
+	s, err := n.hosts.newStream(network.WithForceDirectDial(dctx, "gorun rendezvous"), n.h, pid, rendezvousProto)
 	return s, pid, err
 }

@@ -80,7 +80,7 @@ func (n *Node) dialLink(ctx context.Context, ep *epochRun, id, to int) (*link, e
 		if err != nil {
 			return nil, err
 		}
-		s, err := n.h.NewStream(ctx, id, ringProto)
+		s, err := n.hosts.newStream(ctx, n.h, id, ringProto)
 		if err != nil {
 			return nil, fmt.Errorf("open stream to rank %d (%s): %w", to, id, err)
 		}

@@ -24,7 +24,7 @@ func (n *Node) crash() {
 	for _, l := range links {
 		l.close()
 	}
-	n.h.Close()
+	n.hosts.close(n.h)
 }
 
 // SimulateCrash makes the node drop every connection at once without a
@@ -94,7 +94,7 @@ func (r *Rendezvous) crash() {
 	r.closed = true
 	close(r.closeCh)
 	r.mu.Unlock()
-	r.h.Close()
+	r.hosts.close(r.h)
 	if r.grp != nil {
 		r.closeGroup()
 	}

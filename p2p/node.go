@@ -43,7 +43,11 @@ var ErrClosed = errors.New("p2p: node closed")
 type Config struct {
 	Rank, Size int
 	JobKey     []byte // shared secret, >= 16 bytes
-	Rendezvous string // "host:port" of the rendezvous service
+	// Rendezvous is the rendezvous service's "host:port", or a list of a
+	// replicated group's replicas, "host:port,ID@host:port,..." (an entry
+	// without ID is replica 1, the one the group starts from): tried in
+	// turn, and one that does not lead redirects to the leader.
+	Rendezvous string
 	ListenIP   string // IP the libp2p host (and the TCP data ports) listen on and advertise; "" = 127.0.0.1
 	// DataPlane: "auto" (default): same host -> shared memory set up over an
 	// authenticated unix abstract socket (the socket itself with NoShm),
@@ -132,12 +136,13 @@ type Peer struct {
 
 // Node is one rank's membership in a job.
 type Node struct {
-	cfg  Config
-	h    host.Host  // this rank's libp2p host
-	g    *gater     // admits the rendezvous and the job's peers to h
-	rzID peer.ID    // the rendezvous' peer ID
-	data dataPlane  // how this rank's data links are reached and made (accept.go)
-	ctl  *ctlClient // the control stream to the rendezvous (ctl.go)
+	cfg   Config
+	h     host.Host  // this rank's libp2p host
+	g     *gater     // admits the rendezvous and the job's peers to h
+	rzID  peer.ID    // the rendezvous' peer ID
+	hosts hostGuard  // h closes only between dials
+	data  dataPlane  // how this rank's data links are reached and made (accept.go)
+	ctl   *ctlClient // the control stream to the rendezvous (ctl.go)
 
 	// mu guards job, links, fatal and the replacement of cur, and in
 	// other types what says "under Node.mu": an epoch's err, the elastic
@@ -259,11 +264,20 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	rctx, rcancel := context.WithTimeout(ctx, cfg.Timeout)
-	rzAddrs, err := resolveHostPort(rctx, cfg.Rendezvous)
-	rcancel()
+	rzList, err := rendezvousList(cfg.Rendezvous)
 	if err != nil {
-		return nil, fmt.Errorf("p2p: rendezvous: %w", err)
+		return nil, fmt.Errorf("p2p: %w", err)
+	}
+	if len(rzList) == 1 {
+		// One rendezvous: a name that does not resolve is a mistake to
+		// report now. In a list, a replica's name may be gone with its
+		// pod or node while the others serve.
+		rctx, rcancel := context.WithTimeout(ctx, cfg.Timeout)
+		_, err = resolveHostPort(rctx, rzList[0].Addr)
+		rcancel()
+		if err != nil {
+			return nil, fmt.Errorf("p2p: rendezvous: %w", err)
+		}
 	}
 	n := &Node{
 		cfg: cfg, rzID: rzID,
@@ -307,7 +321,7 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 		n.shutdown()
 		return nil, fmt.Errorf("p2p: rank %d: %w", cfg.Rank, err)
 	}
-	if err := n.setup(ctx, rzAddrs); err != nil {
+	if err := n.setup(ctx, rzList); err != nil {
 		n.abortLocal(err)
 		n.shutdown()
 		if cfg.Elastic {
@@ -324,8 +338,8 @@ func (n *Node) stepCtx(ctx context.Context, what string) (context.Context, conte
 		fmt.Errorf("timed out after %v %s", n.cfg.Timeout, what))
 }
 
-func (n *Node) setup(ctx context.Context, rzAddrs []ma.Multiaddr) error {
-	if err := n.register(ctx, rzAddrs); err != nil {
+func (n *Node) setup(ctx context.Context, rzList []groupItem) error {
+	if err := n.register(ctx, rzList); err != nil {
 		return err
 	}
 	if n.cfg.Elastic {
@@ -626,7 +640,7 @@ func (n *Node) shutdown() error {
 	}
 	var err error
 	if n.h != nil {
-		err = n.h.Close()
+		err = n.hosts.close(n.h)
 	}
 	n.life.wg.Wait()
 	// Links accepted after the node stopped.

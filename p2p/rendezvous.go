@@ -111,10 +111,11 @@ type ProcEvent struct {
 // streams and on its timers into the machine's events, and the machine's
 // actions into messages and callbacks (rz_actions.go).
 type Rendezvous struct {
-	cfg  RendezvousConfig
-	h    host.Host
-	id   peer.ID
-	addr string
+	cfg   RendezvousConfig
+	h     host.Host
+	hosts hostGuard // h closes only between dials
+	id    peer.ID
+	addr  string
 
 	mu             sync.Mutex
 	m              *membership.Machine // under mu; Stepped with relayMu held too
@@ -380,7 +381,7 @@ func (r *Rendezvous) teardown() error {
 	if r.grp != nil {
 		r.closeGroup()
 	}
-	err := r.h.Close()
+	err := r.hosts.close(r.h)
 	r.wg.Wait()
 	return err
 }
@@ -430,6 +431,9 @@ func (r *Rendezvous) handle(s network.Stream) {
 	}}
 	reg := membership.Register{Rank: m.Rank, Joiner: m.Joiner, Heartbeat: m.Elastic, Args: m.Args,
 		Info: membership.Info{PeerID: remote.String(), Host: m.HostID, HostName: m.HostName, Addr: raddr, Proc: m.Proc, Contact: contact(c.item)}}
+	if m.Replica != nil {
+		reg.Info.Replica, reg.Info.ReplicaAddr, reg.Info.ReplicaSpare = m.Replica.ID, m.Replica.Addr, m.Replica.Spare
+	}
 	welcome := &msg{T: tWelcome, Proof: welcomeProof(r.cfg.JobKey, m.Nonce, r.id.String())}
 	var refused string
 	switch {
@@ -443,7 +447,7 @@ func (r *Rendezvous) handle(s network.Stream) {
 	case r.grp != nil && m.Resume:
 		refused = r.resume(c, membership.ID(m.MID), remote, welcome)
 	case r.grp != nil:
-		refused, err = r.registerReplicated(c, reg, welcome, m.Replica)
+		refused, err = r.registerReplicated(c, reg, welcome)
 	default:
 		refused, err = r.register(c, reg, welcome)
 	}

@@ -14,8 +14,8 @@ package p2p
 //
 // The group starts from one replica (ID 1: the launcher's, or rank 0's
 // under a batch system) and grows to GroupConfig.Size as ranks that host
-// a replica register: their hello offers it, and the leader adds it to the
-// group. The ranks learn every replica's address from the welcome and the
+// a replica register: their hello names it, the log keeps it with their
+// membership, and the leader adds it to the group. The ranks learn every replica's address from the welcome and the
 // pings.
 //
 // When the leader is lost, its control streams end; the others elect a
@@ -25,13 +25,21 @@ package p2p
 // rank sends again what the old leader may not have taken. The data plane
 // does not wait for any of this, so a leader change alone costs no step.
 // A rank that has not come back twice the heartbeat bound after the new
-// leader took over is lost, as any rank whose control stream ends.
+// leader took over is lost, as any rank whose control stream ends; the
+// ranks of the old leader's host sooner, once every other rank is back
+// (lostAfterFailover).
+//
+// A replica whose process the membership counts as gone is taken out of
+// the group, and a spare (a process that hosts a replica the group did
+// not need) takes its place (changeGroupLocked): the group survives as
+// many successive losses as it has spares, not only its minority.
 //
 // Only a majority of the group can commit: a replica cut off with a
 // minority stops leading (raft's CheckQuorum), drops its ranks' streams,
 // and those ranks, reaching no leader, stop as cut off.
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
@@ -83,6 +91,11 @@ type GroupConfig struct {
 	// then stay among the ranks' hosts, and a launcher that is paused, or
 	// on a busy login node, costs the job nothing).
 	HandOff bool
+	// Spare: this replica takes the place of a lost one rather than
+	// complete the group at the start (its rank was picked as a spare):
+	// the group grows with the others first, so that the launcher's
+	// placement of the voters across hosts holds.
+	Spare bool
 }
 
 // ReplicaID is the group id of the replica that rank hosts.
@@ -103,14 +116,17 @@ type groupState struct {
 
 	// Under Rendezvous.mu.
 	leading    bool
-	leadTerm   int // counts this replica's terms as leader
-	nextID     int // the last membership id this replica gave out
-	offers     []groupItem
+	leadTerm   int    // counts this replica's terms as leader
+	nextID     int    // the last membership id this replica gave out
 	confBusy   bool   // a group change is proposed and not applied yet
 	told       string // the group as last logged
 	handedOff  bool   // HandOff was done
 	handedTo   uint64 // the replica this one last handed the lead to
 	lastLeader uint64 // the leader as last logged
+	prevLeader uint64 // the leader before lastLeader (0: none)
+	// rejoined is closed (and replaced) when a rank reconnects to this
+	// replica.
+	rejoined chan struct{}
 	// leadCh is closed (and replaced) when this replica gains or loses
 	// the lead.
 	leadCh    chan struct{}
@@ -159,7 +175,8 @@ func (r *Rendezvous) startGroup() error {
 	g := &groupState{cfg: gc, tick: max(r.hb/20, 5*time.Millisecond),
 		recv: make(chan *raftpb.Message, 256), unreach: make(chan uint64, 16), kick: make(chan struct{}, 1),
 		replicas: map[uint64]string{}, peerIDs: map[uint64]peer.ID{}, jobKey: r.cfg.JobKey,
-		peers: map[uint64]*raftPeer{}, inbound: map[network.Stream]bool{}, leadCh: make(chan struct{})}
+		peers: map[uint64]*raftPeer{}, inbound: map[network.Stream]bool{}, leadCh: make(chan struct{}),
+		rejoined: make(chan struct{})}
 	rc := raftgroup.Config{ID: gc.ID, ElectionTicks: 10, HeartbeatTicks: 1, Membership: r.machineConfig()}
 	if gc.ID == 1 {
 		rc.Peers, rc.Addrs = []uint64{1}, map[uint64]string{1: gc.Advertise}
@@ -270,7 +287,7 @@ func (r *Rendezvous) groupReady() error {
 	leader := g.rep.Leader()
 	newLeader := leader != 0 && leader != g.lastLeader
 	if newLeader {
-		g.lastLeader = leader
+		g.prevLeader, g.lastLeader = g.lastLeader, leader
 	}
 	if rd.GroupChanged {
 		g.confBusy = false
@@ -317,7 +334,7 @@ func (r *Rendezvous) groupReady() error {
 	}
 	if rd.Leader {
 		r.mu.Lock()
-		r.proposeOfferLocked()
+		r.changeGroupLocked()
 		to := r.handOffLocked()
 		r.mu.Unlock()
 		if to != 0 {
@@ -425,10 +442,8 @@ func (r *Rendezvous) report(acts []membership.Action) {
 }
 
 // becameLeader takes up the leader's duties: the timers the membership is
-// in (a wait below the minimum size), and, after a grace of twice the
-// heartbeat bound, the loss of every member that has not reconnected (a
-// rank notices the old leader's silence within the bound, and may have to
-// try every replica).
+// in (a wait below the minimum size), and the loss of the members that do
+// not reconnect (lostAfterFailover).
 // The caller holds relayMu.
 func (r *Rendezvous) becameLeader() {
 	g := r.grp
@@ -444,7 +459,6 @@ func (r *Rendezvous) becameLeader() {
 	if idle {
 		return
 	}
-	grace := 2 * r.hb
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -453,33 +467,102 @@ func (r *Rendezvous) becameLeader() {
 	r.wg.Add(1) // under mu and !closed: never races with Close's Wait
 	go func() {
 		defer r.wg.Done()
-		t := time.NewTimer(grace)
-		defer t.Stop()
-		select {
-		case <-r.closeCh:
-			return
-		case <-t.C:
-		}
+		r.lostAfterFailover(term)
+	}()
+}
+
+// lostAfterFailover counts as lost, for the new leader of term term, the
+// members that do not reconnect. A rank notices its leader's silence
+// within the heartbeat bound, and may have to try every replica: it has
+// twice the bound after the election. But the ranks of the lost leader's
+// host (those on the host of the rank that hosted it) most likely went
+// with it: once every other rank is back they get an eighth of the bound
+// more (a rank of that host that is alive notices the silence as soon as
+// the others), so that losing the leader's host costs about what losing
+// any other host costs, one heartbeat bound.
+func (r *Rendezvous) lostAfterFailover(term int) {
+	g := r.grp
+	grace := 2 * r.hb
+	r.mu.Lock()
+	suspect := r.leaderHostLocked(g.prevLeader)
+	r.mu.Unlock()
+	deadline := time.Now().Add(grace)
+	shortened := false
+	for {
 		r.mu.Lock()
-		defer r.mu.Unlock()
-		if !g.leading || g.leadTerm != term {
+		if r.closed || !g.leading || g.leadTerm != term {
+			r.mu.Unlock()
 			return
 		}
-		var missing []int
+		var missing []membership.ID
+		othersBack := true
 		for _, id := range r.m.Conns() {
 			if r.conns[id] == nil {
-				missing = append(missing, r.m.Rank(id))
-				r.proposeLocked(membership.Disconnected{ID: id, Timeout: true,
-					Err:   fmt.Sprintf("it did not reconnect to the new rendezvous leader within %v", grace),
-					Cause: fmt.Sprintf("stopped responding: it did not reconnect to the rendezvous within %v of its leader's loss", grace)})
+				missing = append(missing, id)
+				if info, _ := r.m.Info(id); suspect == "" || info.Host != suspect {
+					othersBack = false
+				}
 			}
 		}
+		rejoined := g.rejoined
 		if len(missing) == 0 {
+			r.mu.Unlock()
 			r.cfg.Logf("rendezvous: every rank reconnected to replica %d", g.cfg.ID)
-		} else {
-			r.cfg.Logf("rendezvous: ranks %v did not reconnect to replica %d within %v", missing, g.cfg.ID, grace)
+			return
 		}
-	}()
+		if othersBack && !shortened {
+			shortened = true
+			if soon := time.Now().Add(r.hb / 8); soon.Before(deadline) {
+				deadline = soon
+			}
+		}
+		if !time.Now().Before(deadline) {
+			ranks := make([]int, 0, len(missing))
+			for _, id := range missing {
+				ranks = append(ranks, r.m.Rank(id))
+				why := fmt.Sprintf("it did not reconnect to the new rendezvous leader within %v", grace)
+				cause := fmt.Sprintf("stopped responding: it did not reconnect to the rendezvous within %v of its leader's loss", grace)
+				if shortened {
+					why = fmt.Sprintf("it did not reconnect to the new rendezvous leader, and the old leader's host (%s) is lost", hostOf(r.m, id))
+					cause = fmt.Sprintf("stopped responding: its host (%s) was lost with the rendezvous leader", hostOf(r.m, id))
+				}
+				r.proposeLocked(membership.Disconnected{ID: id, Timeout: true, Err: why, Cause: cause})
+			}
+			r.mu.Unlock()
+			r.cfg.Logf("rendezvous: ranks %v did not reconnect to replica %d", ranks, g.cfg.ID)
+			return
+		}
+		r.mu.Unlock()
+		t := time.NewTimer(time.Until(deadline))
+		select {
+		case <-r.closeCh:
+			t.Stop()
+			return
+		case <-rejoined:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// leaderHostLocked is the host of the member that hosted replica id (""
+// if none did: gorun's replica, or one that is not known).
+func (r *Rendezvous) leaderHostLocked(id uint64) string {
+	if id == 0 {
+		return ""
+	}
+	for _, mid := range r.m.Conns() {
+		if info, ok := r.m.Info(mid); ok && info.Replica == id {
+			return info.Host
+		}
+	}
+	return ""
+}
+
+// hostOf names member id's host for messages.
+func hostOf(m *membership.Machine, id membership.ID) string {
+	info, _ := m.Info(id)
+	return cmp.Or(info.HostName, info.Host)
 }
 
 // steppedDown drops the ranks' streams: they reconnect to the new leader.
@@ -516,41 +599,91 @@ func (r *Rendezvous) steppedDown() {
 	wg.Wait()
 }
 
-// proposeOfferLocked makes a voter of a learner that caught up, or adds
-// the next replica a rank offered (as a learner), one group change at a
-// time (raft takes one at a time), until the group has its size.
-func (r *Rendezvous) proposeOfferLocked() {
+// changeGroupLocked makes the next change the group needs, one at a time
+// (raft takes one at a time): it takes out a replica whose process the
+// membership counts as gone, makes a voter of a learner that caught up,
+// or adds (as a learner) a replica that a process of the job hosts, until
+// the group has its size. The membership says which process hosts which
+// replica (its hello offered it), so a new leader knows as much as the old
+// one; a replica on a host with fewer comes first, so that losing a host
+// takes as few replicas as possible.
+func (r *Rendezvous) changeGroupLocked() {
 	g := r.grp
-	if !g.confBusy {
-		if id, err := g.rep.PromoteCaughtUp(); err != nil {
-			r.cfg.Logf("rendezvous: could not promote replica %d: %v", id, err)
-		} else if id != 0 {
-			g.confBusy = true
-			g.kickGroup()
-		}
-	}
-	for !g.confBusy && len(g.offers) > 0 && len(g.replicas) < g.cfg.Size {
-		o := g.offers[0]
-		g.offers = g.offers[1:]
-		if _, ok := g.replicas[o.ID]; ok {
-			continue
-		}
-		if err := g.rep.AddReplica(o.ID, o.Addr); err != nil {
-			r.cfg.Logf("rendezvous: could not add replica %d at %s: %v", o.ID, o.Addr, err)
-			continue
-		}
-		g.confBusy = true
-		g.kickGroup()
-	}
-}
-
-// offerLocked records a rank's offer of a replica.
-func (r *Rendezvous) offerLocked(o *groupItem) {
-	g := r.grp
-	if o == nil || o.ID <= 1 || o.Addr == "" || len(g.offers)+len(g.replicas) >= 2*g.cfg.Size {
+	if g.confBusy {
 		return
 	}
-	g.offers = append(g.offers, *o)
+	hosted := r.m.HostedReplicas()
+	for _, h := range hosted {
+		if _, in := g.replicas[h.ID]; in && h.Gone && h.ID != g.cfg.ID {
+			if err := g.rep.RemoveReplica(h.ID); err != nil {
+				r.cfg.Logf("rendezvous: could not take replica %d out of the group: %v", h.ID, err)
+				return
+			}
+			r.cfg.Logf("rendezvous: replica %d went with its process; taking it out of the group", h.ID)
+			g.confBusy = true
+			g.kickGroup()
+			return
+		}
+	}
+	if id, err := g.rep.PromoteCaughtUp(); err != nil {
+		r.cfg.Logf("rendezvous: could not promote replica %d: %v", id, err)
+		return
+	} else if id != 0 {
+		g.confBusy = true
+		g.kickGroup()
+		return
+	}
+	if len(g.replicas) >= g.cfg.Size {
+		return
+	}
+	perHost := map[string]int{}
+	ownHost := ""
+	for _, h := range hosted {
+		if _, in := g.replicas[h.ID]; in {
+			perHost[h.Host]++
+		}
+		if h.ID == g.cfg.ID {
+			ownHost = h.Host
+		}
+	}
+	// A replica picked to complete the group before a spare; then the
+	// candidate on the host with the fewest replicas; between equals,
+	// one away from this leader's host (the group grows from replica 1,
+	// rank 0's under srun: with two nodes, the other node takes two, so
+	// that losing rank 0's node leaves a majority), then the lowest id.
+	better := func(a, b *membership.HostedReplica) bool {
+		if a.Spare != b.Spare {
+			return b.Spare
+		}
+		if perHost[a.Host] != perHost[b.Host] {
+			return perHost[a.Host] < perHost[b.Host]
+		}
+		if (a.Host == ownHost) != (b.Host == ownHost) {
+			return b.Host == ownHost
+		}
+		return a.ID < b.ID
+	}
+	// Spares wait for the start: by then every replica picked for the
+	// group has registered, and the spares only fill what is missing.
+	started := r.m.Started()
+	var pick *membership.HostedReplica
+	for _, h := range hosted {
+		if _, in := g.replicas[h.ID]; in || !h.Live || h.Addr == "" || h.ID <= 1 || h.Spare && !started {
+			continue
+		}
+		if pick == nil || better(&h, pick) {
+			pick = &h
+		}
+	}
+	if pick == nil {
+		return
+	}
+	if err := g.rep.AddReplica(pick.ID, pick.Addr); err != nil {
+		r.cfg.Logf("rendezvous: could not add replica %d at %s: %v", pick.ID, pick.Addr, err)
+		return
+	}
+	g.confBusy = true
+	g.kickGroup()
 }
 
 // groupItemsLocked is the group as a welcome or a ping gives it.
@@ -580,7 +713,7 @@ func (r *Rendezvous) Leads() bool {
 
 // registerReplicated proposes c's registration and waits until the group
 // applied it (the welcome, or why it is refused, went out then).
-func (r *Rendezvous) registerReplicated(c *rzConn, reg membership.Register, welcome *msg, offer *groupItem) (refused string, err error) {
+func (r *Rendezvous) registerReplicated(c *rzConn, reg membership.Register, welcome *msg) (refused string, err error) {
 	g := r.grp
 	c.registered = make(chan struct{})
 	r.mu.Lock()
@@ -596,9 +729,6 @@ func (r *Rendezvous) registerReplicated(c *rzConn, reg membership.Register, welc
 	c.welcome = welcome
 	r.conns[c.mid] = c
 	ok := r.proposeLocked(reg)
-	if ok {
-		r.offerLocked(offer)
-	}
 	r.mu.Unlock()
 	if !ok {
 		return "", errors.New("this replica no longer leads the rendezvous group")
@@ -645,6 +775,8 @@ func (r *Rendezvous) resume(c *rzConn, mid membership.ID, remote peer.ID, welcom
 	old := r.conns[mid]
 	c.mid = mid
 	r.conns[mid] = c
+	close(r.grp.rejoined)
+	r.grp.rejoined = make(chan struct{})
 	welcome.MID = int64(mid)
 	welcome.Group = r.groupItemsLocked()
 	wire := make([]*msg, 0, len(msgs))
@@ -786,15 +918,24 @@ func (r *Rendezvous) dialReplica(p *raftPeer) (network.Stream, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.hb/2)
 	defer cancel()
+	// Closing cancels the dial (teardown waits for the dials to end before
+	// it closes the host).
+	go func() {
+		select {
+		case <-r.closeCh:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	if p.addr == "" {
-		return r.h.NewStream(ctx, pid, raftProto)
+		return r.hosts.newStream(ctx, r.h, pid, raftProto)
 	}
 	addrs, err := resolveHostPort(ctx, p.addr)
 	if err != nil {
 		return nil, err
 	}
 	r.h.Peerstore().AddAddrs(pid, addrs, peerstore.PermanentAddrTTL)
-	return r.h.NewStream(network.WithForceDirectDial(ctx, "gorun raft"), pid, raftProto)
+	return r.hosts.newStream(network.WithForceDirectDial(ctx, "gorun raft"), r.h, pid, raftProto)
 }
 
 // peerID is replica id's peer ID (derived from the job key).

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -75,8 +78,8 @@ func startGroupJob(t *testing.T, size int, hosts []int, handOff bool) *groupJob 
 			cfg := Config{Rank: r, Size: size, JobKey: j.key, Rendezvous: first.Addr(), Timeout: 20 * time.Second,
 				Logf: func(f string, a ...any) { j.log.logf(fmt.Sprintf("rank %d: ", r)+f, a...) }, Elastic: true, HeartbeatTimeout: j.hb,
 				HostID: otherHosts(r)}
-			if rz := j.byRank[r]; rz != nil && rz != first {
-				cfg.Replica = rz
+			if rz := j.byRank[r]; rz != nil {
+				cfg.Replica = rz // rank 0's is replica 1, which its hello names too
 			}
 			j.nodes[r], errs[r] = Join(ctx, cfg)
 		}()
@@ -86,12 +89,13 @@ func startGroupJob(t *testing.T, size int, hosts []int, handOff bool) *groupJob 
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "the group grows to 3 replicas, all knowing it", func() bool {
+		n := 0 // replicas beyond 3 are spares, outside the group
 		for _, rz := range j.replicas {
-			if rz.groupSize() != 3 {
-				return false
+			if rz.groupSize() == 3 {
+				n++
 			}
 		}
-		return true
+		return n == 3
 	})
 	eventually(t, 10*time.Second, "every rank learns the group", func() bool {
 		for _, n := range j.nodes {
@@ -162,6 +166,12 @@ func TestFailoverRankHostingLeaderKilled(t *testing.T) {
 	}
 	views := reconfigureAll(t, survivors)
 	checkViews(t, views, survivors, 1, []int{0}, nil)
+	// Counted lost once the others were back, not after the new leader's
+	// whole grace: it hosted the old leader. (Or by the old leader itself,
+	// if rank 0's stream ended before it did.)
+	if l := views[0].Lost; len(l) != 1 || !strings.Contains(l[0].Cause, "was lost with the rendezvous leader") && l[0].Cause != "disconnected" {
+		t.Errorf("lost: %+v", l)
+	}
 	exchange(t, survivors, []int{1, 1000, 300 << 10})
 	if l := j.leader(); l == nil || l == j.replicas[0] {
 		t.Errorf("leader after the loss: %v", l)
@@ -211,4 +221,134 @@ func growAll(t *testing.T, nodes []*Node) []View {
 func waitLogWithin(t *testing.T, log *logRec, within time.Duration, want string) {
 	t.Helper()
 	eventually(t, within, fmt.Sprintf("log line %q", want), func() bool { return log.has(want) })
+}
+
+// Rank 0, hosting replica 1, is lost; a process started later to take its
+// place (a pod recreated, a second srun step) is given the group as a list
+// whose first entry is gone: it tries the others, a follower sends it to
+// the leader, and it joins the survivors in the next epoch.
+func TestFailoverJoinerFindsNewLeader(t *testing.T) {
+	j := startGroupJob(t, 4, []int{0, 1, 2}, false)
+	list := j.replicas[0].Addr()
+	for _, r := range []int{1, 2} {
+		list += fmt.Sprintf(",%d@%s", ReplicaID(r), j.byRank[r].Addr())
+	}
+	j.nodes[0].crash()
+	j.replicas[0].crash()
+	survivors := slices.Clone(j.nodes[1:])
+	for _, n := range survivors {
+		waitDone(t, n, 4*j.hb+5*time.Second, "rank 0 (", "call Reconfigure to go on in epoch 1")
+	}
+	checkViews(t, reconfigureAll(t, survivors), survivors, 1, []int{0}, nil)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type joinResult struct {
+		n   *Node
+		err error
+	}
+	joined := make(chan joinResult, 1)
+	go func() {
+		n, err := Join(ctx, Config{Rank: -1, JobKey: j.key, Rendezvous: list, Timeout: 20 * time.Second,
+			Logf: func(f string, a ...any) { j.log.logf("joiner: "+f, a...) }, Elastic: true, HeartbeatTimeout: j.hb,
+			HostID: otherHosts(4)})
+		joined <- joinResult{n, err}
+	}()
+	eventually(t, 20*time.Second, "every survivor sees the pending joiner", func() bool {
+		for _, n := range survivors {
+			if n.PendingJoiners() != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	views := growAll(t, survivors)
+	res := <-joined
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	j.nodes = append(j.nodes, res.n)  // closed by the cleanup
+	jv, err := res.n.Reconfigure(ctx) // the current view
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := append(survivors, res.n)
+	checkViews(t, append(views, jv), all, 2, nil, []int{3})
+	if cur := res.n.ctl.group.current; cur == 1 {
+		t.Errorf("the joiner is on replica 1, which is gone")
+	}
+	exchange(t, all, []int{1, 1000, 300 << 10})
+}
+
+// groupIDs is the group as replica r knows it.
+func (r *Rendezvous) groupIDs() []uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Sorted(maps.Keys(r.grp.replicas))
+}
+
+// A replica whose rank is lost is taken out of the group and a spare (a
+// rank that hosts a replica the group did not need yet) takes its place,
+// so the group survives a second loss: rank 0 with the leading replica 1
+// is killed, then the rank that hosts the next leader. Without the
+// replacement, one voter of three would be left, and the job would stop.
+func TestFailoverReplicaReplaced(t *testing.T) {
+	j := startGroupJob(t, 5, []int{0, 1, 2, 3}, false)
+	spare := -1
+	in := j.replicas[0].groupIDs()
+	for _, r := range []int{1, 2, 3} {
+		if !slices.Contains(in, ReplicaID(r)) {
+			spare = r
+		}
+	}
+	if spare < 0 {
+		t.Fatalf("group %v: no spare among the replicas of ranks 1, 2 and 3", in)
+	}
+	j.nodes[0].crash()
+	j.replicas[0].crash()
+	alive := map[int]*Node{}
+	for r, n := range j.nodes[1:] {
+		alive[r+1] = n
+	}
+	survivors := slices.Collect(maps.Values(alive))
+	for _, n := range survivors {
+		waitDone(t, n, 4*j.hb+5*time.Second, "rank 0 (", "call Reconfigure to go on in epoch 1")
+	}
+	reconfigureAll(t, survivors)
+	var leader *Rendezvous
+	eventually(t, 10*time.Second, "the spare replaces replica 1 as a voter", func() bool {
+		leader = j.leader()
+		if leader == nil {
+			return false
+		}
+		ids := leader.groupIDs()
+		return leader.groupSize() == 3 && slices.Contains(ids, ReplicaID(spare)) && !slices.Contains(ids, 1)
+	})
+	waitLogWithin(t, j.log, time.Second, "rendezvous: replica 1 went with its process; taking it out of the group")
+
+	// The second loss: the rank whose replica now leads.
+	victim := -1
+	for r, rz := range j.byRank {
+		if rz == leader {
+			victim = r
+		}
+	}
+	j.nodes[victim].crash()
+	j.byRank[victim].crash()
+	delete(alive, victim)
+	ranks := slices.Sorted(maps.Keys(alive))
+	survivors = survivors[:0]
+	for _, r := range ranks {
+		survivors = append(survivors, alive[r])
+	}
+	for _, n := range survivors {
+		waitDone(t, n, 4*j.hb+5*time.Second, "call Reconfigure to go on in epoch 2")
+	}
+	views := reconfigureAll(t, survivors)
+	for i, v := range views {
+		if v.Epoch != 2 || v.Size != 3 {
+			t.Errorf("survivor %d (rank %d at the start): %+v, want epoch 2 of 3", i, ranks[i], v)
+		}
+	}
+	exchange(t, survivors, []int{1, 1000, 300 << 10})
 }

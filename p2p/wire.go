@@ -126,8 +126,9 @@ type msg struct {
 
 // groupItem is one replica of a replicated rendezvous.
 type groupItem struct {
-	ID   uint64 `json:"id"`
-	Addr string `json:"addr"` // "host:port"
+	ID    uint64 `json:"id"`
+	Addr  string `json:"addr"`            // "host:port"
+	Spare bool   `json:"spare,omitempty"` // in a hello: GroupConfig.Spare
 }
 
 // lostItem is a member that left the job without a clean Close.

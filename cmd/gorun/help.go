@@ -269,9 +269,10 @@ the first rank of each remote host), replicated with raft. gorun hands the
 group's lead to a rank's replica once the group is complete. When the
 leader's process or host is lost, another replica leads within
 --heartbeat-timeout, the ranks reconnect to it, and the job loses only the
-ranks that were there (no step, if none was). Only a side holding a
-majority of the replicas goes on: with 3 replicas on 3 hosts, any one host
-but gorun's may be lost; a partition leaves the side with two of them.
+ranks that were there (no step, if none was). As many more ranks host a
+spare that takes the place of a replica whose rank is lost. Only a side
+holding a majority of the replicas goes on: with 3 replicas on 3 hosts, any
+one host but gorun's may be lost; a partition leaves the side with two.
 
 With --host-discovery-script, the script is run at start (its hosts replace
 -H; without -np, one rank per slot it lists, at most --max-np) and then every

@@ -101,6 +101,13 @@ func (r *Replica) AddReplica(id uint64, addr string) error {
 	return r.rn.ProposeConfChange(&raftpb.ConfChange{Type: raftpb.ConfChangeAddLearnerNode.Enum(), NodeId: proto.Uint64(id), Context: []byte(addr)})
 }
 
+// RemoveReplica proposes to take replica id out of the group (one whose
+// process is gone): the majority is then counted without it, and a new
+// replica can take its place.
+func (r *Replica) RemoveReplica(id uint64) error {
+	return r.rn.ProposeConfChange(&raftpb.ConfChange{Type: raftpb.ConfChangeRemoveNode.Enum(), NodeId: proto.Uint64(id)})
+}
+
 // PromoteCaughtUp, on the leader, proposes to make a voter of the first
 // learner that has every committed entry; it returns its id (0: none).
 // One group change at a time: the caller waits for GroupChanged before
