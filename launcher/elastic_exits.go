@@ -183,6 +183,9 @@ func (e *elasticRun) endStragglers() {
 			e.endProc(p, "")
 			continue
 		}
+		if p.cmd != nil && p.cmd.Process != nil && exitedUnreaped(p.cmd.Process.Pid) {
+			continue // its exit comes next, with its cause
+		}
 		e.endProc(p, fmt.Sprintf("%s still runs after the job began to finish, though the rendezvous lost it (%s): ending it", e.name(p), p.rdvLostCause))
 	}
 	if !e.emptyArmed && e.rdvMembers() == 0 && e.anyToEnd() {
