@@ -36,6 +36,9 @@ type Comm struct {
 	replica *p2p.Rendezvous
 	// cfgGroup: rdv is replica 1 of the job's rendezvous group (srun).
 	cfgGroup bool
+	// relay: the group's port on this pod, relayed to replica (Kubernetes;
+	// elastic_pod.go).
+	relay *replicaRelay
 
 	// recorder is the flight recorder a hang diagnosis reads (flightrec.go).
 	recorder flightRecorder
@@ -133,7 +136,10 @@ type config struct {
 	replica      bool
 	replicaSpare bool
 	elasticWait  time.Duration
-	group        bool // rank 0 hosts replica 1 of the group (srun)
+	group        bool // rank 0 hosts replica 1 of the group (srun, Kubernetes)
+	// pods: the group's replicas are on the pods of a Kubernetes job
+	// (elastic_pod.go).
+	pods *podGroup
 }
 
 // WithRank sets this process's rank and the job size instead of reading them
@@ -217,6 +223,7 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 		rendezvous: env.rendezvous, hostRendezvous: env.hostRendezvous, jobKey: env.jobKey,
 		listenIP: os.Getenv(EnvListenIP), dataPlane: os.Getenv(EnvDataPlane),
 		replica: env.replica, replicaSpare: env.replicaSpare, group: env.group, minSize: env.minNP, maxSize: env.maxNP, elasticWait: env.elasticWait,
+		pods: env.pods,
 	}
 	if env.source == "" {
 		cfg.size, cfg.localSize = 1, 1
@@ -349,6 +356,11 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		}
 		setup, cancel := context.WithTimeout(ctx, cfg.timeout)
 		defer cancel()
+		if cfg.pods != nil && cfg.group && cfg.rank == 0 && podGroupRunning(setup, cfg.pods, cfg.size) {
+			// A replaced pod 0: the group runs without it (elastic_pod.go).
+			cfg = podJoiner(cfg, 0)
+			c.joiner, who = true, "joiner (replaced pod 0)"
+		}
 		if cfg.hostRendezvous && cfg.rank == 0 {
 			// A host name (Slurm's first node, a pod's DNS name) is where
 			// the others find rank 0; rank 0 itself listens on every
@@ -382,11 +394,30 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 			// members admit it at their next commit (Grow).
 			setup = ctx
 		}
-		c.node, err = p2p.Join(setup, p2p.Config{
-			Rank: cfg.rank, Size: cfg.size, JobKey: cfg.jobKey, Rendezvous: cfg.rendezvous,
-			ListenIP: cfg.listenIP, DataPlane: cfg.dataPlane, Timeout: cfg.timeout, Logf: cfg.logf,
-			Elastic: cfg.elastic, HeartbeatTimeout: c.heartbeat, Replica: c.hostedReplica(),
-		})
+		join := func(setup context.Context, cfg config) (*p2p.Node, error) {
+			return p2p.Join(setup, p2p.Config{
+				Rank: cfg.rank, Size: cfg.size, JobKey: cfg.jobKey, Rendezvous: cfg.rendezvous,
+				ListenIP: cfg.listenIP, DataPlane: cfg.dataPlane, Timeout: cfg.timeout, Logf: cfg.logf,
+				Elastic: cfg.elastic, HeartbeatTimeout: c.heartbeat, Replica: c.hostedReplica(),
+			})
+		}
+		c.node, err = join(setup, cfg)
+		if cfg.pods != nil && cfg.rank > 0 && registrationClosed(err) {
+			// A replaced pod: the job runs, so it joins it (elastic_pod.go).
+			if c.replica != nil {
+				c.replica.CloseNow()
+				c.replica = nil
+			}
+			self := cfg.rank
+			cfg = podJoiner(cfg, self)
+			c.joiner, who = true, fmt.Sprintf("joiner (replaced pod %d)", self)
+			c.node, err = join(ctx, cfg)
+		}
+		if err == nil && c.replica != nil && cfg.pods != nil {
+			if c.relay, err = startReplicaRelay(cfg.pods.port, c.replica.Addr()); err != nil {
+				err = fmt.Errorf("relaying the rendezvous group's port %d to this pod's replica: %w", cfg.pods.port, err)
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("gorun: %s: joining the job at %s: %w", who, cfg.rendezvous, err)
 		}
@@ -553,6 +584,9 @@ func (c *Comm) shutdown(cause error) error {
 		} else {
 			errs = append(errs, c.rdv.Close())
 		}
+	}
+	if c.relay != nil {
+		c.relay.Close()
 	}
 	if c.replica != nil {
 		if failed != nil || errors.Is(context.Cause(c.life), ErrLeft) {

@@ -153,17 +153,20 @@ type launchEnv struct {
 	minNP, maxNP int
 	elasticWait  time.Duration
 	// group: rank 0 hosts replica 1 of a rendezvous group (an elastic job
-	// under srun); nodeID, nodeCounts: this task's node in the step and
-	// the tasks of each (Slurm).
+	// under srun or on Kubernetes); nodeID, nodeCounts: this task's node
+	// in the step and the tasks of each (Slurm); pods: where the pods'
+	// replicas listen (Kubernetes, env_kubernetes_elastic.go).
 	group      bool
 	nodeID     int
 	nodeCounts []int
+	pods       *podGroup
 }
 
 // readEnv reads the launch environment through getenv (os.Getenv in
 // production, a map in tests). The first source whose rank variable is set
 // wins, in this order: GORUN_RANK (gorun), OMPI_COMM_WORLD_RANK (mpirun),
-// SLURM_PROCID (srun), PET_NODE_RANK (Kubeflow Trainer / torch elastic),
+// SLURM_PROCID (srun), PET_RDZV_ENDPOINT (an elastic PyTorchJob),
+// PET_NODE_RANK (Kubeflow Trainer / torch elastic),
 // RANK (torchrun, Kubeflow PyTorchJob), JOB_COMPLETION_INDEX (an indexed
 // Kubernetes Job or JobSet). An error names the variable and the fix.
 func readEnv(getenv func(string) string) (launchEnv, error) {
@@ -177,6 +180,8 @@ func readEnv(getenv func(string) string) (launchEnv, error) {
 		err = readRankVars(getenv, &e, "mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
 	case getenv("SLURM_PROCID") != "":
 		err = readSlurm(getenv, &e)
+	case getenv(envPETRdzvEndpoint) != "":
+		err = readElasticPyTorchJob(getenv, &e)
 	case getenv(envPETNodeRank) != "":
 		err = readTorchElastic(getenv, &e)
 	case getenv("RANK") != "":
@@ -301,6 +306,8 @@ func readRendezvous(getenv func(string) string, e *launchEnv) error {
 		return nil
 	case e.source == "torch-elastic":
 		return readTorchElasticRendezvous(getenv, e)
+	case e.source == "pytorchjob-elastic":
+		return nil // PET_RDZV_ENDPOINT (readElasticPyTorchJob)
 	case getenv("MASTER_ADDR") != "" && getenv("MASTER_PORT") != "":
 		e.rendezvous, e.hostRendezvous = net.JoinHostPort(getenv("MASTER_ADDR"), getenv("MASTER_PORT")), true
 		return nil

@@ -40,7 +40,7 @@ func readTorchElastic(getenv func(string) string, e *launchEnv) error {
 		return err
 	}
 	if s := getenv(envPETNNodes); strings.Contains(s, ":") {
-		return fmt.Errorf("%s=%q is a range of sizes (an elastic PyTorchJob): a gorun job without gorun has a fixed size: remove elasticPolicy, or launch with gorun --min-np/--max-np", envPETNNodes, s)
+		return fmt.Errorf("%s=%q is a range of sizes, but %s, which an elastic PyTorchJob's pods get, is not set: set it to pod 0's name and port, or give the job a fixed size", envPETNNodes, s, envPETRdzvEndpoint)
 	}
 	nodes, ok, err := intVar(getenv, envPETNNodes)
 	if err != nil {

@@ -37,7 +37,10 @@ const (
 // membership: rank 0 hosts replica 1 where the ranks meet, and the tasks
 // that schedulerReplica picks on other nodes host the others; the bounds
 // are GORUN_MIN_NP (default 1), GORUN_MAX_NP (default the step's tasks)
-// and GORUN_ELASTIC_WAIT (default 600s), the same for every task.
+// and GORUN_ELASTIC_WAIT (default 600s), the same for every task. An
+// elastic job on Kubernetes is placed the same way on its pods
+// (env_kubernetes_elastic.go): pod 0 hosts replica 1, pods 1 and 2 the
+// others, with PET_NNODES's bounds for an elastic PyTorchJob.
 func readReplica(getenv func(string) string, e *launchEnv) error {
 	switch v := strings.TrimSpace(getenv(EnvRdzvReplica)); v {
 	case "", "0":
@@ -52,23 +55,32 @@ func readReplica(getenv func(string) string, e *launchEnv) error {
 		e.replica, e.replicaSpare = false, false // only the members of an elastic job's start host one
 		return nil
 	}
-	if e.hostRendezvous && e.source == "slurm" {
+	switch {
+	case e.hostRendezvous && e.source == "slurm":
 		e.group = true
 		pick := -1
 		if e.rank != 0 {
 			pick = schedulerReplica(e.nodeID, e.localRank, e.nodeCounts)
 		}
 		e.replica, e.replicaSpare = pick >= 0, pick >= 2
+	case e.hostRendezvous && (e.source == "pytorchjob-elastic" || e.source == "indexed-job"):
+		pods, err := podGroupOf(e.rendezvous)
+		if err != nil {
+			return fmt.Errorf("an elastic job's pods host its rendezvous: %w", err)
+		}
+		e.group, e.pods = true, &pods
+		e.replica = podHostsReplica(e.rank, e.size)
 	}
 	if !e.replica && !e.group {
 		return nil
 	}
 	defaults := e.group
 	var err error
-	if e.minNP, err = boundVar(getenv, EnvMinNP, 1, defaults); err != nil {
+	// An elastic PyTorchJob's bounds are PET_NNODES's (readElasticPyTorchJob).
+	if e.minNP, err = boundVar(getenv, EnvMinNP, max(e.minNP, 1), defaults); err != nil {
 		return err
 	}
-	if e.maxNP, err = boundVar(getenv, EnvMaxNP, e.size, defaults); err != nil {
+	if e.maxNP, err = boundVar(getenv, EnvMaxNP, cmp.Or(e.maxNP, e.size), defaults); err != nil {
 		return err
 	}
 	if e.minNP > e.size || e.size > e.maxNP {

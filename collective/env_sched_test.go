@@ -189,7 +189,7 @@ func TestKubeEnv(t *testing.T) {
 		{"pytorchjob master", withVars(pytorchJob, "RANK", "0", "PET_NODE_RANK", "0"), envWant{"torch-elastic", 0, 4, 0, 1, "pj-master-0:23456", true}, ""},
 		{"pytorchjob before v1.7 (no PET_*)", withVars(pytorchJob, "PET_NPROC_PER_NODE", "", "PET_NODE_RANK", "", "PET_NNODES", ""), envWant{"torchrun", 1, 4, 0, 1, "pj-master-0:23456", true}, ""},
 		{"pytorchjob, nprocPerNode 4 without torchrun", withVars(pytorchJob, "PET_NPROC_PER_NODE", "4", "WORLD_SIZE", "16"), envWant{}, "no LOCAL_RANK"},
-		{"elastic pytorchjob", withVars(pytorchJob, "PET_NNODES", "1:4"), envWant{}, "range of sizes"},
+		{"PET_NNODES range without an endpoint", withVars(pytorchJob, "PET_NNODES", "1:4"), envWant{}, "PET_RDZV_ENDPOINT"},
 		{"indexed job pod 3", indexed, envWant{"indexed-job", 3, 4, 0, 1, "train-0.train:29500", true}, ""},
 		{"indexed job without GORUN_SIZE", withVars(indexed, EnvSize, ""), envWant{}, "set " + EnvSize},
 		{"indexed job without rendezvous", withVars(indexed, EnvRendezvousAddr, ""), envWant{}, "no rendezvous address"},

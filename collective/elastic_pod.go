@@ -1,0 +1,203 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gorun/gorun/p2p"
+)
+
+// How a pod of an elastic job on Kubernetes starts (env_kubernetes_elastic.go):
+// as a member of the job's first start, or, replaced after a loss, as a
+// joiner of the running job. Nothing in a pod's environment tells the two
+// apart: a container restarted by the kubelet, or a pod recreated by the
+// operator, gets the same variables as the first. So:
+//
+//   - Pods 1 and 2 host their replica on a port of their own and, once
+//     registered with the group (the job's first start), relay the
+//     group's port on their pod to it (replicaRelay): a replica is found
+//     at a pod's name only once that pod is a member of a running group.
+//   - Pod 0 first dials the group's port on pods 1 and 2
+//     (podGroupRunning). If either answers, a group runs, started by an
+//     earlier pod 0: this one comes back as a joiner, and does not start
+//     a replica 1 of its own (a second group: split brain). If neither
+//     answers, this is the first start (pods 1 and 2 cannot have
+//     registered without a replica 1), or the group lost pods 0, 1 and 2
+//     and with them its majority, so it can not run either: pod 0 starts
+//     replica 1.
+//   - Every other pod registers with its index, and if the group refuses
+//     it because the job runs already, registers again as a joiner.
+//
+// At the first start pod 0 may start after pods 1 and 2, or before: they
+// retry their registration until it hosts replica 1, and their relays
+// open only after it, so pod 0 never takes the first start for a
+// replacement. A pod 0 lost before the job's first epoch leaves relays
+// behind on pods 1 and 2 that point at a group which never started: the
+// next pod 0 joins it, and the members registered with it fail at their
+// timeout and are restarted (restartPolicy: OnFailure), which starts the
+// job afresh.
+
+// podProbeTimeout bounds pod 0's dial of another pod's replica port: a
+// pod that is up answers (or refuses) within a round trip; one that is
+// not is not a member of a running group.
+const podProbeTimeout = 2 * time.Second
+
+// podGroupRunning says whether a replica listens at the group's port on
+// pod 1 or 2: whether a group started by an earlier pod 0 runs.
+func podGroupRunning(ctx context.Context, pods *podGroup, size int) bool {
+	ctx, cancel := context.WithTimeout(ctx, podProbeTimeout)
+	defer cancel()
+	answered := make(chan bool, podReplicas)
+	n := 0
+	for i := 1; podHostsReplica(i, size); i++ {
+		n++
+		go func() {
+			var d net.Dialer
+			conn, err := d.DialContext(ctx, "tcp", pods.addr(i))
+			if err == nil {
+				conn.Close()
+			}
+			answered <- err == nil
+		}()
+	}
+	running := false
+	for range n {
+		running = <-answered || running
+	}
+	return running
+}
+
+// podRendezvous is where a replaced pod looks for the running group: the
+// replicas on pods 0, 1 and 2 (ID@host:port; replica 1 without its ID),
+// except its own pod's, which it no longer hosts.
+func podRendezvous(pods *podGroup, size, self int) string {
+	var list []string
+	for i := 0; i == 0 || podHostsReplica(i, size); i++ {
+		switch {
+		case i == self:
+		case i == 0:
+			list = append(list, pods.addr(0))
+		default:
+			list = append(list, strconv.FormatUint(p2p.ReplicaID(i), 10)+"@"+pods.addr(i))
+		}
+	}
+	return strings.Join(list, ",")
+}
+
+// registrationClosed says whether the group refused a registration because
+// the job runs already (membership.Machine's refusal): the pod was
+// replaced and must join as a joiner. The refusal reaches the rank only as
+// text.
+func registrationClosed(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "registration closed: the job runs")
+}
+
+// replicaRelay relays the connections to the group's port on a pod to the
+// replica the pod hosts on a port of its own.
+type replicaRelay struct {
+	l      net.Listener
+	target string
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{} // under mu; nil once closed
+	wg     sync.WaitGroup
+}
+
+// startReplicaRelay listens on port (every interface of the pod) and
+// relays to target.
+func startReplicaRelay(port int, target string) (*replicaRelay, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(port)))
+	if err != nil {
+		return nil, err
+	}
+	r := &replicaRelay{l: l, target: target, conns: map[net.Conn]struct{}{}}
+	r.wg.Add(1)
+	go r.serve()
+	return r, nil
+}
+
+func (r *replicaRelay) serve() {
+	defer r.wg.Done()
+	for {
+		in, err := r.l.Accept()
+		if err != nil {
+			return // closed
+		}
+		r.wg.Add(1)
+		go r.relay(in)
+	}
+}
+
+// track adds c to the open connections, or closes it if the relay closed.
+func (r *replicaRelay) track(c net.Conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.conns == nil {
+		c.Close()
+		return false
+	}
+	r.conns[c] = struct{}{}
+	return true
+}
+
+func (r *replicaRelay) relay(in net.Conn) {
+	defer r.wg.Done()
+	if !r.track(in) {
+		return
+	}
+	// The replica is on this pod: it answers at once, or is gone.
+	out, err := net.DialTimeout("tcp", r.target, podProbeTimeout)
+	if err != nil || !r.track(out) {
+		in.Close()
+		return
+	}
+	done := make(chan struct{}, 2)
+	pipe := func(dst, src net.Conn) {
+		io.Copy(dst, src)
+		// Half-close, so that the other direction drains first.
+		if tc, ok := dst.(*net.TCPConn); ok {
+			tc.CloseWrite()
+		}
+		done <- struct{}{}
+	}
+	go pipe(out, in)
+	go pipe(in, out)
+	<-done
+	<-done
+	in.Close()
+	out.Close()
+	r.mu.Lock()
+	delete(r.conns, in)
+	delete(r.conns, out)
+	r.mu.Unlock()
+}
+
+// Close stops listening, ends every relayed connection and waits for the
+// relay's goroutines.
+func (r *replicaRelay) Close() error {
+	err := r.l.Close()
+	r.mu.Lock()
+	for c := range r.conns {
+		c.Close()
+	}
+	r.conns = nil
+	r.mu.Unlock()
+	r.wg.Wait()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+// podJoiner is cfg for pod self coming back as a joiner: no replica, the
+// rendezvous found through the group's replicas on the other pods.
+func podJoiner(cfg config, self int) config {
+	cfg.rendezvous = podRendezvous(cfg.pods, cfg.size, self)
+	cfg.rank, cfg.hostRendezvous, cfg.group, cfg.replica = -1, false, false, false
+	return cfg
+}
