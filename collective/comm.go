@@ -395,8 +395,12 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 			setup = ctx
 		}
 		join := func(setup context.Context, cfg config) (*p2p.Node, error) {
+			rendezvous := cfg.rendezvous
+			if cfg.pods != nil && cfg.rank > 0 {
+				rendezvous = podRendezvous(cfg.pods, cfg.size, cfg.rank)
+			}
 			return p2p.Join(setup, p2p.Config{
-				Rank: cfg.rank, Size: cfg.size, JobKey: cfg.jobKey, Rendezvous: cfg.rendezvous,
+				Rank: cfg.rank, Size: cfg.size, JobKey: cfg.jobKey, Rendezvous: rendezvous,
 				ListenIP: cfg.listenIP, DataPlane: cfg.dataPlane, Timeout: cfg.timeout, Logf: cfg.logf,
 				Elastic: cfg.elastic, HeartbeatTimeout: c.heartbeat, Replica: c.hostedReplica(),
 			})

@@ -73,9 +73,12 @@ func podGroupRunning(ctx context.Context, pods *podGroup, size int) bool {
 	return running
 }
 
-// podRendezvous is where a replaced pod looks for the running group: the
-// replicas on pods 0, 1 and 2 (ID@host:port; replica 1 without its ID),
-// except its own pod's, which it no longer hosts.
+// podRendezvous is where pod self registers, unless it hosts replica 1:
+// the replicas on pods 0, 1 and 2 (ID@host:port; replica 1 without its
+// ID), tried in turn, except its own pod's, which is not the group's (a
+// replaced pod hosts none). At the first start pod 0's replica 1 takes the
+// registrations; once pod 0 is lost, the others' replicas redirect to
+// the leader.
 func podRendezvous(pods *podGroup, size, self int) string {
 	var list []string
 	for i := 0; i == 0 || podHostsReplica(i, size); i++ {
@@ -91,11 +94,15 @@ func podRendezvous(pods *podGroup, size, self int) string {
 }
 
 // registrationClosed says whether the group refused a registration because
-// the job runs already (membership.Machine's refusal): the pod was
-// replaced and must join as a joiner. The refusal reaches the rank only as
-// text.
+// the job runs already, or another process registered this pod's rank
+// (membership.Machine's refusals; the rank gets them only as text): the
+// pod was replaced and joins as a joiner.
 func registrationClosed(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "registration closed: the job runs")
+	if err == nil {
+		return false
+	}
+	s := err.Error()
+	return strings.Contains(s, "registration closed: the job runs") || strings.Contains(s, "already registered from")
 }
 
 // replicaRelay relays the connections to the group's port on a pod to the

@@ -251,11 +251,12 @@ func train(o options) error {
 	if gen == "" {
 		gen = "0"
 	}
-	joiner := os.Getenv(collective.EnvRank) == "-1"
 	comm, err := collective.Init(ctx)
 	if err != nil {
 		return err
 	}
+	// A joiner: started by gorun as one, or a replaced pod (Init chose).
+	joiner := comm.Joiner()
 	defer comm.Close()
 	// SIGTERM (a deleted pod, gorun scaling down): leave at the next commit.
 	defer comm.LeaveOnSignal(syscall.SIGTERM)()
