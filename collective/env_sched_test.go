@@ -581,7 +581,7 @@ func podsOf(doc map[string]any, legacy bool, dir string) ([]modelPod, error) {
 	switch kind := yamlString(doc, "kind"); kind {
 	case "PyTorchJob":
 		if yamlAt(doc, "spec", "elasticPolicy") != nil {
-			return nil, fmt.Errorf("elasticPolicy: a gorun job has a fixed size")
+			return elasticPods(doc, dir)
 		}
 		specs := yamlAt(doc, "spec", "pytorchReplicaSpecs")
 		total := 0
@@ -681,6 +681,68 @@ func podsOf(doc map[string]any, legacy bool, dir string) ([]modelPod, error) {
 		}
 	default:
 		return nil, fmt.Errorf("kind %q: no contract", kind)
+	}
+	return pods, nil
+}
+
+// elasticPods are the Workers of an elastic PyTorchJob, with what the
+// training operator gives them (ElasticEnvVarGenerator): no rank, but
+// PET_RDZV_ENDPOINT=<job>-worker-0:<the Workers' pytorchjob-port>,
+// PET_RDZV_BACKEND (c10d by default), PET_NNODES=min:max,
+// PET_MAX_RESTARTS and PET_RDZV_ID when the policy sets them; and the
+// pod's name as HOSTNAME, which the container runtime sets.
+func elasticPods(doc map[string]any, dir string) ([]modelPod, error) {
+	name := yamlString(doc, "metadata", "name")
+	policy := yamlAt(doc, "spec", "elasticPolicy")
+	worker := yamlAt(doc, "spec", "pytorchReplicaSpecs", "Worker")
+	if worker == nil || yamlAt(doc, "spec", "pytorchReplicaSpecs", "Master") != nil {
+		return nil, fmt.Errorf("an elastic PyTorchJob has Workers only")
+	}
+	n, err := yamlInt(worker, "replicas")
+	if err != nil {
+		return nil, err
+	}
+	if p := yamlString(worker, "restartPolicy"); p != "OnFailure" {
+		return nil, fmt.Errorf("restartPolicy %q: a failed pod must be restarted to rejoin (OnFailure)", p)
+	}
+	lo, err1 := yamlInt(policy, "minReplicas")
+	hi, err2 := yamlInt(policy, "maxReplicas")
+	if err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("elasticPolicy: minReplicas and maxReplicas: %v, %v", err1, err2)
+	}
+	port := -1
+	if yamlString(worker, "template", "spec", "containers", 0, "name") == "pytorch" {
+		ports, _ := yamlAt(worker, "template", "spec", "containers", 0, "ports").([]any)
+		for _, p := range ports {
+			if yamlString(p, "name") == "pytorchjob-port" {
+				port, _ = yamlInt(p, "containerPort")
+			}
+		}
+	}
+	if port < 0 {
+		return nil, fmt.Errorf(`the Worker's container "pytorch" declares no port "pytorchjob-port"`)
+	}
+	backend := yamlString(policy, "rdzvBackend")
+	if backend == "" {
+		backend = "c10d"
+	}
+	var pods []modelPod
+	for i := range n {
+		env, ports, err := containerEnv(yamlAt(worker, "template", "spec"), dir)
+		if err != nil {
+			return nil, fmt.Errorf("worker %d: %w", i, err)
+		}
+		env["PYTHONUNBUFFERED"] = "0"
+		env["PET_RDZV_ENDPOINT"] = fmt.Sprintf("%s-worker-0:%d", name, port)
+		env["PET_RDZV_BACKEND"], env["PET_NNODES"] = backend, fmt.Sprintf("%d:%d", lo, hi)
+		if r := yamlString(policy, "maxRestarts"); r != "" {
+			env["PET_MAX_RESTARTS"] = r
+		}
+		if id := yamlString(policy, "rdzvId"); id != "" {
+			env["PET_RDZV_ID"] = id
+		}
+		env["HOSTNAME"] = fmt.Sprintf("%s-worker-%d", name, i)
+		pods = append(pods, modelPod{env["HOSTNAME"], env, ports})
 	}
 	return pods, nil
 }
@@ -840,11 +902,19 @@ func TestKubeManifests(t *testing.T) {
 		err                string
 	}{
 		{"pytorchjob", "pytorchjob.yaml", "torch-elastic", false, nil, ""},
+		{"elastic pytorchjob", "elastic-pytorchjob.yaml", "pytorchjob-elastic", false, nil, ""},
+		{"elastic indexed job", "elastic-indexed-job.yaml", "indexed-job", false, nil, ""},
 		{"pytorchjob, operator before v1.7", "pytorchjob.yaml", "torchrun", true, nil, ""},
 		{"trainjob", "trainjob.yaml", "torch-elastic", false, nil, ""},
 		{"indexed job", "indexed-job.yaml", "indexed-job", false, nil, ""},
 		{"jobset", "jobset.yaml", "indexed-job", false, nil, ""},
 
+		{"elastic pytorchjob, more pods than its maximum", "elastic-pytorchjob.yaml", "pytorchjob-elastic", false,
+			set([]any{"spec", "pytorchReplicaSpecs", "Worker", "replicas"}, 5), "size 4, but the job has 5 pods"},
+		{"elastic pytorchjob, etcd", "elastic-pytorchjob.yaml", "pytorchjob-elastic", false,
+			set([]any{"spec", "elasticPolicy", "rdzvBackend"}, "etcd"), "not supported yet"},
+		{"elastic pytorchjob, pods not restarted", "elastic-pytorchjob.yaml", "pytorchjob-elastic", false,
+			set([]any{"spec", "pytorchReplicaSpecs", "Worker", "restartPolicy"}, "Never"), "OnFailure"},
 		{"pytorchjob, key readable by all", "pytorchjob.yaml", "torch-elastic", false,
 			set([]any{"spec", "pytorchReplicaSpecs", "Worker", "template", "spec", "volumes", 0, "secret", "defaultMode"}, 0o444), "chmod 600"},
 		{"pytorchjob, no port", "pytorchjob.yaml", "torch-elastic", false,

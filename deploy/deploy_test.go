@@ -23,7 +23,7 @@ func TestManifestsParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"indexed-job.yaml", "jobset.yaml", "mpijob.yaml", "pytorchjob.yaml", "trainjob.yaml"}
+	want := []string{"elastic-indexed-job.yaml", "elastic-pytorchjob.yaml", "indexed-job.yaml", "jobset.yaml", "mpijob.yaml", "pytorchjob.yaml", "trainjob.yaml"}
 	var names []string
 	for _, f := range files {
 		names = append(names, filepath.Base(f))
