@@ -406,6 +406,12 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 			})
 		}
 		c.node, err = join(setup, cfg)
+		for cfg.pods != nil && cfg.rank > 0 && rankTaken(err) {
+			if werr := waitRetry(setup, c.heartbeat/4); werr != nil {
+				break
+			}
+			c.node, err = join(setup, cfg)
+		}
 		if cfg.pods != nil && cfg.rank > 0 && registrationClosed(err) {
 			// A replaced pod: the job runs, so it joins it (elastic_pod.go).
 			if c.replica != nil {

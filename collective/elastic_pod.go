@@ -32,7 +32,9 @@ import (
 //     and with them its majority, so it can not run either: pod 0 starts
 //     replica 1.
 //   - Every other pod registers with its index, and if the group refuses
-//     it because the job runs already, registers again as a joiner.
+//     it because the job runs already, registers again as a joiner. If it
+//     is refused because its index is registered (its previous container,
+//     before the job started, not yet counted as lost), it asks again.
 //
 // At the first start pod 0 may start after pods 1 and 2, or before: they
 // retry their registration until it hosts replica 1, and their relays
@@ -94,15 +96,30 @@ func podRendezvous(pods *podGroup, size, self int) string {
 }
 
 // registrationClosed says whether the group refused a registration because
-// the job runs already, or another process registered this pod's rank
-// (membership.Machine's refusals; the rank gets them only as text): the
-// pod was replaced and joins as a joiner.
+// the job runs already (membership.Machine's refusal; the rank gets it
+// only as text): the pod was replaced and joins as a joiner.
 func registrationClosed(err error) bool {
-	if err == nil {
-		return false
+	return err != nil && strings.Contains(err.Error(), "registration closed: the job runs")
+}
+
+// rankTaken says whether the group refused a registration because another
+// process holds the pod's rank before the job started: the pod's previous
+// container, whose loss the group has not noticed yet (within the
+// heartbeat bound), after which the rank is free again.
+func rankTaken(err error) bool {
+	return err != nil && strings.Contains(err.Error(), " already registered from ")
+}
+
+// waitRetry waits before asking the group again (d), or until ctx ends.
+func waitRetry(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
 	}
-	s := err.Error()
-	return strings.Contains(s, "registration closed: the job runs") || strings.Contains(s, "already registered from")
 }
 
 // replicaRelay relays the connections to the group's port on a pod to the

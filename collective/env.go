@@ -53,6 +53,9 @@ var TuningEnv = []string{EnvAllreduceAlgorithms, EnvChunkBytes, EnvCPUBind, EnvD
 //   - torchrun, and PyTorchJob before v1.7: RANK, WORLD_SIZE, LOCAL_RANK,
 //     LOCAL_WORLD_SIZE; rank 0 hosts the rendezvous at
 //     MASTER_ADDR:MASTER_PORT.
+//   - An elastic PyTorchJob (elasticPolicy): PET_RDZV_ENDPOINT names pod 0
+//     and the port, PET_NNODES=MIN:MAX the bounds; the pod's index is
+//     PET_NODE_RANK or read off HOSTNAME (env_kubernetes_elastic.go).
 //   - An Indexed Job or a JobSet: rank JOB_COMPLETION_INDEX (Kubernetes
 //     sets it) of GORUN_SIZE (the manifest sets it to the completions); the
 //     manifest sets GORUN_RENDEZVOUS_ADDR to pod 0's stable DNS name and a

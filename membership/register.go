@@ -57,18 +57,23 @@ func (m *Machine) admit(p *proc, heartbeat int64) error {
 	if p.joiner {
 		return m.admitJoiner(p)
 	}
+	// Once the job runs, a rank's registration is refused as closed even
+	// if its rank is still registered: a replaced process (a pod the
+	// kubelet restarted) learns that the job runs, not that its rank is
+	// taken, which before the start means its predecessor's loss is not
+	// noticed yet.
 	switch {
 	case m.aborted:
 		return errors.New("job already aborted")
 	case p.rank < 0 || p.rank >= m.cfg.Size:
 		return fmt.Errorf("rank %d out of range [0,%d)", p.rank, m.cfg.Size)
-	case m.regs[p.rank] != nil:
-		return fmt.Errorf("rank %d already registered from %s", p.rank, m.regs[p.rank].info.Addr)
 	case m.tableSent:
 		if m.cfg.Elastic {
 			return errors.New("registration closed: the job runs; join it as a joiner (rank -1)")
 		}
 		return errors.New("registration closed")
+	case m.regs[p.rank] != nil:
+		return fmt.Errorf("rank %d already registered from %s", p.rank, m.regs[p.rank].info.Addr)
 	}
 	m.regs[p.rank] = p
 	return nil
