@@ -394,39 +394,17 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 			// members admit it at their next commit (Grow).
 			setup = ctx
 		}
-		join := func(setup context.Context, cfg config) (*p2p.Node, error) {
-			rendezvous := cfg.rendezvous
-			if cfg.pods != nil && cfg.rank > 0 {
-				rendezvous = podRendezvous(cfg.pods, cfg.size, cfg.rank)
-			}
+		join := func(setup context.Context, cfg config, rendezvous string) (*p2p.Node, error) {
 			return p2p.Join(setup, p2p.Config{
 				Rank: cfg.rank, Size: cfg.size, JobKey: cfg.jobKey, Rendezvous: rendezvous,
 				ListenIP: cfg.listenIP, DataPlane: cfg.dataPlane, Timeout: cfg.timeout, Logf: cfg.logf,
 				Elastic: cfg.elastic, HeartbeatTimeout: c.heartbeat, Replica: c.hostedReplica(),
 			})
 		}
-		c.node, err = join(setup, cfg)
-		for cfg.pods != nil && cfg.rank > 0 && rankTaken(err) {
-			if werr := waitRetry(setup, c.heartbeat/4); werr != nil {
-				break
-			}
-			c.node, err = join(setup, cfg)
-		}
-		if cfg.pods != nil && cfg.rank > 0 && registrationClosed(err) {
-			// A replaced pod: the job runs, so it joins it (elastic_pod.go).
-			if c.replica != nil {
-				c.replica.CloseNow()
-				c.replica = nil
-			}
-			self := cfg.rank
-			cfg = podJoiner(cfg, self)
-			c.joiner, who = true, fmt.Sprintf("joiner (replaced pod %d)", self)
-			c.node, err = join(ctx, cfg)
-		}
-		if err == nil && c.replica != nil && cfg.pods != nil {
-			if c.relay, err = startReplicaRelay(cfg.pods.port, c.replica.Addr()); err != nil {
-				err = fmt.Errorf("relaying the rendezvous group's port %d to this pod's replica: %w", cfg.pods.port, err)
-			}
+		if cfg.pods != nil {
+			err = c.joinAsPod(ctx, setup, &cfg, &who, join)
+		} else {
+			c.node, err = join(setup, cfg, cfg.rendezvous)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("gorun: %s: joining the job at %s: %w", who, cfg.rendezvous, err)

@@ -2,12 +2,10 @@ package collective
 
 import (
 	"context"
-	"errors"
-	"io"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/gorun/gorun/p2p"
@@ -122,98 +120,41 @@ func waitRetry(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// replicaRelay relays the connections to the group's port on a pod to the
-// replica the pod hosts on a port of its own.
-type replicaRelay struct {
-	l      net.Listener
-	target string
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{} // under mu; nil once closed
-	wg     sync.WaitGroup
-}
-
-// startReplicaRelay listens on port (every interface of the pod) and
-// relays to target.
-func startReplicaRelay(port int, target string) (*replicaRelay, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(port)))
-	if err != nil {
-		return nil, err
+// joinAsPod joins the job as a pod of it (the member of its index, or a
+// joiner once the group says the job runs without it), with join, which
+// joins at a rendezvous address; a pod whose index is registered before
+// the start asks again within setup. Pods 1 and 2 then relay the group's
+// port to their replica. cfg and who change with a pod that becomes a
+// joiner.
+func (c *Comm) joinAsPod(ctx, setup context.Context, cfg *config, who *string, join func(context.Context, config, string) (*p2p.Node, error)) error {
+	rendezvous := cfg.rendezvous // pod 0, or a replaced pod 0 (podJoiner)
+	if cfg.rank > 0 {
+		rendezvous = podRendezvous(cfg.pods, cfg.size, cfg.rank)
 	}
-	r := &replicaRelay{l: l, target: target, conns: map[net.Conn]struct{}{}}
-	r.wg.Add(1)
-	go r.serve()
-	return r, nil
-}
-
-func (r *replicaRelay) serve() {
-	defer r.wg.Done()
-	for {
-		in, err := r.l.Accept()
-		if err != nil {
-			return // closed
+	var err error
+	c.node, err = join(setup, *cfg, rendezvous)
+	for cfg.rank > 0 && rankTaken(err) {
+		if werr := waitRetry(setup, c.heartbeat/4); werr != nil {
+			break
 		}
-		r.wg.Add(1)
-		go r.relay(in)
+		c.node, err = join(setup, *cfg, rendezvous)
 	}
-}
-
-// track adds c to the open connections, or closes it if the relay closed.
-func (r *replicaRelay) track(c net.Conn) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.conns == nil {
-		c.Close()
-		return false
-	}
-	r.conns[c] = struct{}{}
-	return true
-}
-
-func (r *replicaRelay) relay(in net.Conn) {
-	defer r.wg.Done()
-	if !r.track(in) {
-		return
-	}
-	// The replica is on this pod: it answers at once, or is gone.
-	out, err := net.DialTimeout("tcp", r.target, podProbeTimeout)
-	if err != nil || !r.track(out) {
-		in.Close()
-		return
-	}
-	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) {
-		io.Copy(dst, src)
-		// Half-close, so that the other direction drains first.
-		if tc, ok := dst.(*net.TCPConn); ok {
-			tc.CloseWrite()
+	if cfg.rank > 0 && registrationClosed(err) {
+		// A replaced pod: the job runs, so it joins it, waiting as long as
+		// the job runs without it.
+		if c.replica != nil {
+			c.replica.CloseNow()
+			c.replica = nil
 		}
-		done <- struct{}{}
+		self := cfg.rank
+		*cfg = podJoiner(*cfg, self)
+		c.joiner, *who = true, fmt.Sprintf("joiner (replaced pod %d)", self)
+		c.node, err = join(ctx, *cfg, cfg.rendezvous)
 	}
-	go pipe(out, in)
-	go pipe(in, out)
-	<-done
-	<-done
-	in.Close()
-	out.Close()
-	r.mu.Lock()
-	delete(r.conns, in)
-	delete(r.conns, out)
-	r.mu.Unlock()
-}
-
-// Close stops listening, ends every relayed connection and waits for the
-// relay's goroutines.
-func (r *replicaRelay) Close() error {
-	err := r.l.Close()
-	r.mu.Lock()
-	for c := range r.conns {
-		c.Close()
-	}
-	r.conns = nil
-	r.mu.Unlock()
-	r.wg.Wait()
-	if errors.Is(err, net.ErrClosed) {
-		err = nil
+	if err == nil && c.replica != nil {
+		if c.relay, err = startReplicaRelay(cfg.pods.port, c.replica.Addr()); err != nil {
+			err = fmt.Errorf("relaying the rendezvous group's port %d to this pod's replica: %w", cfg.pods.port, err)
+		}
 	}
 	return err
 }
