@@ -17,28 +17,29 @@ import (
 // apart: a container restarted by the kubelet, or a pod recreated by the
 // operator, gets the same variables as the first. So:
 //
-//   - Pods 1 and 2 host their replica on a port of their own and, once
-//     registered with the group (the job's first start), relay the
-//     group's port on their pod to it (replicaRelay): a replica is found
-//     at a pod's name only once that pod is a member of a running group.
-//   - Pod 0 first dials the group's port on pods 1 and 2
-//     (podGroupRunning). If either answers, a group runs, started by an
+//   - Pods 1 to 4 host their replica (1 and 2 the group's, 3 and 4
+//     spares) on a port of their own and, once registered with the group
+//     (the job's first start), relay the group's port on their pod to it
+//     (replicaRelay): a replica is found at a pod's name only once that
+//     pod is a member of a running group.
+//   - Pod 0 first dials the group's port on pods 1 to 4
+//     (podGroupRunning). If one answers, a group runs, started by an
 //     earlier pod 0: this one comes back as a joiner, and does not start
-//     a replica 1 of its own (a second group: split brain). If neither
-//     answers, this is the first start (pods 1 and 2 cannot have
-//     registered without a replica 1), or the group lost pods 0, 1 and 2
-//     and with them its majority, so it can not run either: pod 0 starts
-//     replica 1.
+//     a replica 1 of its own (a second group: split brain). If none
+//     answers, this is the first start (those pods cannot have registered
+//     without a replica 1), or the group lost every pod that hosted a
+//     replica, and with them its majority, so it can not run either: pod
+//     0 starts replica 1.
 //   - Every other pod registers with its index, and if the group refuses
 //     it because the job runs already, registers again as a joiner. If it
 //     is refused because its index is registered (its previous container,
 //     before the job started, not yet counted as lost), it asks again.
 //
-// At the first start pod 0 may start after pods 1 and 2, or before: they
+// At the first start pod 0 may start after the others, or before: they
 // retry their registration until it hosts replica 1, and their relays
 // open only after it, so pod 0 never takes the first start for a
 // replacement. A pod 0 lost before the job's first epoch leaves relays
-// behind on pods 1 and 2 that point at a group which never started: the
+// behind on the others that point at a group which never started: the
 // next pod 0 joins it, and the members registered with it fail at their
 // timeout and are restarted (restartPolicy: OnFailure), which starts the
 // job afresh.
@@ -49,13 +50,13 @@ import (
 const podProbeTimeout = 2 * time.Second
 
 // podGroupRunning says whether a replica listens at the group's port on
-// pod 1 or 2: whether a group started by an earlier pod 0 runs.
+// pods 1 to 4: whether a group started by an earlier pod 0 runs.
 func podGroupRunning(ctx context.Context, pods *podGroup, size int) bool {
 	ctx, cancel := context.WithTimeout(ctx, podProbeTimeout)
 	defer cancel()
 	answered := make(chan bool, podReplicas)
 	n := 0
-	for i := 1; podHostsReplica(i, size); i++ {
+	for i := 1; i < podReplicas && i < size; i++ {
 		n++
 		go func() {
 			var d net.Dialer
@@ -74,14 +75,14 @@ func podGroupRunning(ctx context.Context, pods *podGroup, size int) bool {
 }
 
 // podRendezvous is where pod self registers, unless it hosts replica 1:
-// the replicas on pods 0, 1 and 2 (ID@host:port; replica 1 without its
-// ID), tried in turn, except its own pod's, which is not the group's (a
+// the replicas on pods 0 to 4 (ID@host:port; replica 1 without its ID),
+// tried in turn, except its own pod's, which is not the group's (a
 // replaced pod hosts none). At the first start pod 0's replica 1 takes the
 // registrations; once pod 0 is lost, the others' replicas redirect to
 // the leader.
 func podRendezvous(pods *podGroup, size, self int) string {
 	var list []string
-	for i := 0; i == 0 || podHostsReplica(i, size); i++ {
+	for i := 0; i < podReplicas && i < size; i++ {
 		switch {
 		case i == self:
 		case i == 0:
@@ -123,7 +124,7 @@ func waitRetry(ctx context.Context, d time.Duration) error {
 // joinAsPod joins the job as a pod of it (the member of its index, or a
 // joiner once the group says the job runs without it), with join, which
 // joins at a rendezvous address; a pod whose index is registered before
-// the start asks again within setup. Pods 1 and 2 then relay the group's
+// the start asks again within setup. Pods 1 to 4 then relay the group's
 // port to their replica. cfg and who change with a pod that becomes a
 // joiner.
 func (c *Comm) joinAsPod(ctx, setup context.Context, cfg *config, who *string, join func(context.Context, config, string) (*p2p.Node, error)) error {

@@ -13,7 +13,7 @@ import (
 // GORUN_ELASTIC=1. As under srun (env_replica.go), the membership is a
 // raft group: pod 0 hosts replica 1 where the pods meet, and pods 1 and 2
 // host replicas ReplicaID(1) and ReplicaID(2), so that losing pod 0 leaves
-// a majority. Every pod has an address of its own and a stable DNS name,
+// a majority; pods 3 and 4 host spares. Every pod has an address of its own and a stable DNS name,
 // so every replica is reached at the same port on its pod's name
 // (podGroup), which is how a replaced pod finds the running group when
 // pod 0 is gone (elastic_pod.go).
@@ -81,11 +81,18 @@ func (g podGroup) index(name string) int {
 	return i
 }
 
-// podReplicas is how many pods host a replica: pods 0, 1 and 2.
-const podReplicas = 3
+// podReplicas is how many pods host a replica: pods 0, 1 and 2 the
+// group's three, pods 3 and 4 spares, which take the place of a replica
+// lost with its pod (the group's leader adds one when it removes the lost
+// one), so that the group survives successive losses.
+const podReplicas = 5
 
-// hostsReplica says whether pod i hosts a replica beside pod 0's.
-func podHostsReplica(i, size int) bool { return i >= 1 && i < podReplicas && i < size }
+// podHostsReplica says whether pod i hosts a replica beside pod 0's, and
+// whether it is a spare.
+func podHostsReplica(i, size int) (hosts, spare bool) {
+	hosts = i >= 1 && i < podReplicas && i < size
+	return hosts, hosts && i >= 3
+}
 
 // readElasticPyTorchJob reads a pod of an elastic PyTorchJob: the
 // operator gives it PET_RDZV_ENDPOINT (pod 0's name and port),
@@ -105,7 +112,7 @@ func readElasticPyTorchJob(getenv func(string) string, e *launchEnv) error {
 	switch b := strings.TrimSpace(getenv(envPETRdzvBackend)); b {
 	case "", "c10d", "static":
 	case "etcd", "etcd-v2":
-		return fmt.Errorf("%s=%s: the etcd rendezvous is not supported yet: use c10d (gorun's replicated rendezvous on pods 0, 1 and 2)", envPETRdzvBackend, b)
+		return fmt.Errorf("%s=%s: the etcd rendezvous is not supported yet: use c10d (gorun's replicated rendezvous on the pods)", envPETRdzvBackend, b)
 	default:
 		return fmt.Errorf("%s=%q: want c10d (gorun's replicated rendezvous) or etcd", envPETRdzvBackend, b)
 	}

@@ -38,7 +38,8 @@ func TestKubeElasticEnv(t *testing.T) {
 	}{
 		{"pytorchjob pod 2", elasticPod, want{2, 4, 2, 4, "pj-worker-0:29400", true, true}, ""},
 		{"pytorchjob pod 0", withVars(elasticPod, "HOSTNAME", "pj-worker-0"), want{0, 4, 2, 4, "pj-worker-0:29400", true, false}, ""},
-		{"pytorchjob pod 3", withVars(elasticPod, "HOSTNAME", "pj-worker-3"), want{3, 4, 2, 4, "pj-worker-0:29400", true, false}, ""},
+		{"pytorchjob pod 3 (a spare)", withVars(elasticPod, "HOSTNAME", "pj-worker-3"), want{3, 4, 2, 4, "pj-worker-0:29400", true, true}, ""},
+		{"pytorchjob pod 5", withVars(elasticPod, "HOSTNAME", "pj-worker-5", "PET_NNODES", "2:6"), want{5, 6, 2, 6, "pj-worker-0:29400", true, false}, ""},
 		{"pytorchjob, index from the label", withVars(elasticPod, "HOSTNAME", "", "PET_NODE_RANK", "1"), want{1, 4, 2, 4, "pj-worker-0:29400", true, true}, ""},
 		{"pytorchjob, one size", withVars(elasticPod, "PET_NNODES", "3"), want{2, 3, 3, 3, "pj-worker-0:29400", true, true}, ""},
 		{"pytorchjob, GORUN_SIZE", withVars(elasticPod, EnvSize, "3"), want{2, 3, 2, 4, "pj-worker-0:29400", true, true}, ""},
@@ -62,7 +63,7 @@ func TestKubeElasticEnv(t *testing.T) {
 
 		{"indexed job pod 1", indexed, want{1, 4, 2, 4, "train-0.train:29500", true, true}, ""},
 		{"indexed job pod 0", withVars(indexed, "JOB_COMPLETION_INDEX", "0"), want{0, 4, 2, 4, "train-0.train:29500", true, false}, ""},
-		{"indexed job pod 3", withVars(indexed, "JOB_COMPLETION_INDEX", "3"), want{3, 4, 2, 4, "train-0.train:29500", true, false}, ""},
+		{"indexed job pod 3 (a spare)", withVars(indexed, "JOB_COMPLETION_INDEX", "3"), want{3, 4, 2, 4, "train-0.train:29500", true, true}, ""},
 		{"jobset pod 2", withVars(indexed, "JOB_COMPLETION_INDEX", "2", EnvRendezvousAddr, "t-w-0-0.t:29500"), want{2, 4, 2, 4, "t-w-0-0.t:29500", true, true}, ""},
 		{"indexed job, fixed size", withVars(indexed, EnvElastic, ""), want{1, 4, 0, 0, "train-0.train:29500", false, false}, ""},
 		{"indexed job, rendezvous by IP", withVars(indexed, EnvRendezvousAddr, "10.0.0.1:29500"), want{}, "not pod 0's DNS name"},
@@ -86,6 +87,9 @@ func TestKubeElasticEnv(t *testing.T) {
 		if e.group && (e.pods == nil || e.elasticWait != 600*time.Second) {
 			t.Errorf("%s: group without pods (%v) or wait %v", tc.name, e.pods, e.elasticWait)
 		}
+		if e.replicaSpare != (e.replica && e.rank >= 3) {
+			t.Errorf("%s: pod %d hosts a spare: %v", tc.name, e.rank, e.replicaSpare)
+		}
 	}
 }
 
@@ -97,9 +101,9 @@ func TestPodGroup(t *testing.T) {
 		size, self            int
 		rendezvous            string
 	}{
-		{"pj-worker-0:29400", "pj-worker-2:29400", "pj-worker-3", 4, 0, "3@pj-worker-1:29400,4@pj-worker-2:29400"},
-		{"pj-worker-0:29400", "pj-worker-2:29400", "pj-worker-3", 4, 1, "pj-worker-0:29400,4@pj-worker-2:29400"},
-		{"pj-worker-0:29400", "pj-worker-2:29400", "pj-worker-3", 4, 3, "pj-worker-0:29400,3@pj-worker-1:29400,4@pj-worker-2:29400"},
+		{"pj-worker-0:29400", "pj-worker-2:29400", "pj-worker-3", 4, 0, "3@pj-worker-1:29400,4@pj-worker-2:29400,5@pj-worker-3:29400"},
+		{"pj-worker-0:29400", "pj-worker-2:29400", "pj-worker-3", 4, 1, "pj-worker-0:29400,4@pj-worker-2:29400,5@pj-worker-3:29400"},
+		{"pj-worker-0:29400", "pj-worker-2:29400", "pj-worker-3", 8, 5, "pj-worker-0:29400,3@pj-worker-1:29400,4@pj-worker-2:29400,5@pj-worker-3:29400,6@pj-worker-4:29400"},
 		{"train-0.train:29500", "train-2.train:29500", "train-3.train", 2, 1, "train-0.train:29500"},
 		{"js-w-0-0.js.ns.svc:1", "js-w-0-2.js.ns.svc:1", "js-w-0-3", 3, 0, "3@js-w-0-1.js.ns.svc:1,4@js-w-0-2.js.ns.svc:1"},
 	} {

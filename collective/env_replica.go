@@ -40,7 +40,8 @@ const (
 // and GORUN_ELASTIC_WAIT (default 600s), the same for every task. An
 // elastic job on Kubernetes is placed the same way on its pods
 // (env_kubernetes_elastic.go): pod 0 hosts replica 1, pods 1 and 2 the
-// others, with PET_NNODES's bounds for an elastic PyTorchJob.
+// others, pods 3 and 4 spares, with PET_NNODES's bounds for an elastic
+// PyTorchJob.
 func readReplica(getenv func(string) string, e *launchEnv) error {
 	switch v := strings.TrimSpace(getenv(EnvRdzvReplica)); v {
 	case "", "0":
@@ -69,7 +70,7 @@ func readReplica(getenv func(string) string, e *launchEnv) error {
 			return fmt.Errorf("an elastic job's pods host its rendezvous: %w", err)
 		}
 		e.group, e.pods = true, &pods
-		e.replica = podHostsReplica(e.rank, e.size)
+		e.replica, e.replicaSpare = podHostsReplica(e.rank, e.size)
 	}
 	if !e.replica && !e.group {
 		return nil
