@@ -96,10 +96,14 @@ type Log struct {
 	lease        clientv3.LeaseID
 	myKey        string // this replica's election key ("": none now)
 	myRev        int64  // its create revision
-	leading      bool   // as the last Ready said
-	appendNext   uint64 // the index the leader appends next
-	queue        [][]byte
-	err          error // the watch can not go on (Ready returns it)
+	// term counts the changes of myKey: a leader whose term changed may
+	// have lost proposals (Ready then reports a step down).
+	term       uint64
+	leadTerm   uint64 // the term Ready last reported leading in
+	leading    bool   // as the last Ready said
+	appendNext uint64 // the index the leader appends next
+	queue      [][]byte
+	err        error // the watch can not go on (Ready returns it)
 }
 
 type entry struct {
@@ -119,8 +123,8 @@ func Start(ctx context.Context, cfg Config) (*Log, error) {
 	if cfg.ID == 0 {
 		return nil, errors.New("etcdlog: replica id 0")
 	}
-	if cfg.Job == "" || strings.ContainsAny(cfg.Job, "/ ") {
-		return nil, fmt.Errorf("etcdlog: rendezvous id %q: want a non-empty name without '/' or spaces", cfg.Job)
+	if err := CheckJob(cfg.Job); err != nil {
+		return nil, fmt.Errorf("etcdlog: %w", err)
 	}
 	if len(cfg.Endpoints) == 0 {
 		return nil, errors.New("etcdlog: no etcd endpoints")
@@ -213,9 +217,16 @@ func (l *Log) stand(ctx context.Context, lease clientv3.LeaseID) error {
 		rev = resp.Responses[0].GetResponseRange().Kvs[0].CreateRevision
 	}
 	l.mu.Lock()
-	l.myKey, l.myRev = key, rev
+	l.setKeyLocked(key, rev)
 	l.mu.Unlock()
 	return nil
+}
+
+// setKeyLocked records this replica's election key ("": it does not stand
+// now), in a new term.
+func (l *Log) setKeyLocked(key string, rev int64) {
+	l.myKey, l.myRev = key, rev
+	l.term++
 }
 
 // keepSession keeps the replica's lease alive, and when it ends (etcd
@@ -243,7 +254,6 @@ func (l *Log) keepSession() {
 						return
 					case _, ok := <-ka:
 						if !ok {
-							l.cfg.Logf("etcdlog: replica %d lost its etcd session (etcd unreachable for %v); it registers again", l.cfg.ID, l.cfg.TTL)
 							break drain
 						}
 					case <-l.resignCh:
@@ -256,13 +266,18 @@ func (l *Log) keepSession() {
 					l.resign(lease)
 					continue
 				}
+				if l.ctx.Err() == nil && l.leaseOutlived(lease) {
+					continue
+				}
+				l.cfg.Logf("etcdlog: replica %d lost its etcd session (etcd unreachable for %v); it registers again", l.cfg.ID, l.cfg.TTL)
 			} else {
 				kcancel()
 			}
 		}
 		l.mu.Lock()
 		old := l.lease
-		l.lease, l.myKey, l.myRev = 0, "", 0
+		l.lease = 0
+		l.setKeyLocked("", 0)
 		l.mu.Unlock()
 		l.signal(l.changed)
 		if old != 0 {
@@ -294,12 +309,52 @@ func (l *Log) keepSession() {
 	}
 }
 
+// leaseOutlived, after the client gave up renewing lease (no answer from
+// etcd for its TTL), asks etcd whether it still holds it: etcd's new
+// leader, after losing the old one, extends every lease, so a replica
+// that was cut off only by etcd's own election keeps its keys and its
+// place in the election's line, and goes on with the same lease. It
+// does not stand meanwhile (Ready reports a step down). It asks for at
+// most the TTL; false: the lease is gone, or etcd did not answer.
+func (l *Log) leaseOutlived(lease clientv3.LeaseID) bool {
+	l.mu.Lock()
+	key, rev := l.myKey, l.myRev
+	l.setKeyLocked("", 0)
+	l.mu.Unlock()
+	l.signal(l.changed)
+	deadline := time.Now().Add(l.cfg.TTL)
+	for delay := 50 * time.Millisecond; time.Now().Before(deadline); delay = min(2*delay, 500*time.Millisecond) {
+		cctx, cancel := context.WithDeadline(l.ctx, deadline)
+		resp, err := l.client.TimeToLive(cctx, lease)
+		cancel()
+		if err == nil {
+			if resp.TTL <= 0 {
+				return false
+			}
+			l.mu.Lock()
+			l.setKeyLocked(key, rev)
+			l.mu.Unlock()
+			l.signal(l.changed)
+			l.cfg.Logf("etcdlog: replica %d kept its etcd session through an etcd outage", l.cfg.ID)
+			return true
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-l.ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+	}
+	return false
+}
+
 // resign puts this replica's candidacy behind the others': the next
 // candidate leads at once.
 func (l *Log) resign(lease clientv3.LeaseID) {
 	l.mu.Lock()
 	key := l.myKey
-	l.myKey, l.myRev = "", 0
+	l.setKeyLocked("", 0)
 	l.mu.Unlock()
 	l.signal(l.changed)
 	if key == "" {
@@ -508,10 +563,19 @@ func (l *Log) Ready() (Ready, error) {
 	l.groupChanged = false
 	key, _ := l.leaderLocked()
 	leading := key != "" && key == l.myKey
+	if leading && l.leading && l.leadTerm != l.term {
+		// It lost its key for a while (etcd unreachable) and got it
+		// back: what it proposed meanwhile was dropped, so it steps down
+		// for this Ready (its ranks reconnect, and send again what
+		// matters) and leads again in the next.
+		leading = false
+		l.signal(l.changed)
+	}
 	if leading && !l.leading {
 		// Every entry of the previous leader came before its key went
 		// (one watch, in revision order): the log goes on after them.
 		l.appendNext = l.received + 1
+		l.leadTerm = l.term
 	}
 	if !leading {
 		l.queue = nil
@@ -544,59 +608,84 @@ func (l *Log) appendLoop() {
 		}
 		for {
 			l.mu.Lock()
-			if !l.leading || len(l.queue) == 0 || l.myKey == "" {
+			if !l.leading || len(l.queue) == 0 || l.myKey == "" || l.term != l.leadTerm {
 				l.mu.Unlock()
 				break
 			}
-			b, index, key, rev := l.queue[0], l.appendNext, l.myKey, l.myRev
+			b, index, key, rev, term := l.queue[0], l.appendNext, l.myKey, l.myRev, l.term
 			l.mu.Unlock()
-			ok := l.append(index, b, key, rev)
+			res := l.append(index, b, key, rev, term)
 			l.mu.Lock()
-			if ok && l.appendNext == index && len(l.queue) > 0 && bytes.Equal(l.queue[0], b) {
-				l.queue = l.queue[1:]
-				l.appendNext++
-			} else if !ok {
-				l.queue = nil
+			if l.term == term && l.appendNext == index {
+				switch res {
+				case appended:
+					l.queue = l.queue[1:]
+					l.appendNext++
+				case indexTaken:
+					l.appendNext++
+				case deposed:
+					l.queue = nil
+				}
 			}
 			l.mu.Unlock()
 		}
 	}
 }
 
+// appendResult is what became of one append.
+type appendResult int
+
+const (
+	appended appendResult = iota
+	// indexTaken: this replica still holds its key, and an entry of its
+	// own is at the index: one it appended in an earlier term with the
+	// same key (etcd unreachable for a while, then its key kept), which
+	// it had not received back when it led again. The entry goes at the
+	// next index.
+	indexTaken
+	// deposed: its key is gone (or etcd did not answer before it
+	// stopped leading): the proposal is dropped.
+	deposed
+)
+
 // append puts entry index, as long as this replica's election key is the
 // one it created, and the index is free. It tries again after an error
 // that leaves the outcome unknown (an etcd member lost mid-call): the
 // conditions make a second try harmless, and an entry already there with
-// the same bytes is this one. It returns whether the entry is in the log.
-func (l *Log) append(index uint64, b []byte, key string, rev int64) bool {
+// the same bytes is this one.
+func (l *Log) append(index uint64, b []byte, key string, rev int64, term uint64) appendResult {
 	lk := l.logKey(index)
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, 500*time.Millisecond) {
 		cctx, cancel := context.WithTimeout(l.ctx, l.cfg.CallTimeout)
 		resp, err := l.client.Txn(cctx).
 			If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev), clientv3.Compare(clientv3.CreateRevision(lk), "=", 0)).
-			Then(clientv3.OpPut(lk, string(b))).Else(clientv3.OpGet(lk)).Commit()
+			Then(clientv3.OpPut(lk, string(b))).Else(clientv3.OpGet(lk), clientv3.OpGet(key)).Commit()
 		cancel()
 		if err == nil {
 			if resp.Succeeded {
-				return true
+				return appended
 			}
-			if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 && bytes.Equal(kvs[0].Value, b) {
-				return true
+			entry := resp.Responses[0].GetResponseRange().Kvs
+			if len(entry) == 1 && bytes.Equal(entry[0].Value, b) {
+				return appended
+			}
+			if mine := resp.Responses[1].GetResponseRange().Kvs; len(mine) == 1 && mine[0].CreateRevision == rev {
+				return indexTaken
 			}
 			l.cfg.Logf("etcdlog: replica %d no longer leads: entry %d not appended", l.cfg.ID, index)
-			return false
+			return deposed
 		}
 		l.mu.Lock()
-		still := l.leading && l.myKey == key
+		still := l.leading && l.term == term
 		l.mu.Unlock()
 		if !still || l.ctx.Err() != nil {
-			return false
+			return deposed
 		}
 		t := time.NewTimer(delay)
 		select {
 		case <-l.ctx.Done():
 			t.Stop()
-			return false
+			return deposed
 		case <-t.C:
 		}
 	}

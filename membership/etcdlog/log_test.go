@@ -179,14 +179,14 @@ func TestEtcdLogDeposedLeaderCannotAppend(t *testing.T) {
 	propose(t, old, 0, 5)
 	checkLog(t, ds, 5)
 	old.l.mu.Lock()
-	key, rev, lease := old.l.myKey, old.l.myRev, old.l.lease
+	key, rev, lease, term := old.l.myKey, old.l.myRev, old.l.lease, old.l.term
 	old.l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := c.Client().Revoke(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
-	if old.l.append(6, []byte("stale"), key, rev) {
+	if old.l.append(6, []byte("stale"), key, rev, term) != deposed {
 		t.Fatal("a deposed leader appended")
 	}
 	var others []*driver
@@ -280,5 +280,85 @@ func TestEtcdLogUnreachable(t *testing.T) {
 	}
 	if _, err := Start(context.Background(), Config{Endpoints: []string{addr}, Job: "a/b", ID: 2}); err == nil || errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("a rendezvous id with '/': %v", err)
+	}
+}
+
+// A process that joins finds the leader from etcd alone; with nobody
+// standing it waits, bounded by its context.
+func TestEtcdLogFindLeader(t *testing.T) {
+	c := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	_, _, err := FindLeader(ctx, c.Endpoints(), "find")
+	cancel()
+	if err == nil || !strings.Contains(err.Error(), "no leader of rendezvous \"find\"") {
+		t.Fatalf("FindLeader with no candidate: %v", err)
+	}
+	ds := []*driver{start(t, c, "find", 3, true), start(t, c, "find", 4, true)}
+	l := leader(t, ds)
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	id, addr, err := FindLeader(ctx, c.Endpoints(), "find")
+	if err != nil || id != l.l.ID() || addr != l.l.cfg.Addr {
+		t.Fatalf("FindLeader: %d %q %v, want %d %q", id, addr, err, l.l.ID(), l.l.cfg.Addr)
+	}
+}
+
+// A leader whose client gave up on its lease while etcd kept it (etcd's
+// own election took longer than the TTL) keeps its key and leads again,
+// after a step down that tells its caller that proposals may have been
+// dropped; what it appended before goes on in the log, and what it
+// proposes after follows, even when an append of its earlier term lands
+// after it leads again.
+func TestEtcdLogLeaderKeepsKeyThroughOutage(t *testing.T) {
+	c := etcdtest.Start(t)
+	ds := []*driver{start(t, c, "outage", 2, true), start(t, c, "outage", 3, true), start(t, c, "outage", 4, true)}
+	l := leader(t, ds)
+	at := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	for i := range 6 {
+		l.l.Propose(at, register(i)) // dropped if the outage comes first
+	}
+	l.l.mu.Lock()
+	lease := l.l.lease
+	l.l.mu.Unlock()
+	if !l.l.leaseOutlived(lease) {
+		t.Fatal("the lease did not outlive the client's giving up on it")
+	}
+	eventually(t, 15*time.Second, "the leader leads again", func() bool {
+		_, leading, _ := l.state()
+		return leading && l.l.Leader() == l.l.ID()
+	})
+	for i := 100; i < 106; i++ {
+		if err := l.l.Propose(at, register(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var want []membership.ID
+	for _, d := range ds {
+		eventually(t, 20*time.Second, fmt.Sprintf("replica %d applies entries 100..105", d.l.ID()), func() bool {
+			a, _, _ := d.state()
+			return len(a) > 0 && a[len(a)-1].Event.(membership.Register).ID == 105
+		})
+		a, _, err := d.state()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []membership.ID
+		for i, e := range a {
+			if e.Index != uint64(i+1) {
+				t.Fatalf("replica %d: entry %d has index %d", d.l.ID(), i, e.Index)
+			}
+			got = append(got, e.Event.(membership.Register).ID)
+		}
+		if want == nil {
+			want = got
+		} else if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("replica %d applied %v, replica %d %v", d.l.ID(), got, ds[0].l.ID(), want)
+		}
+	}
+	tail := want[len(want)-6:]
+	for i, id := range tail {
+		if id != membership.ID(100+i) {
+			t.Fatalf("the log ends with %v, want 100..105 in order", tail)
+		}
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -136,6 +137,9 @@ func (m *member) start(bin string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	cmd := exec.Command(bin, m.args...)
+	// A test binary that dies (a panic, a timeout) takes its members
+	// with it: its cleanup does not run then.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := os.OpenFile(filepath.Join(m.dir, "stderr"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err

@@ -1,0 +1,85 @@
+package etcdlog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// FindLeader returns the id and address of the replica that leads job's
+// membership, waiting (until ctx ends) while none does: a process that
+// joins needs only the etcd endpoints and the job's rendezvous id.
+func FindLeader(ctx context.Context, endpoints []string, job string) (uint64, string, error) {
+	where := strings.Join(endpoints, ",")
+	client, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return 0, "", fmt.Errorf("etcd at %s: %w", where, err)
+	}
+	defer client.Close()
+	key := "/gorun/" + job + "/leader/"
+	var last error
+	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		resp, err := client.Get(ctx, key, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))
+		switch {
+		case err != nil:
+			last = err
+		case len(resp.Kvs) == 1:
+			idText, addr, _ := strings.Cut(string(resp.Kvs[0].Value), " ")
+			id, err := strconv.ParseUint(idText, 10, 64)
+			if err != nil || addr == "" {
+				return 0, "", fmt.Errorf("etcd at %s: bad election value %q under %s", where, resp.Kvs[0].Value, key)
+			}
+			return id, addr, nil
+		default:
+			last = fmt.Errorf("no replica of rendezvous %q leads yet", job)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, "", fmt.Errorf("etcd at %s: no leader of rendezvous %q found: %w (last: %v)", where, job, context.Cause(ctx), last)
+		case <-t.C:
+		}
+	}
+}
+
+// ParseEndpoints reads etcd client addresses, "h1:2379,h2:2379" (an
+// http:// before each is allowed, as etcdctl writes them).
+func ParseEndpoints(s string) ([]string, error) {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if strings.HasPrefix(f, "https://") {
+			return nil, fmt.Errorf("%s: etcd over TLS is not supported; give the plain client addresses (host:port)", f)
+		}
+		hp := strings.TrimPrefix(f, "http://")
+		host, port, err := net.SplitHostPort(hp)
+		if p, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || p < 1 || p > 65535 {
+			return nil, fmt.Errorf("%q is not host:port", f)
+		}
+		out = append(out, hp)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no etcd address")
+	}
+	return out, nil
+}
+
+// CheckJob says what is wrong with a rendezvous id (nil: nothing): its
+// keys are under /gorun/<id>/.
+func CheckJob(id string) error {
+	if id == "" || strings.ContainsAny(id, "/ \t\n") {
+		return fmt.Errorf("rendezvous id %q: want a non-empty name without '/' or spaces", id)
+	}
+	return nil
+}
