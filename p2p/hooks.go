@@ -16,8 +16,12 @@ type simHooks struct {
 
 // crash closes the host and the data links without telling the rendezvous
 // or draining anything (tests: simulates a killed process, whose sockets
-// the kernel closes).
+// the kernel closes). Its goroutines stop first, as a killed process'
+// do: one that went on dialling (reconnecting to a replicated
+// rendezvous) on the closing host would meet libp2p's swarm mid-close,
+// whose dial worker then finds no transport and panics.
 func (n *Node) crash() {
+	closeIfOpen(n.life.stop)
 	n.mu.Lock()
 	links := slices.Clone(n.links.all)
 	n.mu.Unlock()
@@ -96,6 +100,6 @@ func (r *Rendezvous) crash() {
 	r.mu.Unlock()
 	r.hosts.close(r.h)
 	if r.grp != nil {
-		r.closeGroup()
+		r.abandonGroup()
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -102,6 +103,11 @@ type Config struct {
 	// hello offers it, and the group adds it. The caller closes it after
 	// the node.
 	Replica *Rendezvous
+	// RendezvousReplica is the group id of the replica at Rendezvous,
+	// whose peer ID derives from it: 0 (or 1) for the launcher's or rank
+	// 0's; another when the rank found the group's leader itself
+	// (FindEtcdLeader).
+	RendezvousReplica uint64
 }
 
 // maxArgsBytes bounds the arguments a hello carries; longer ones are sent
@@ -260,13 +266,16 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 	if len(cfg.ProcID) > maxProcID {
 		return nil, fmt.Errorf("p2p: ProcID of %d bytes, at most %d", len(cfg.ProcID), maxProcID)
 	}
-	_, rzID, err := rendezvousIdentity(cfg.JobKey)
+	_, rzID, err := replicaIdentity(cfg.JobKey, cfg.RendezvousReplica)
 	if err != nil {
 		return nil, err
 	}
 	rzList, err := rendezvousList(cfg.Rendezvous)
 	if err != nil {
 		return nil, fmt.Errorf("p2p: %w", err)
+	}
+	if len(rzList) == 1 && cfg.RendezvousReplica > 1 && !strings.Contains(cfg.Rendezvous, "@") {
+		rzList[0].ID = cfg.RendezvousReplica
 	}
 	if len(rzList) == 1 {
 		// One rendezvous: a name that does not resolve is a mistake to

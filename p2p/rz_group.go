@@ -66,6 +66,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gorun/gorun/membership"
+	"github.com/gorun/gorun/membership/etcdlog"
 	"github.com/gorun/gorun/membership/raftgroup"
 )
 
@@ -96,6 +97,9 @@ type GroupConfig struct {
 	// the group grows with the others first, so that the launcher's
 	// placement of the voters across hosts holds.
 	Spare bool
+	// Etcd, if set, keeps the group's log and election in etcd instead of
+	// raft among the replicas (rz_group_etcd.go).
+	Etcd *EtcdGroup
 }
 
 // ReplicaID is the group id of the replica that rank hosts.
@@ -108,7 +112,9 @@ const maxRaftFrame = 8 << 20
 // groupState is a Rendezvous' part in the group.
 type groupState struct {
 	cfg     GroupConfig
-	rep     *raftgroup.Replica // under Rendezvous.mu
+	rep     groupLog           // under Rendezvous.mu
+	raft    *raftgroup.Replica // rep with raft; nil with etcd
+	etcd    *etcdlog.Log       // rep with etcd; nil with raft
 	tick    time.Duration
 	recv    chan *raftpb.Message
 	unreach chan uint64
@@ -177,6 +183,9 @@ func (r *Rendezvous) startGroup() error {
 		replicas: map[uint64]string{}, peerIDs: map[uint64]peer.ID{}, jobKey: r.cfg.JobKey,
 		peers: map[uint64]*raftPeer{}, inbound: map[network.Stream]bool{}, leadCh: make(chan struct{}),
 		rejoined: make(chan struct{})}
+	if gc.Etcd != nil {
+		return r.startEtcdGroup(g)
+	}
 	rc := raftgroup.Config{ID: gc.ID, ElectionTicks: 10, HeartbeatTicks: 1, Membership: r.machineConfig()}
 	if gc.ID == 1 {
 		rc.Peers, rc.Addrs = []uint64{1}, map[uint64]string{1: gc.Advertise}
@@ -186,7 +195,7 @@ func (r *Rendezvous) startGroup() error {
 		return err
 	}
 	r.cfg.Logf = r.asyncLogf(r.cfg.Logf)
-	g.rep = rep
+	g.rep, g.raft = rep, rep
 	r.grp = g
 	r.m = rep.Machine()
 	if gc.ID == 1 {
@@ -242,15 +251,15 @@ func (r *Rendezvous) raftLoop() {
 			return
 		case <-t.C:
 			r.mu.Lock()
-			g.rep.Tick()
+			g.raft.Tick()
 			r.mu.Unlock()
 		case m := <-g.recv:
 			r.mu.Lock()
-			_ = g.rep.Step(m) // a stale or foreign-term message is raft's to ignore
+			_ = g.raft.Step(m) // a stale or foreign-term message is raft's to ignore
 			r.mu.Unlock()
 		case id := <-g.unreach:
 			r.mu.Lock()
-			g.rep.ReportUnreachable(id)
+			g.raft.ReportUnreachable(id)
 			r.mu.Unlock()
 		case <-g.kick:
 		}
@@ -609,13 +618,16 @@ func (r *Rendezvous) steppedDown() {
 // takes as few replicas as possible.
 func (r *Rendezvous) changeGroupLocked() {
 	g := r.grp
+	if g.raft == nil {
+		return // etcd: every replica registers itself
+	}
 	if g.confBusy {
 		return
 	}
 	hosted := r.m.HostedReplicas()
 	for _, h := range hosted {
 		if _, in := g.replicas[h.ID]; in && h.Gone && h.ID != g.cfg.ID {
-			if err := g.rep.RemoveReplica(h.ID); err != nil {
+			if err := g.raft.RemoveReplica(h.ID); err != nil {
 				r.cfg.Logf("rendezvous: could not take replica %d out of the group: %v", h.ID, err)
 				return
 			}
@@ -625,7 +637,7 @@ func (r *Rendezvous) changeGroupLocked() {
 			return
 		}
 	}
-	if id, err := g.rep.PromoteCaughtUp(); err != nil {
+	if id, err := g.raft.PromoteCaughtUp(); err != nil {
 		r.cfg.Logf("rendezvous: could not promote replica %d: %v", id, err)
 		return
 	} else if id != 0 {
@@ -678,7 +690,7 @@ func (r *Rendezvous) changeGroupLocked() {
 	if pick == nil {
 		return
 	}
-	if err := g.rep.AddReplica(pick.ID, pick.Addr); err != nil {
+	if err := g.raft.AddReplica(pick.ID, pick.Addr); err != nil {
 		r.cfg.Logf("rendezvous: could not add replica %d at %s: %v", pick.ID, pick.Addr, err)
 		return
 	}
@@ -1018,6 +1030,13 @@ func (r *Rendezvous) closeGroup() {
 		s.Reset()
 	}
 	g.inboundMu.Unlock()
+	if g.etcd != nil {
+		// Its keys go at once: another replica leads without waiting
+		// for the session to expire.
+		if err := g.etcd.Close(); err != nil {
+			r.cfg.Logf("rendezvous: replica %d could not end its etcd session: %v", g.cfg.ID, err)
+		}
+	}
 }
 
 // contact is a rank's table entry as the membership keeps it
