@@ -140,6 +140,9 @@ type config struct {
 	// pods: the group's replicas are on the pods of a Kubernetes job
 	// (elastic_pod.go).
 	pods *podGroup
+	// etcd: the membership is kept in etcd (env_etcd.go): the rank finds
+	// the rendezvous (the replica that leads) there.
+	etcd *p2p.EtcdGroup
 }
 
 // WithRank sets this process's rank and the job size instead of reading them
@@ -224,6 +227,7 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 		listenIP: os.Getenv(EnvListenIP), dataPlane: os.Getenv(EnvDataPlane),
 		replica: env.replica, replicaSpare: env.replicaSpare, group: env.group, minSize: env.minNP, maxSize: env.maxNP, elasticWait: env.elasticWait,
 		pods: env.pods,
+		etcd: env.etcd,
 	}
 	if env.source == "" {
 		cfg.size, cfg.localSize = 1, 1
@@ -345,7 +349,7 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 
 	var transport ring.Transport
 	if cfg.size > 1 || cfg.elastic {
-		if cfg.rendezvous == "" {
+		if cfg.rendezvous == "" && cfg.etcd == nil {
 			return nil, fmt.Errorf("gorun: %s of %d: no rendezvous address (WithRendezvous, or launch with gorun)", who, cfg.size)
 		}
 		if len(cfg.jobKey) == 0 {
@@ -389,6 +393,12 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 				return nil, fmt.Errorf("gorun: rank %d: %w", cfg.rank, err)
 			}
 		}
+		var rzReplica uint64
+		if cfg.etcd != nil {
+			if rzReplica, cfg.rendezvous, err = findEtcdLeader(setup, cfg); err != nil {
+				return nil, fmt.Errorf("gorun: %s: %w", who, err)
+			}
+		}
 		if cfg.elastic && cfg.rank == -1 {
 			// A joiner waits as long as the job runs without it: the
 			// members admit it at their next commit (Grow).
@@ -396,7 +406,7 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		}
 		join := func(setup context.Context, cfg config, rendezvous string) (*p2p.Node, error) {
 			return p2p.Join(setup, p2p.Config{
-				Rank: cfg.rank, Size: cfg.size, JobKey: cfg.jobKey, Rendezvous: rendezvous,
+				Rank: cfg.rank, Size: cfg.size, JobKey: cfg.jobKey, Rendezvous: rendezvous, RendezvousReplica: rzReplica,
 				ListenIP: cfg.listenIP, DataPlane: cfg.dataPlane, Timeout: cfg.timeout, Logf: cfg.logf,
 				Elastic: cfg.elastic, HeartbeatTimeout: c.heartbeat, Replica: c.hostedReplica(),
 			})

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorun/gorun/p2p"
 	"github.com/gorun/gorun/ring"
 )
 
@@ -163,6 +164,9 @@ type launchEnv struct {
 	nodeID     int
 	nodeCounts []int
 	pods       *podGroup
+	// etcd: the membership is kept in etcd (env_etcd.go); nil: in the
+	// rendezvous gorun or rank 0 hosts.
+	etcd *p2p.EtcdGroup
 }
 
 // readEnv reads the launch environment through getenv (os.Getenv in
@@ -211,6 +215,9 @@ func readEnv(getenv func(string) string) (launchEnv, error) {
 		}
 		e.heartbeat = d
 	}
+	if err := readEtcd(getenv, &e); err != nil {
+		return e, err
+	}
 	joiner := e.elastic && e.rank == -1
 	if joiner {
 		// A joiner's rank and size come from the rendezvous.
@@ -230,13 +237,15 @@ func readEnv(getenv func(string) string) (launchEnv, error) {
 		e.localSize = 1
 	}
 
-	if err := readRendezvous(getenv, &e); err != nil {
-		return e, err
+	if e.etcd == nil {
+		if err := readRendezvous(getenv, &e); err != nil {
+			return e, err
+		}
 	}
 	if err := readReplica(getenv, &e); err != nil {
 		return e, err
 	}
-	if (e.size > 1 || e.elastic) && e.rendezvous == "" {
+	if (e.size > 1 || e.elastic) && e.rendezvous == "" && e.etcd == nil {
 		return e, fmt.Errorf("rank %d of %d (from %s environment): no rendezvous address: launch with gorun, or set %s or MASTER_ADDR and MASTER_PORT",
 			e.rank, e.size, e.source, EnvRendezvousAddr)
 	}

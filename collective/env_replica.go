@@ -72,10 +72,17 @@ func readReplica(getenv func(string) string, e *launchEnv) error {
 		e.group, e.pods = true, &pods
 		e.replica, e.replicaSpare = podHostsReplica(e.rank, e.size)
 	}
+	// Without gorun to choose them, the ranks that stand for leader of a
+	// membership kept in etcd, with the bounds' defaults of a group under
+	// srun.
+	etcdAlone := e.etcd != nil && e.source != "gorun"
+	if etcdAlone {
+		e.replica = etcdCandidate(e)
+	}
 	if !e.replica && !e.group {
 		return nil
 	}
-	defaults := e.group
+	defaults := e.group || etcdAlone
 	var err error
 	// An elastic PyTorchJob's bounds are PET_NNODES's (readElasticPyTorchJob).
 	if e.minNP, err = boundVar(getenv, EnvMinNP, max(e.minNP, 1), defaults); err != nil {
@@ -162,7 +169,7 @@ func startReplica(ctx context.Context, cfg config, heartbeat time.Duration) (*p2
 	rz, err := p2p.StartRendezvous(ctx, p2p.RendezvousConfig{
 		ListenAddr: net.JoinHostPort(ip, "0"), Size: cfg.size, JobKey: cfg.jobKey, Timeout: cfg.timeout, Logf: cfg.logf,
 		Elastic: &p2p.ElasticConfig{MinSize: cfg.minSize, MaxSize: cfg.maxSize, WaitTimeout: cfg.elasticWait, HeartbeatTimeout: heartbeat},
-		Group:   &p2p.GroupConfig{ID: p2p.ReplicaID(cfg.rank), Spare: cfg.replicaSpare},
+		Group:   &p2p.GroupConfig{ID: p2p.ReplicaID(cfg.rank), Spare: cfg.replicaSpare, Etcd: cfg.etcd},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("hosting a replica of the rendezvous (%s=1): %w", EnvRdzvReplica, err)
