@@ -6,6 +6,8 @@ import (
 	"cmp"
 	"strconv"
 	"time"
+
+	"github.com/gorun/gorun/p2p"
 )
 
 // Defaults of an elastic job (Elastic).
@@ -58,6 +60,9 @@ type Elastic struct {
 	// or 5, a group of gorun's and those of ranks on other hosts, which
 	// survives the loss of its leader's process or host.
 	Replicas int
+	// Etcd, if set, keeps the membership in etcd (--rdzv-backend etcd,
+	// rdzv_group.go) instead of in gorun's rendezvous (and raft).
+	Etcd *p2p.EtcdGroup
 }
 
 func (e *Elastic) withDefaults(np int) Elastic {

@@ -85,7 +85,14 @@ func runElastic(ctx context.Context, job Job, lay *layout, files *outputFiles, n
 		cd: newCooldown(el.CooldownBase, el.CooldownMax), warned: map[string]bool{},
 		rdvWake: make(chan struct{}, 1), aborted: make(chan struct{}, 1), unreachable: map[string]bool{}}
 	e.heartbeat = el.HeartbeatTimeout
-	e.replicas, e.spares = replicaRanks(lay, el.Replicas)
+	e.replicas, e.spares = replicaRanks(lay, el.groupReplicas())
+	if el.Etcd != nil {
+		// In etcd every candidate stands for leader at once: no spares.
+		for r := range e.spares {
+			e.replicas[r] = true
+		}
+		e.spares = nil
+	}
 	if err := e.startRendezvous(); err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ package launcher
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/p2p"
@@ -58,8 +59,28 @@ func pickReplicaRanks(lay *layout, want int, taken map[int]bool) map[int]bool {
 	return out
 }
 
+// With --rdzv-backend etcd the membership is kept in etcd instead: the
+// ranks that host a replica stand for leader (at least two, so that the
+// loss of one leaves another), and gorun's replica only observes and
+// reports. gorun's loss or pause then costs the job nothing at all, once
+// the ranks registered.
+
+// groupReplicas is how many replicas replicaRanks picks ranks for
+// (gorun's counted).
+func (el Elastic) groupReplicas() int {
+	if el.Etcd != nil {
+		return max(el.Replicas, 3)
+	}
+	return el.Replicas
+}
+
 // groupConfig is gorun's replica's part (nil: a lone rendezvous).
 func (e *elasticRun) groupConfig() *p2p.GroupConfig {
+	if ec := e.el.Etcd; ec != nil {
+		observer := *ec
+		observer.Observe = true
+		return &p2p.GroupConfig{ID: 1, Reports: true, Etcd: &observer}
+	}
 	if len(e.replicas) == 0 {
 		return nil
 	}
@@ -77,12 +98,18 @@ func (e *elasticRun) maxSize() int {
 // replicaEnv is what every rank is told of the job's bounds, which the
 // replicas' memberships share.
 func (e *elasticRun) replicaEnv() []string {
+	var env []string
+	if ec := e.el.Etcd; ec != nil {
+		// Every rank, joiners included, finds the leader in etcd.
+		env = append(env, collective.EnvRdzvBackend+"=etcd", collective.EnvRdzvEndpoints+"="+strings.Join(ec.Endpoints, ","),
+			collective.EnvRdzvID+"="+ec.RendezvousID)
+	}
 	if len(e.replicas) == 0 {
-		return nil
+		return env
 	}
-	return []string{
-		collective.EnvMinNP + "=" + strconv.Itoa(e.el.MinNP),
-		collective.EnvMaxNP + "=" + strconv.Itoa(e.maxSize()),
-		collective.EnvElasticWait + "=" + e.el.Timeout.String(),
-	}
+	return append(env,
+		collective.EnvMinNP+"="+strconv.Itoa(e.el.MinNP),
+		collective.EnvMaxNP+"="+strconv.Itoa(e.maxSize()),
+		collective.EnvElasticWait+"="+e.el.Timeout.String(),
+	)
 }

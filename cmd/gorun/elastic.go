@@ -50,6 +50,9 @@ func (f *runFlags) checkElasticFlags(fl *pflag.FlagSet) error {
 	if r := f.rdzvReplicas; r != 1 && r != 3 && r != 5 {
 		return fmt.Errorf("--rdzv-replicas must be 1 (gorun's rendezvous alone), 3 or 5 (a group that survives losing 1 or 2 of them), got %d", r)
 	}
+	if err := f.checkRdzvBackend(fl); err != nil {
+		return err
+	}
 	if f.jobKeyFile != "" {
 		path, err := filepath.Abs(f.jobKeyFile)
 		if err != nil {
@@ -144,6 +147,9 @@ func (f *runFlags) elastic(fl *pflag.FlagSet) (*launcher.Elastic, error) {
 			{"--blacklist-cooldown", fl.Changed("blacklist-cooldown")},
 			{"--job-key-file", fl.Changed("job-key-file")},
 			{"--rdzv-replicas", fl.Changed("rdzv-replicas")},
+			{"--rdzv-backend", fl.Changed("rdzv-backend")},
+			{"--rdzv-endpoints", fl.Changed("rdzv-endpoints")},
+			{"--rdzv-id", fl.Changed("rdzv-id")},
 		} {
 			if c.set {
 				return nil, fmt.Errorf("%s applies to elastic jobs only: make the job elastic with --min-np below -np (%d), --max-np above it, or --host-discovery-script", c.name, f.np)
@@ -159,10 +165,15 @@ func (f *runFlags) elastic(fl *pflag.FlagSet) (*launcher.Elastic, error) {
 	if err != nil {
 		return nil, err
 	}
+	etcd, err := f.etcdGroup()
+	if err != nil {
+		return nil, err
+	}
 	return &launcher.Elastic{
 		MinNP: minNP, MaxNP: f.maxNP, DiscoveryScript: f.discovery,
 		DiscoveryInterval: f.discoveryInterval, Timeout: f.elasticTimeout, HeartbeatTimeout: f.heartbeatTimeout,
 		CooldownBase: base, CooldownMax: limit, JobKeyFile: f.jobKeyFile, Replicas: f.rdzvReplicas,
+		Etcd: etcd,
 	}, nil
 }
 

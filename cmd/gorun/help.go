@@ -22,7 +22,7 @@ var flagGroups = []struct {
 	{"Launch flags", []string{"help", "np", "env", "bind-to", "timeout", "start-timeout", "grace", "max-restarts", "config", "checkpoint-replicas"}},
 	{"Host flags", []string{"hosts", "hostfile", "launcher", "ssh-port", "ssh-identity-file", "network-interface"}},
 	{"Elastic flags", []string{"min-np", "max-np", "host-discovery-script", "discovery-interval", "elastic-timeout",
-		"heartbeat-timeout", "blacklist-cooldown", "job-key-file", "rdzv-replicas"}},
+		"heartbeat-timeout", "blacklist-cooldown", "job-key-file", "rdzv-replicas", "rdzv-backend", "rdzv-endpoints", "rdzv-id"}},
 	{"Output flags", []string{"output-dir", "verbose", "timeline"}},
 }
 
@@ -274,6 +274,18 @@ spare that takes the place of a replica whose rank is lost. Only a side
 holding a majority of the replicas goes on: with 3 replicas on 3 hosts, any
 one host but gorun's may be lost; a partition leaves the side with two.
 
+With --rdzv-backend etcd --rdzv-endpoints h1:2379,h2:2379,h3:2379, the
+membership is kept in an etcd cluster instead: its log and the election of
+the replica that leads are etcd keys (under /gorun/ID/, --rdzv-id; etcdctl
+get --prefix /gorun/ID/ shows the job), and each replica's liveness an etcd
+lease. Ranks on other hosts (as with --rdzv-replicas 3, or 5) stand for
+leader; gorun's replica only follows and reports, so gorun's loss or pause
+costs nothing once the ranks registered. The leader's process lost: the
+next rank's replica leads once its lease expires (--heartbeat-timeout, at
+least 3s) and the job loses that rank only. An etcd member lost, short of
+the etcd cluster's majority: nothing. Every rank gets GORUN_RDZV_BACKEND,
+GORUN_RDZV_ENDPOINTS and GORUN_RDZV_ID, and finds the leader in etcd.
+
 With --host-discovery-script, the script is run at start (its hosts replace
 -H; without -np, one rank per slot it lists, at most --max-np) and then every
 --discovery-interval (3s), each run bounded by 10s; it prints one host:slots
@@ -337,6 +349,13 @@ Flags:
       Keep the membership on N replicas (1, 3 or 5): 1 is gorun's
       rendezvous alone; 3 or 5 adds replicas in ranks on other hosts, so
       that losing the leader's process or host does not end the job.
+  --rdzv-backend gorun|etcd (default gorun)
+      Where the membership is kept: gorun's rendezvous, or an etcd
+      cluster (GORUN_RDZV_BACKEND; torchrun's PET_RDZV_BACKEND=etcd too).
+  --rdzv-endpoints HOST:PORT,...
+      The etcd cluster's client addresses (GORUN_RDZV_ENDPOINTS).
+  --rdzv-id ID (default: a new one for each run)
+      The job's name in etcd: its keys are under /gorun/ID/ (GORUN_RDZV_ID).
 
 Examples:
   gorun -np 4 --min-np 2 --max-np 6 ./train

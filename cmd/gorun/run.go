@@ -57,6 +57,10 @@ type runFlags struct {
 	heartbeatTimeout  time.Duration
 	jobKeyFile        string
 	rdzvReplicas      int
+	rdzvBackend       string
+	rdzvEndpoints     string
+	rdzvID            string
+	etcdEndpoints     []string // --rdzv-endpoints, read
 	cooldown          string
 }
 
@@ -71,10 +75,9 @@ func newRootCmd() *cobra.Command {
 		Short: "Launch a data-parallel job: N ranks of PROGRAM, on one host or many, that meet over libp2p",
 		// gorun --help is one page: these few lines, the examples, and
 		// the flags in groups (help.go); the manual is in help topics.
-		Long: `gorun runs a data-parallel job: N ranks of PROGRAM on this host or on many
-(over ssh, or srun in a Slurm allocation). It hosts the rendezvous where the
-ranks meet, gives each its identity in GORUN_* variables, prefixes their output
-with their rank, and stops every rank when one fails, unless the job is elastic.`,
+		Long: `gorun runs a data-parallel job: N ranks of PROGRAM, here or on many hosts (ssh,
+or srun under Slurm). It hosts the rendezvous, gives each rank its identity in
+GORUN_* variables, prefixes its output, stops all if one fails (unless elastic).`,
 		Example: `  gorun -np 4 ./train --epochs 10               # 4 ranks on this host
   gorun -H node1:4,node2:4 /shared/bin/train    # 8 ranks on two hosts, over ssh
   gorun -np 4 --min-np 2 ./train                # elastic: goes on with 2 to 4 ranks
@@ -88,6 +91,9 @@ with their rank, and stops every rank when one fails, unless the job is elastic.
 		},
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// gorun completion still works; its line is left out of the
+		// one-page --help, which the flags fill.
+		CompletionOptions: cobra.CompletionOptions{HiddenDefaultCmd: true},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if f.config != "" {
 				if err := applyConfig(cmd.Flags(), f.config); err != nil {
@@ -132,6 +138,9 @@ with their rank, and stops every rank when one fails, unless the job is elastic.
 	fl.StringVar(&f.cooldown, "blacklist-cooldown", defaultCooldown, "no ranks on a failed host for `MIN[,MAX]`")
 	fl.StringVar(&f.jobKeyFile, "job-key-file", "", "keep the job key in `FILE`; print how to join by hand")
 	fl.IntVar(&f.rdzvReplicas, "rdzv-replicas", 1, "keep the membership on `N` replicas: 1, 3 or 5 (gorun help elastic)")
+	fl.StringVar(&f.rdzvBackend, "rdzv-backend", "gorun", "keep the membership in `BACKEND`: gorun (its rendezvous) or etcd")
+	fl.StringVar(&f.rdzvEndpoints, "rdzv-endpoints", "", "the etcd cluster's client addresses, `HOST:PORT,...`")
+	fl.StringVar(&f.rdzvID, "rdzv-id", "", "the job's `ID` in etcd (default: a new one for each run)")
 
 	fl.StringVar(&f.outputDir, "output-dir", "", "also write each rank's output to `DIR`/rank.N/{stdout,stderr}")
 	fl.BoolVar(&f.verbose, "verbose", false, "say what gorun does: hosts, addresses, rendezvous, stops")
