@@ -30,10 +30,18 @@ func (e *elasticRun) logJoinCommand() {
 		collective.EnvElastic + "=1",
 		collective.EnvRank + "=-1",
 		collective.EnvSize + "=" + strconv.Itoa(job.NP),
-		collective.EnvRendezvous + "=" + e.rdv.Addr(),
-		collective.EnvJobKeyFile + "=" + el.JobKeyFile,
-		collective.EnvHeartbeatTimeout + "=" + el.HeartbeatTimeout.String(),
 	}
+	if el.Etcd != nil {
+		// The joiner finds the leader in etcd: it needs neither gorun
+		// nor its address.
+		vars = append(vars, e.etcdEnv()...)
+	} else {
+		vars = append(vars, collective.EnvRendezvous+"="+e.rdv.Addr())
+	}
+	vars = append(vars,
+		collective.EnvJobKeyFile+"="+el.JobKeyFile,
+		collective.EnvHeartbeatTimeout+"="+el.HeartbeatTimeout.String(),
+	)
 	if job.Timeout > 0 {
 		vars = append(vars, collective.EnvTimeout+"="+job.Timeout.String())
 	}
@@ -80,7 +88,8 @@ func jobKeyFile(path string) ([]byte, error) {
 // after the job's -x variables (Job.Env), so that gorun's values win.
 var gorunSets = []string{collective.EnvElastic, collective.EnvRank, collective.EnvSize, collective.EnvRendezvous,
 	collective.EnvJobKey, collective.EnvJobKeyFile, collective.EnvHeartbeatTimeout, collective.EnvRestartCount,
-	collective.EnvLocalRank, collective.EnvLocalSize, collective.EnvHost, EnvProcID}
+	collective.EnvLocalRank, collective.EnvLocalSize, collective.EnvHost, EnvProcID,
+	collective.EnvRdzvBackend, collective.EnvRdzvEndpoints, collective.EnvRdzvID}
 
 // joinCommand is the shell command that starts a rank by hand as the job's
 // ranks are started: vars (gorun's GORUN_* for a joiner), then the job's

@@ -95,15 +95,22 @@ func (e *elasticRun) maxSize() int {
 	return e.el.MaxNP
 }
 
+// etcdEnv is how a rank finds the job's membership in etcd (nil: it is
+// in gorun's rendezvous).
+func (e *elasticRun) etcdEnv() []string {
+	ec := e.el.Etcd
+	if ec == nil {
+		return nil
+	}
+	return []string{collective.EnvRdzvBackend + "=etcd", collective.EnvRdzvEndpoints + "=" + strings.Join(ec.Endpoints, ","),
+		collective.EnvRdzvID + "=" + ec.RendezvousID}
+}
+
 // replicaEnv is what every rank is told of the job's bounds, which the
 // replicas' memberships share.
 func (e *elasticRun) replicaEnv() []string {
-	var env []string
-	if ec := e.el.Etcd; ec != nil {
-		// Every rank, joiners included, finds the leader in etcd.
-		env = append(env, collective.EnvRdzvBackend+"=etcd", collective.EnvRdzvEndpoints+"="+strings.Join(ec.Endpoints, ","),
-			collective.EnvRdzvID+"="+ec.RendezvousID)
-	}
+	// Every rank, joiners included, finds the leader in etcd.
+	env := e.etcdEnv()
 	if len(e.replicas) == 0 {
 		return env
 	}
