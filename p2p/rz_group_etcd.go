@@ -83,6 +83,7 @@ func (r *Rendezvous) startEtcdGroup(g *groupState) error {
 		Candidate: !ec.Observe, TTL: r.hb, CallTimeout: min(r.cfg.Timeout, max(r.hb, 5*time.Second)),
 		Membership: r.machineConfig(), Logf: r.cfg.Logf})
 	if err != nil {
+		close(r.closeCh) // ends asyncLogf's goroutine: this rendezvous never starts
 		return fmt.Errorf("rendezvous in etcd: %w", err)
 	}
 	role := "stands for leader"

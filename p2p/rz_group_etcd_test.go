@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -298,5 +299,26 @@ func TestEtcdRendezvousLeaderKilled(t *testing.T) {
 	}))
 	if l := j.leader(); l == nil || l == j.byRank[victim] || slices.Contains(j.replicas[:1], l) {
 		t.Errorf("leader after the loss: %v, want another rank's replica", l)
+	}
+}
+
+// etcd unreachable: the replica does not start, within its timeout, and
+// says which endpoints it tried.
+func TestEtcdUnreachableAtStart(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	began := time.Now()
+	_, err = StartRendezvous(context.Background(), RendezvousConfig{ListenAddr: "127.0.0.1:0", Size: 2, JobKey: NewJobKey(), Timeout: 2 * time.Second,
+		Elastic: &ElasticConfig{MinSize: 1, MaxSize: 2, HeartbeatTimeout: time.Second},
+		Group:   &GroupConfig{ID: 2, Etcd: &EtcdGroup{Endpoints: []string{addr}, RendezvousID: "job"}}})
+	if err == nil || !strings.Contains(err.Error(), "etcd at "+addr) {
+		t.Fatalf("StartRendezvous with etcd down: %v, want an error naming %s", err, addr)
+	}
+	if took := time.Since(began); took > 10*time.Second {
+		t.Errorf("StartRendezvous took %v to fail, want about its 2s timeout", took)
 	}
 }
