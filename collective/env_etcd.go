@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/gorun/gorun/membership/etcdlog"
 	"github.com/gorun/gorun/p2p"
@@ -30,6 +31,12 @@ const (
 
 	// torchrun's PET_RDZV_* names: env_kubernetes_elastic.go.
 )
+
+// minEtcdHeartbeat is the shortest heartbeat bound with the etcd backend:
+// the ranks look for a new leader for three bounds, and one is there
+// about a second after the old one's lease (etcdlog.MinTTL at least)
+// expired.
+const minEtcdHeartbeat = 2 * time.Second
 
 // readEtcd reads the rendezvous backend: GORUN_RDZV_* first, else
 // torchrun's PET_RDZV_*. With etcd the job is elastic (its membership
@@ -60,6 +67,9 @@ func readEtcd(getenv func(string) string, e *launchEnv) error {
 		id := strings.TrimSpace(getenv(idVar))
 		if etcdlog.CheckJob(id) != nil {
 			return fmt.Errorf("%s=%q: the etcd rendezvous needs the job's id, the same for every process and new for each run, without '/' or spaces (e.g. %s=train-42)", idVar, id, idVar)
+		}
+		if e.heartbeat != 0 && e.heartbeat < minEtcdHeartbeat {
+			return fmt.Errorf("%s=%v with %s=etcd: want 2s or more: a lost leader is replaced once its etcd lease (%v at least) expires, and the ranks look for the new one for 3 heartbeat bounds", EnvHeartbeatTimeout, e.heartbeat, backendVar, etcdlog.MinTTL)
 		}
 		e.etcd = &p2p.EtcdGroup{Endpoints: endpoints, RendezvousID: id}
 		e.elastic = true

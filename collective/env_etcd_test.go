@@ -55,6 +55,7 @@ func TestEtcdRdzvEnv(t *testing.T) {
 		{map[string]string{EnvRdzvEndpoints: "h1"}, `GORUN_RDZV_ENDPOINTS="h1": "h1" is not host:port (write h1:2379,h2:2379,h3:2379)`},
 		{map[string]string{EnvRdzvID: ""}, `GORUN_RDZV_ID="": the etcd rendezvous needs the job's id`},
 		{map[string]string{EnvRdzvID: "a/b"}, `GORUN_RDZV_ID="a/b"`},
+		{map[string]string{EnvHeartbeatTimeout: "1s"}, "GORUN_HEARTBEAT_TIMEOUT=1s with GORUN_RDZV_BACKEND=etcd: want 2s or more"},
 	} {
 		env := map[string]string{EnvRank: "0", EnvSize: "2", EnvJobKey: key,
 			EnvRdzvBackend: "etcd", EnvRdzvEndpoints: "h1:2379", EnvRdzvID: "job"}

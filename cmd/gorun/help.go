@@ -282,9 +282,10 @@ lease. Ranks on other hosts (as with --rdzv-replicas 3, or 5) stand for
 leader; gorun's replica only follows and reports, so gorun's loss or pause
 costs nothing once the ranks registered. The leader's process lost: the
 next rank's replica leads once its lease expires (--heartbeat-timeout, at
-least 3s) and the job loses that rank only. An etcd member lost, short of
-the etcd cluster's majority: nothing. Every rank gets GORUN_RDZV_BACKEND,
-GORUN_RDZV_ENDPOINTS and GORUN_RDZV_ID, and finds the leader in etcd.
+least 3s; the etcd backend needs --heartbeat-timeout 2s or more) and the
+job loses that rank only. An etcd member lost, short of the etcd cluster's
+majority: nothing. Every rank gets GORUN_RDZV_BACKEND, GORUN_RDZV_ENDPOINTS
+and GORUN_RDZV_ID, and finds the leader in etcd.
 
 With --host-discovery-script, the script is run at start (its hosts replace
 -H; without -np, one rank per slot it lists, at most --max-np) and then every

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -16,6 +17,12 @@ import (
 // rendezvous (with --rdzv-replicas, a raft group of it and ranks'
 // replicas); "etcd" is an etcd cluster, so that neither gorun nor any
 // rank is a single point of failure (launcher's Elastic.Etcd).
+
+// minEtcdHeartbeat is the shortest heartbeat bound with the etcd backend:
+// the ranks look for a new leader for three bounds, and one is there
+// about a second after the old one's lease (etcdlog.MinTTL at least)
+// expired.
+const minEtcdHeartbeat = 2 * time.Second
 
 // checkRdzvBackend checks the three flags (elastic jobs only: elastic
 // says so when the job is not) and reads the endpoints.
@@ -31,6 +38,9 @@ func (f *runFlags) checkRdzvBackend(fl *pflag.FlagSet) error {
 	case "etcd":
 	default:
 		return fmt.Errorf("--rdzv-backend %q: want gorun (gorun's rendezvous, the default) or etcd (with --rdzv-endpoints)", f.rdzvBackend)
+	}
+	if f.heartbeatTimeout < minEtcdHeartbeat {
+		return fmt.Errorf("--rdzv-backend etcd needs --heartbeat-timeout %v or more, got %v: a lost leader is replaced once its etcd lease (%v at least) expires, and the ranks look for the new one for 3 heartbeat bounds", minEtcdHeartbeat, f.heartbeatTimeout, etcdlog.MinTTL)
 	}
 	if f.rdzvEndpoints == "" {
 		return fmt.Errorf("--rdzv-backend etcd needs --rdzv-endpoints, the etcd cluster's client addresses (write --rdzv-endpoints h1:2379,h2:2379,h3:2379)")

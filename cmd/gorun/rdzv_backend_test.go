@@ -20,6 +20,7 @@ func TestEtcdRdzvFlagsChecked(t *testing.T) {
 		{[]string{"-np", "2", "--min-np", "1", "--rdzv-backend", "etcd", "--rdzv-endpoints", "h1:2379", "--rdzv-id", "a/b", "true"}, `--rdzv-id: rendezvous id "a/b"`},
 		{[]string{"-np", "2", "--min-np", "1", "--rdzv-endpoints", "h1:2379", "true"}, "--rdzv-endpoints applies to --rdzv-backend etcd only"},
 		{[]string{"-np", "2", "--rdzv-backend", "etcd", "--rdzv-endpoints", "h1:2379", "true"}, "--rdzv-backend applies to elastic jobs only"},
+		{[]string{"-np", "2", "--min-np", "1", "--heartbeat-timeout", "1s", "--rdzv-backend", "etcd", "--rdzv-endpoints", "h1:2379", "true"}, "--rdzv-backend etcd needs --heartbeat-timeout 2s or more, got 1s"},
 	} {
 		root := newGorunCmd()
 		var out, errOut bytes.Buffer
