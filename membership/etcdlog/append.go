@@ -15,7 +15,9 @@ import (
 // Propose queues ev, which happened at time at, for the log; it never
 // blocks. Only the leader proposes; a proposal that the leader loses its
 // lead with is dropped (it never shows in Ready): the proposer proposes
-// again if it still matters, as with raft.
+// again if it still matters, as with raft. (A pause of the lead while the
+// replica is unsure of its etcd session, which ends with its key kept,
+// loses nothing: see leaseOutlived.)
 func (l *Log) Propose(at time.Time, ev membership.Event) error {
 	b, err := membership.Encode(at, ev)
 	if err != nil {
@@ -43,7 +45,7 @@ func (l *Log) appendLoop() {
 		}
 		for {
 			l.mu.Lock()
-			if !l.leading || len(l.queue) == 0 || l.myKey == "" || l.term != l.leadTerm {
+			if !l.leading || l.unsure || len(l.queue) == 0 || l.myKey == "" || l.term != l.leadTerm {
 				l.mu.Unlock()
 				break
 			}
@@ -110,8 +112,12 @@ func (l *Log) append(index uint64, b []byte, key string, rev int64, term uint64)
 			l.cfg.Logf("etcdlog: replica %d no longer leads: entry %d not appended", l.cfg.ID, index)
 			return deposed
 		}
+		// It tries again while its key is the one it appends with (its
+		// term unchanged), also while unsure of its lease: the
+		// conditions make an append of a replica that no longer leads
+		// fail.
 		l.mu.Lock()
-		still := l.leading && l.term == term
+		still := l.term == term
 		l.mu.Unlock()
 		if !still || l.ctx.Err() != nil {
 			return deposed

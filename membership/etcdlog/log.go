@@ -44,8 +44,9 @@ type Config struct {
 }
 
 // MinTTL is the shortest session a replica keeps: etcd's own leader
-// election (a second by default) must fit in it with room to spare, or
-// the loss of an etcd member would end every replica's session.
+// election (one to two election timeouts, 1-2 s by default) must fit in
+// it with room to spare, or the loss of an etcd member would end every
+// replica's session (see renewEvery).
 const MinTTL = 3 * time.Second
 
 // Applied is what one log entry did: the actions its Step returned, which
@@ -95,7 +96,11 @@ type Log struct {
 	myRev        int64  // its create revision
 	// term counts the changes of myKey: a leader whose term changed may
 	// have lost proposals (Ready then reports a step down).
-	term       uint64
+	term uint64
+	// unsure: etcd did not answer the lease's renewals for the TTL, and
+	// the replica waits to learn whether its lease (and key) outlived
+	// that; it does not lead meanwhile, but keeps its proposals.
+	unsure     bool
 	leadTerm   uint64 // the term Ready last reported leading in
 	leading    bool   // as the last Ready said
 	appendNext uint64 // the index the leader appends next
@@ -232,22 +237,25 @@ func (l *Log) Ready() (Ready, error) {
 	changed := l.groupChanged
 	l.groupChanged = false
 	key, _ := l.leaderLocked()
-	leading := key != "" && key == l.myKey
+	leading := key != "" && key == l.myKey && !l.unsure
 	if leading && l.leading && l.leadTerm != l.term {
-		// It lost its key for a while (etcd unreachable) and got it
-		// back: what it proposed meanwhile was dropped, so it steps down
+		// Its key changed since it last led (it resigned, or lost its
+		// session, and stood again) and it leads again, between two
+		// Readys: what it proposed meanwhile was dropped, so it steps down
 		// for this Ready (its ranks reconnect, and send again what
 		// matters) and leads again in the next.
 		leading = false
 		l.signal(l.changed)
 	}
-	if leading && !l.leading {
+	if leading && !l.leading && l.leadTerm != l.term {
 		// Every entry of the previous leader came before its key went
 		// (one watch, in revision order): the log goes on after them.
+		// (The same term: it only paused, unsure of its lease, and its
+		// appends go on where they were.)
 		l.appendNext = l.received + 1
 		l.leadTerm = l.term
 	}
-	if !leading {
+	if !leading && !l.unsure {
 		l.queue = nil
 	}
 	l.leading = leading

@@ -305,17 +305,17 @@ func TestEtcdLogFindLeader(t *testing.T) {
 
 // A leader whose client gave up on its lease while etcd kept it (etcd's
 // own election took longer than the TTL) keeps its key and leads again,
-// after a step down that tells its caller that proposals may have been
-// dropped; what it appended before goes on in the log, and what it
-// proposes after follows, even when an append of its earlier term lands
-// after it leads again.
+// after a step down while it is unsure of its lease; what it appended or
+// proposed before goes on in the log, and what it proposes after follows,
+// even when an append from before the step down lands after it leads
+// again.
 func TestEtcdLogLeaderKeepsKeyThroughOutage(t *testing.T) {
 	c := etcdtest.Start(t)
 	ds := []*driver{start(t, c, "outage", 2, true), start(t, c, "outage", 3, true), start(t, c, "outage", 4, true)}
 	l := leader(t, ds)
 	at := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
 	for i := range 6 {
-		l.l.Propose(at, register(i)) // dropped if the outage comes first
+		l.l.Propose(at, register(i)) // kept through the step down below
 	}
 	l.l.mu.Lock()
 	lease := l.l.lease

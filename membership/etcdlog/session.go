@@ -60,6 +60,66 @@ func (l *Log) setKeyLocked(key string, rev int64) {
 	l.term++
 }
 
+// renewEvery is how often a replica renews its lease. The replica gives
+// its lease up when etcd has not answered for the TTL since the last
+// renewal it answered; renewing often keeps that renewal recent when etcd's
+// leader dies, so nearly the whole TTL is left to ride out etcd's election
+// (randomised between one and two election timeouts, 1-2 s by default).
+// clientv3's KeepAlive renews only every TTL/3 and counts from the answer:
+// at MinTTL that left as little as 1.5 s, and the log's leader paused its
+// lead (see leaseOutlived) at most losses of etcd's leader.
+const renewEvery = 250 * time.Millisecond
+
+// sessionEnd is why renewLease stopped renewing.
+type sessionEnd int
+
+const (
+	sessionStopped  sessionEnd = iota // the Log stops
+	sessionResigned                   // Resign asked
+	// sessionUnanswered: etcd answered no renewal for the TTL; the lease
+	// may live on (see leaseOutlived).
+	sessionUnanswered
+	sessionExpired // etcd says the lease is gone
+)
+
+// renewLease renews lease every renewEvery until it ends. Each renewal is
+// bounded by CallTimeout, and by the time left until the TTL runs out
+// since the send of the last renewal etcd answered (the lease lives at
+// least that long on etcd's side).
+func (l *Log) renewLease(lease clientv3.LeaseID) sessionEnd {
+	// The lease was granted, renewed or found alive just before: it lives
+	// about a TTL from now.
+	answered := time.Now()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.ctx.Done():
+			return sessionStopped
+		case <-l.resignCh:
+			return sessionResigned
+		case <-t.C:
+		}
+		sent := time.Now()
+		left := answered.Add(l.cfg.TTL).Sub(sent)
+		if left <= 0 {
+			return sessionUnanswered
+		}
+		// RequireLeader: a member without a leader refuses at once, and
+		// KeepAliveOnce tries again, through the next member.
+		cctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(l.ctx), min(left, l.cfg.CallTimeout))
+		resp, err := l.client.KeepAliveOnce(cctx, lease)
+		cancel()
+		switch {
+		case resp != nil && resp.TTL <= 0:
+			return sessionExpired
+		case err == nil:
+			answered = sent
+		}
+		t.Reset(renewEvery)
+	}
+}
+
 // keepSession keeps the replica's lease alive, and when it ends (etcd
 // unreachable for longer than the TTL: it expired) takes a new one and
 // registers again, behind the other candidates. Resign stands again at
@@ -71,39 +131,21 @@ func (l *Log) keepSession() {
 		lease := l.lease
 		l.mu.Unlock()
 		if lease != 0 {
-			// The keep-alive channel closes when the lease can not be
-			// renewed before it expires (etcd unreachable for the TTL).
-			kctx, kcancel := context.WithCancel(l.ctx)
-			ka, err := l.client.KeepAlive(kctx, lease)
-			if err == nil {
-				resigned := false
-			drain:
-				for {
-					select {
-					case <-l.ctx.Done():
-						kcancel()
-						return
-					case _, ok := <-ka:
-						if !ok {
-							break drain
-						}
-					case <-l.resignCh:
-						resigned = true
-						break drain
-					}
-				}
-				kcancel()
-				if resigned {
-					l.resign(lease)
+			switch l.renewLease(lease) {
+			case sessionStopped:
+				return
+			case sessionResigned:
+				l.resign(lease)
+				continue
+			case sessionUnanswered:
+				if l.leaseOutlived(lease) {
 					continue
 				}
-				if l.ctx.Err() == nil && l.leaseOutlived(lease) {
-					continue
+				if l.ctx.Err() != nil {
+					return
 				}
-				l.cfg.Logf("etcdlog: replica %d lost its etcd session (etcd unreachable for %v); it registers again", l.cfg.ID, l.cfg.TTL)
-			} else {
-				kcancel()
 			}
+			l.cfg.Logf("etcdlog: replica %d lost its etcd session (etcd unreachable for %v); it registers again", l.cfg.ID, l.cfg.TTL)
 		}
 		l.mu.Lock()
 		old := l.lease
@@ -143,31 +185,45 @@ func (l *Log) keepSession() {
 // leaseOutlived, after the client gave up renewing lease (no answer from
 // etcd for its TTL), asks etcd whether it still holds it: etcd's new
 // leader, after losing the old one, extends every lease, so a replica
-// that was cut off only by etcd's own election keeps its keys and its
-// place in the election's line, and goes on with the same lease. It
-// does not stand meanwhile (Ready reports a step down). It asks for at
-// most the TTL; false: the lease is gone, or etcd did not answer.
+// that was cut off only by etcd's own election (which can take longer
+// than the TTL on a loaded machine) keeps its keys and its place in the
+// election's line, and goes on with the same lease. Meanwhile it is
+// unsure: it does not lead (Ready reports a step down: another replica
+// would lead if the lease expired), but it keeps its proposals, and
+// appends them once it knows its key never went (no other replica led in
+// between). It asks for at most the TTL; false: the lease is gone, or
+// etcd did not answer.
 func (l *Log) leaseOutlived(lease clientv3.LeaseID) bool {
 	l.mu.Lock()
-	key, rev := l.myKey, l.myRev
-	l.setKeyLocked("", 0)
+	l.unsure = true
 	l.mu.Unlock()
 	l.signal(l.changed)
+	outlived := l.askLease(lease)
+	l.mu.Lock()
+	l.unsure = false
+	if !outlived {
+		// Not a moment's lead on a key that may be gone: it stands no
+		// more (keepSession registers it again).
+		l.setKeyLocked("", 0)
+	}
+	l.mu.Unlock()
+	l.signal(l.changed)
+	l.signal(l.appendCh)
+	if outlived {
+		l.cfg.Logf("etcdlog: replica %d kept its etcd session through an etcd outage", l.cfg.ID)
+	}
+	return outlived
+}
+
+// askLease asks etcd, for at most the TTL, whether lease still lives.
+func (l *Log) askLease(lease clientv3.LeaseID) bool {
 	deadline := time.Now().Add(l.cfg.TTL)
 	for delay := 50 * time.Millisecond; time.Now().Before(deadline); delay = min(2*delay, 500*time.Millisecond) {
 		cctx, cancel := context.WithDeadline(l.ctx, deadline)
 		resp, err := l.client.TimeToLive(cctx, lease)
 		cancel()
 		if err == nil {
-			if resp.TTL <= 0 {
-				return false
-			}
-			l.mu.Lock()
-			l.setKeyLocked(key, rev)
-			l.mu.Unlock()
-			l.signal(l.changed)
-			l.cfg.Logf("etcdlog: replica %d kept its etcd session through an etcd outage", l.cfg.ID)
-			return true
+			return resp.TTL > 0
 		}
 		t := time.NewTimer(delay)
 		select {
