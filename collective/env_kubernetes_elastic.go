@@ -112,7 +112,7 @@ func readElasticPyTorchJob(getenv func(string) string, e *launchEnv) error {
 	switch b := strings.TrimSpace(getenv(envPETRdzvBackend)); b {
 	case "", "c10d", "static":
 	case "etcd", "etcd-v2":
-		return fmt.Errorf("%s=%s: the etcd rendezvous is not supported yet: use c10d (gorun's replicated rendezvous on the pods)", envPETRdzvBackend, b)
+		return fmt.Errorf("%s=%s in an elastic PyTorchJob: not supported yet: use c10d (gorun's replicated rendezvous on the pods), or give every pod %s for torchrun's etcd rendezvous", envPETRdzvBackend, b, envPETNodeRank)
 	default:
 		return fmt.Errorf("%s=%q: want c10d (gorun's replicated rendezvous) or etcd", envPETRdzvBackend, b)
 	}
@@ -179,4 +179,11 @@ func nodeRange(s string) (lo, hi int, err error) {
 		return 0, 0, fmt.Errorf("%s=%q: want MIN:MAX (1 <= MIN <= MAX) or a number of pods", envPETNNodes, s)
 	}
 	return lo, hi, nil
+}
+
+// etcdBackend says whether PET_RDZV_BACKEND names etcd (torchrun's etcd and
+// etcd-v2): the membership is then in etcd, not on the pods.
+func etcdBackend(b string) bool {
+	b = strings.TrimSpace(b)
+	return b == "etcd" || b == "etcd-v2"
 }

@@ -436,16 +436,22 @@ func (r *Rendezvous) handle(s network.Stream) {
 	}
 	welcome := &msg{T: tWelcome, Proof: welcomeProof(r.cfg.JobKey, m.Nonce, r.id.String())}
 	var refused string
-	switch {
-	case r.grp != nil && !r.Leads():
+	redirect := func() {
 		r.redirect(c)
 		s.CloseWrite()
 		s.SetReadDeadline(time.Now().Add(time.Second))
 		readMsgMax(s, maxSmallFrame)
 		s.Reset()
+	}
+	switch {
+	case r.grp != nil && !r.Leads():
+		redirect()
 		return
 	case r.grp != nil && m.Resume:
-		refused = r.resume(c, membership.ID(m.MID), remote, welcome)
+		if refused = r.resume(c, membership.ID(m.MID), remote, welcome); refused == errNotLeading {
+			redirect() // it lost the lead since: the rank follows the redirect
+			return
+		}
 	case r.grp != nil:
 		refused, err = r.registerReplicated(c, reg, welcome)
 	default:

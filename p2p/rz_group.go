@@ -772,7 +772,7 @@ func (r *Rendezvous) resume(c *rzConn, mid membership.ID, remote peer.ID, welcom
 	r.mu.Lock()
 	if r.closed || r.grp == nil || !r.grp.leading {
 		r.mu.Unlock()
-		return "this replica does not lead the rendezvous group"
+		return errNotLeading
 	}
 	info, known := r.m.Info(mid)
 	if !known || info.PeerID != remote.String() {
@@ -1092,3 +1092,7 @@ func (r *Rendezvous) asyncLogf(logf func(string, ...any)) func(string, ...any) {
 		}
 	}
 }
+
+// errNotLeading is resume's refusal when the replica lost the lead after
+// the rank's hello reached it: the rank is redirected, not refused.
+const errNotLeading = "this replica does not lead the rendezvous group"
