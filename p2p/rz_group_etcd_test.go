@@ -3,7 +3,6 @@ package p2p
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -49,37 +48,7 @@ func startEtcdJob(t *testing.T, c *etcdtest.Cluster, size int, hosts []int) *gro
 		j.replicas = append(j.replicas, rz)
 		j.byRank[r] = rz
 	}
-	t.Cleanup(func() {
-		var wg sync.WaitGroup
-		for _, n := range j.nodes {
-			if n != nil {
-				wg.Add(1)
-				go func() { defer wg.Done(); n.Close() }()
-			}
-		}
-		wg.Wait()
-		for _, rz := range j.replicas {
-			rz.crash()
-			rz.wg.Wait()
-		}
-	})
-	j.nodes = make([]*Node, size)
-	errs := make([]error, size)
-	var wg sync.WaitGroup
-	for r := range size {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cfg := Config{Rank: r, Size: size, JobKey: j.key, Rendezvous: first.Addr(), Timeout: 20 * time.Second,
-				Logf: func(f string, a ...any) { j.log.logf(fmt.Sprintf("rank %d: ", r)+f, a...) }, Elastic: true, HeartbeatTimeout: j.hb,
-				HostID: otherHosts(r), Replica: j.byRank[r]}
-			j.nodes[r], errs[r] = Join(ctx, cfg)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
+	j.joinRanks(t, ctx, size, first.Addr())
 	eventually(t, 10*time.Second, "every replica knows every candidate", func() bool {
 		for _, rz := range j.replicas {
 			if rz.groupSize() != len(hosts) {

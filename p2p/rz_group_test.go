@@ -54,6 +54,32 @@ func startGroupJob(t *testing.T, size int, hosts []int, handOff bool) *groupJob 
 		j.replicas = append(j.replicas, rz)
 		j.byRank[r] = rz
 	}
+	j.joinRanks(t, ctx, size, first.Addr())
+	eventually(t, 10*time.Second, "the group grows to 3 replicas, all knowing it", func() bool {
+		n := 0 // replicas beyond 3 are spares, outside the group
+		for _, rz := range j.replicas {
+			if rz.groupSize() == 3 {
+				n++
+			}
+		}
+		return n == 3
+	})
+	eventually(t, 10*time.Second, "every rank learns the group", func() bool {
+		for _, n := range j.nodes {
+			if !n.ctl.group.replicated() {
+				return false
+			}
+		}
+		return true
+	})
+	return j
+}
+
+// joinRanks starts size ranks at rendezvous, each hosting its replica in
+// byRank (if any), and has the test's end close them and crash the
+// replicas.
+func (j *groupJob) joinRanks(t *testing.T, ctx context.Context, size int, rendezvous string) {
+	t.Helper()
 	t.Cleanup(func() {
 		var wg sync.WaitGroup
 		for _, n := range j.nodes {
@@ -75,11 +101,11 @@ func startGroupJob(t *testing.T, size int, hosts []int, handOff bool) *groupJob 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cfg := Config{Rank: r, Size: size, JobKey: j.key, Rendezvous: first.Addr(), Timeout: 20 * time.Second,
+			cfg := Config{Rank: r, Size: size, JobKey: j.key, Rendezvous: rendezvous, Timeout: 20 * time.Second,
 				Logf: func(f string, a ...any) { j.log.logf(fmt.Sprintf("rank %d: ", r)+f, a...) }, Elastic: true, HeartbeatTimeout: j.hb,
 				HostID: otherHosts(r)}
 			if rz := j.byRank[r]; rz != nil {
-				cfg.Replica = rz // rank 0's is replica 1, which its hello names too
+				cfg.Replica = rz // rank 0's may be replica 1, which its hello names too
 			}
 			j.nodes[r], errs[r] = Join(ctx, cfg)
 		}()
@@ -88,24 +114,6 @@ func startGroupJob(t *testing.T, size int, hosts []int, handOff bool) *groupJob 
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the group grows to 3 replicas, all knowing it", func() bool {
-		n := 0 // replicas beyond 3 are spares, outside the group
-		for _, rz := range j.replicas {
-			if rz.groupSize() == 3 {
-				n++
-			}
-		}
-		return n == 3
-	})
-	eventually(t, 10*time.Second, "every rank learns the group", func() bool {
-		for _, n := range j.nodes {
-			if !n.ctl.group.replicated() {
-				return false
-			}
-		}
-		return true
-	})
-	return j
 }
 
 func (j *groupJob) leader() *Rendezvous {
