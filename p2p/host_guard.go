@@ -22,21 +22,42 @@ var errHostClosed = errors.New("the libp2p host is closed")
 type hostGuard struct {
 	mu     sync.RWMutex
 	closed bool
+	// closing ends the dials under way, so that close waits for none to
+	// run out its own deadline.
+	initOnce, closeOnce sync.Once
+	closing             chan struct{}
 }
 
-// newStream opens a stream with a dial if needed, unless the host closed.
-// ctx must end when the owner closes, or close waits for the dial.
+func (g *hostGuard) closingCh() chan struct{} {
+	g.initOnce.Do(func() { g.closing = make(chan struct{}) })
+	return g.closing
+}
+
+// newStream opens a stream with a dial if needed, unless the host closed;
+// close cancels it.
 func (g *hostGuard) newStream(ctx context.Context, h host.Host, pid peer.ID, proto protocol.ID) (network.Stream, error) {
+	closing := g.closingCh()
 	g.mu.RLock()
 	defer g.mu.RUnlock()
 	if g.closed {
 		return nil, errHostClosed
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	return h.NewStream(ctx, pid, proto)
 }
 
-// close closes h once no dial runs.
+// close cancels the dials under way and closes h once none runs.
 func (g *hostGuard) close(h host.Host) error {
+	closing := g.closingCh()
+	g.closeOnce.Do(func() { close(closing) })
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {

@@ -930,15 +930,6 @@ func (r *Rendezvous) dialReplica(p *raftPeer) (network.Stream, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.hb/2)
 	defer cancel()
-	// Closing cancels the dial (teardown waits for the dials to end before
-	// it closes the host).
-	go func() {
-		select {
-		case <-r.closeCh:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	if p.addr == "" {
 		return r.hosts.newStream(ctx, r.h, pid, raftProto)
 	}
