@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -190,12 +191,7 @@ func TestEtcdLogDeposedLeaderCannotAppend(t *testing.T) {
 	if old.l.append(6, []byte("stale"), key, rev, term) != deposed {
 		t.Fatal("a deposed leader appended")
 	}
-	var others []*driver
-	for _, d := range ds {
-		if d != old {
-			others = append(others, d)
-		}
-	}
+	others := slices.DeleteFunc(slices.Clone(ds), func(d *driver) bool { return d == old })
 	next := leader(t, others)
 	propose(t, next, 5, 10)
 	late := start(t, c, "deposed", 5, false)
@@ -222,22 +218,12 @@ func TestEtcdLogLeaderClosedThenKilled(t *testing.T) {
 	if err := first.halt(false); err != nil {
 		t.Fatalf("Close of the leader: %v, want its session revoked", err)
 	}
-	var rest []*driver
-	for _, d := range ds {
-		if d != first {
-			rest = append(rest, d)
-		}
-	}
+	rest := slices.DeleteFunc(slices.Clone(ds), func(d *driver) bool { return d == first })
 	second := leader(t, rest)
 	propose(t, second, 3, 6)
 	checkLog(t, rest, 6)
 	second.halt(true)
-	var last []*driver
-	for _, d := range rest {
-		if d != second {
-			last = append(last, d)
-		}
-	}
+	last := slices.DeleteFunc(slices.Clone(rest), func(d *driver) bool { return d == second })
 	third := leader(t, last)
 	propose(t, third, 6, 9)
 	checkLog(t, last, 9)
