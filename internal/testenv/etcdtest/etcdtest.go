@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/internal/testenv/tool"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -59,34 +60,14 @@ type member struct {
 
 // Bin finds etcd in PATH or $(go env GOPATH)/bin; it returns "" when it is
 // not installed.
-func Bin() string {
-	if p, err := exec.LookPath("etcd"); err == nil {
-		return p
-	}
-	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
-		for _, p := range filepath.SplitList(strings.TrimSpace(string(out))) {
-			c := filepath.Join(p, "bin", "etcd")
-			if st, err := os.Stat(c); err == nil && !st.IsDir() {
-				return c
-			}
-		}
-	}
-	return ""
-}
+func Bin() string { return tool.Find("etcd", false) }
 
 // Start runs a cluster of Members members on free loopback ports and waits
 // (at most 30 s) until it has a leader and every member answers. It skips
 // the test if etcd is not installed, unless CI=true, where it fails it.
 func Start(t testing.TB) *Cluster {
 	t.Helper()
-	bin := Bin()
-	if bin == "" {
-		const msg = "etcd not found in PATH or $(go env GOPATH)/bin: install Debian's etcd-server (`apt-get install etcd-server`; .ci/run does) or `go install go.etcd.io/etcd/server/v3@v3.7.3`"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg + "; CI=true, so this is a failure, not a skip")
-		}
-		t.Skip(msg)
-	}
+	bin := tool.Require(t, Bin(), "etcd not found in PATH or $(go env GOPATH)/bin: install Debian's etcd-server (`apt-get install etcd-server`; .ci/run does) or `go install go.etcd.io/etcd/server/v3@v3.7.3`")
 	c := &Cluster{t: t, bin: bin, root: t.TempDir()}
 	var initial []string
 	for i := range Members {

@@ -39,6 +39,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/gorun/gorun/internal/testenv/tool"
 )
 
 // The credentials and region the server accepts.
@@ -68,40 +69,14 @@ type Server struct {
 
 // Bin finds versitygw in $(go env GOPATH)/bin, ~/go/bin or PATH; it returns
 // "" when it is not installed.
-func Bin() string {
-	var cands []string
-	if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
-		for _, p := range filepath.SplitList(strings.TrimSpace(string(out))) {
-			cands = append(cands, filepath.Join(p, "bin", "versitygw"))
-		}
-	}
-	if home, err := os.UserHomeDir(); err == nil {
-		cands = append(cands, filepath.Join(home, "go", "bin", "versitygw"))
-	}
-	for _, c := range cands {
-		if st, err := os.Stat(c); err == nil && !st.IsDir() {
-			return c
-		}
-	}
-	if p, err := exec.LookPath("versitygw"); err == nil {
-		return p
-	}
-	return ""
-}
+func Bin() string { return tool.Find("versitygw", true) }
 
 // Start runs versitygw on a free loopback port and waits until it answers
 // a signed request. It skips the test if versitygw is not installed, unless
 // CI=true, where it fails it.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	bin := Bin()
-	if bin == "" {
-		const msg = "versitygw not found in $(go env GOPATH)/bin or PATH: install it with `go install github.com/versity/versitygw/cmd/versitygw@v1.8.0` (.ci/run does)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg + "; CI=true, so this is a failure, not a skip")
-		}
-		t.Skip(msg)
-	}
+	bin := tool.Require(t, Bin(), "versitygw not found in $(go env GOPATH)/bin or PATH: install it with `go install github.com/versity/versitygw/cmd/versitygw@v1.8.0` (.ci/run does)")
 	s := &Server{t: t, bin: bin, root: t.TempDir()}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
