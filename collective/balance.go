@@ -39,10 +39,11 @@ type BalanceOptions struct {
 	// Step the ranks agree on their measured rates and re-plan. 0 turns
 	// balancing off.
 	Every int
-	// MinGainPercent is how much shorter, in per cent, a new plan must
-	// make the step (as the rates predict it) to be adopted; 0 means 10.
-	// Ranks of equal speed then keep the even split, and with it the
-	// Reducer's even path, bit for bit.
+	// MinGainPercent is how much shorter, in per cent, a plan must make
+	// the step (as the rates predict it) to be adopted in place of the
+	// even split; 0 means 10. Ranks of equal speed then keep the even
+	// split, and with it the Reducer's even path, bit for bit. Once the
+	// split is uneven, a quarter of it (at least 1 %) refines the plan.
 	MinGainPercent int
 }
 
@@ -91,7 +92,7 @@ type balancer struct {
 	gather []int64 // the agreement in flight (h)
 	h      *Handle
 
-	testRate func() float64 // tests: this rank's rate in every step, instead of its clock's
+	testCompute func(samples int) time.Duration // tests: this rank's compute time for a step, instead of its clock's
 }
 
 // measure is one step of this rank: its samples and its compute time.
@@ -149,8 +150,8 @@ func (b *balancer) membershipChanged() {
 func (b *balancer) handedOver(ctx context.Context, c *Comm, samples int) {
 	if !b.mark.IsZero() && samples > 0 {
 		compute := time.Since(b.mark) - (c.blockedTime() - b.markBlocked)
-		if b.testRate != nil {
-			compute = time.Duration(float64(samples) / b.testRate() * float64(time.Second))
+		if b.testCompute != nil {
+			compute = b.testCompute(samples)
 		}
 		if compute > 0 {
 			m := measure{samples, compute}
@@ -199,7 +200,11 @@ func (r *Reducer) balanceStepDone(ctx context.Context) error {
 		b.since, b.agreed = 0, b.gather
 		g, size := r.opts.GlobalBatch, r.comm.Size()
 		planned := PlanShares(g, b.gather)
-		if worthReplanning(b.shares(g, size), planned, b.gather, b.minGain) {
+		gain := b.minGain
+		if len(b.weights) == size {
+			gain = refineGainPercent(b.minGain)
+		}
+		if worthReplanning(b.shares(g, size), planned, b.gather, gain) {
 			b.weights = b.gather
 			b.replans++
 			r.applyShares()

@@ -136,12 +136,11 @@ func stepTime(shares []int, weights []int64) *big.Rat {
 
 // worthReplanning reports whether the shares planned from the weights are
 // worth moving to from the current ones: the step they predict is at
-// least minGainPercent per cent shorter. Without it, measurements that
+// least gainPercent per cent shorter. Without it, measurements that
 // wobble by a few per cent would move samples back and forth at every
-// re-plan, and each move re-lays out the Reducer's buckets; with it, ranks
-// of equal speed keep the even split. Exact, like PlanShares: every rank
-// decides alike.
-func worthReplanning(current, planned []int, weights []int64, minGainPercent int) bool {
+// re-plan; with it, ranks of equal speed keep the even split. Exact, like
+// PlanShares: every rank decides alike.
+func worthReplanning(current, planned []int, weights []int64, gainPercent int) bool {
 	if slices.Equal(current, planned) {
 		return false
 	}
@@ -150,6 +149,18 @@ func worthReplanning(current, planned []int, weights []int64, minGainPercent int
 		return next != nil
 	}
 	// next ≤ cur·(100−gain)/100
-	bound := new(big.Rat).Mul(cur, big.NewRat(int64(100-minGainPercent), 100))
+	bound := new(big.Rat).Mul(cur, big.NewRat(int64(100-gainPercent), 100))
 	return next.Cmp(bound) <= 0
+}
+
+// refineGainPercent is the gain a new plan needs when the current one is
+// already uneven: a fraction of the gain that leaving the even split
+// needs. Leaving the even split changes the Reducer's path (and the
+// rounding of its sums), so it waits for a clear gain; moving samples
+// between uneven shares changes only the micro-batches' sizes, and a rate
+// measured at the new shares, with their per-step fixed costs, is what
+// brings the plan to where the ranks really finish together, a few per
+// cent at a time.
+func refineGainPercent(minGainPercent int) int {
+	return max(1, minGainPercent/4)
 }

@@ -67,6 +67,11 @@ func closeTo(a, b []float64, tol float64) bool {
 	return len(a) == len(b)
 }
 
+// atRate is a rank's compute time for a step at rate samples per second.
+func atRate(rate float64) func(samples int) time.Duration {
+	return func(samples int) time.Duration { return time.Duration(float64(samples) / rate * float64(time.Second)) }
+}
+
 // A balancing Reducer re-plans from the ranks' rates (here set by the
 // test: ranks 2 and 3 at a half and a quarter of the others' speed) at
 // every agreement, every rank to the same shares, and every step, before
@@ -86,7 +91,7 @@ func TestReducerBalanceWeightedMean(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		red.bal.testRate = func() float64 { return speeds[c.Rank()] }
+		red.bal.testCompute = atRate(speeds[c.Rank()])
 		g := make([]float64, dim)
 		if err := red.Register("g", nil, g); err != nil {
 			return err
@@ -149,6 +154,61 @@ func TestReducerBalanceWeightedMean(t *testing.T) {
 	}
 }
 
+// A step has fixed costs besides its samples (the optimizer's update, the
+// copies), so a rank's measured rate depends on its share: here each step
+// takes 2 ms plus 1 ms a sample, rank 3 2 ms a sample. The plan from the
+// rates at the even split moves rank 3 from 16 samples to 10 (34 ms a
+// step to 22 ms); the rates at those shares then call for one more move,
+// which shortens the step by only 4.5 % (to 21 ms, the best whole samples
+// allow) and is taken because an uneven split is refined at a quarter of
+// the gain that leaving the even split needs.
+func TestReducerBalanceRefinesWithFixedCosts(t *testing.T) {
+	const n, global, steps = 4, 64, 16
+	perSample := []time.Duration{time.Millisecond, time.Millisecond, time.Millisecond, 2 * time.Millisecond}
+	stepTime := func(shares []int) time.Duration {
+		var slowest time.Duration
+		for r, s := range shares {
+			slowest = max(slowest, 2*time.Millisecond+time.Duration(s)*perSample[r])
+		}
+		return slowest
+	}
+	comms := memJob(t, n)
+	final := make([][]int, n)
+	errs := onEach(comms, func(c *Comm) error {
+		red, err := NewReducer(c, ReducerOptions{GlobalBatch: global, LocalBatch: global, Balance: BalanceOptions{Every: 2}})
+		if err != nil {
+			return err
+		}
+		red.bal.testCompute = func(samples int) time.Duration {
+			return 2*time.Millisecond + time.Duration(samples)*perSample[c.Rank()]
+		}
+		g := make([]float64, 2)
+		if err := red.Register("g", nil, g); err != nil {
+			return err
+		}
+		for s := range steps {
+			ids := make([]int, global)
+			for i := range ids {
+				ids[i] = s*global + i
+			}
+			if _, _, _, err := balancedStep(context.Background(), c, red, g, ids); err != nil {
+				return fmt.Errorf("step %d: %w", s, err)
+			}
+		}
+		final[c.Rank()] = red.Shares()
+		return nil
+	})
+	mustAll(t, errs)
+	for r := 1; r < n; r++ {
+		if !slices.Equal(final[r], final[0]) {
+			t.Fatalf("rank %d ends with shares %v, rank 0 with %v", r, final[r], final[0])
+		}
+	}
+	if got, best := stepTime(final[0]), 21*time.Millisecond; got != best {
+		t.Errorf("the ranks end with shares %v, a step of %v; the best split takes %v", final[0], got, best)
+	}
+}
+
 // Ranks of equal speed keep the even split, and the even path's result
 // bit for bit: balancing that finds nothing to balance changes nothing.
 func TestReducerBalanceEqualRanksStayEven(t *testing.T) {
@@ -162,7 +222,7 @@ func TestReducerBalanceEqualRanksStayEven(t *testing.T) {
 				return err
 			}
 			if red.bal != nil {
-				red.bal.testRate = func() float64 { return 1000 + float64(c.Rank()) } // a few per mille apart
+				red.bal.testCompute = atRate(1000 + float64(c.Rank())) // a few per mille apart
 			}
 			g := make([]float64, 3)
 			if err := red.Register("g", nil, g); err != nil {
@@ -317,7 +377,7 @@ func TestReducerBalanceAfterMembershipChange(t *testing.T) {
 		if reds[i], err = NewReducer(c, ReducerOptions{GlobalBatch: global, LocalBatch: 10, Balance: BalanceOptions{Every: 2}}); err != nil {
 			t.Fatal(err)
 		}
-		reds[i].bal.testRate = func() float64 { return speeds[i] }
+		reds[i].bal.testCompute = atRate(speeds[i])
 		grads[i] = make([]float64, dim)
 		if err := reds[i].Register("g", nil, grads[i]); err != nil {
 			t.Fatal(err)

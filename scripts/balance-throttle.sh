@@ -19,9 +19,10 @@
 # ranks on 2 cores, 45 % each leaves a little for the rest of the host;
 # on a host that other jobs load, a quota below the share of a CPU each
 # rank would get anyway (say 12 %) still sets the ranks' speeds. The
-# quotas are enforced with a period of 20 ms (the kernel takes no quota
-# below 1 ms), so that a throttled rank is stopped often and briefly
-# rather than for a whole 100 ms period.
+# quotas are enforced with a period of 20 ms (PERIOD_US=20000; the kernel
+# takes no quota below 1 ms), so that a throttled rank is stopped often
+# and briefly rather than for a whole 100 ms period: a rank stopped by its
+# quota stalls every collective it is part of until its next period.
 #
 # The example's default model is too small for this: its steps are mostly
 # fixed costs (the optimizer's update, the allreduce), which no split of the
@@ -52,7 +53,7 @@ flags=("$@")
 [ ${#flags[@]} -eq 0 ] && flags=(--model cnn --global-batch 256)
 here=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
-period=20000
+period=${PERIOD_US:-20000}
 if [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then
   root=/sys/fs/cgroup/cpu v1=1
 else
