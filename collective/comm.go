@@ -294,12 +294,18 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 	} else if cfg.size < 1 || cfg.rank < 0 || cfg.rank >= cfg.size {
 		return nil, fmt.Errorf("gorun: rank %d is not within a job of size %d", cfg.rank, cfg.size)
 	}
-	if cfg.listenIP == "" && env.source != "" && env.source != "gorun" && (cfg.size > 1 || cfg.elastic) && cfg.rendezvous != "" {
+	toward := cfg.rendezvous
+	if toward == "" && cfg.etcd != nil {
+		// The membership is in etcd: the rendezvous is found there, and
+		// the ranks reach etcd from the address they reach each other on.
+		toward = strings.Join(cfg.etcd.Endpoints, ",")
+	}
+	if cfg.listenIP == "" && env.source != "" && env.source != "gorun" && (cfg.size > 1 || cfg.elastic) && toward != "" {
 		// Started by a scheduler (srun, Kubernetes, mpirun): nobody chose
 		// this rank's address, so take the one its host reaches the
 		// rendezvous from, as gorun does for the ranks it starts.
 		rctx, cancel := context.WithTimeout(ctx, cfg.timeout)
-		cfg.listenIP, err = defaultListenIP(rctx, cfg.rendezvous, env.localSizeKnown && cfg.localSize < cfg.size)
+		cfg.listenIP, err = defaultListenIP(rctx, toward, env.localSizeKnown && cfg.localSize < cfg.size)
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("gorun: rank %d: %w", cfg.rank, err)
@@ -404,16 +410,29 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 			// members admit it at their next commit (Grow).
 			setup = ctx
 		}
+		var relocate func(context.Context) (uint64, string, error)
+		if cfg.etcd != nil {
+			// The leader found in etcd may be lost before this rank reaches
+			// it (a process replacing a lost leader's, started before the
+			// lost one's lease expired): its successor is found there too.
+			group := *cfg.etcd
+			relocate = func(ctx context.Context) (uint64, string, error) { return p2p.FindEtcdLeader(ctx, group) }
+		}
 		join := func(setup context.Context, cfg config, rendezvous string) (*p2p.Node, error) {
 			return p2p.Join(setup, p2p.Config{
 				Rank: cfg.rank, Size: cfg.size, JobKey: cfg.jobKey, Rendezvous: rendezvous, RendezvousReplica: rzReplica,
 				ListenIP: cfg.listenIP, DataPlane: cfg.dataPlane, Timeout: cfg.timeout, Logf: cfg.logf,
-				Elastic: cfg.elastic, HeartbeatTimeout: c.heartbeat, Replica: c.hostedReplica(),
+				Elastic: cfg.elastic, HeartbeatTimeout: c.heartbeat, Replica: c.hostedReplica(), Relocate: relocate,
 			})
 		}
-		if cfg.pods != nil {
+		switch {
+		case cfg.pods != nil:
 			err = c.joinAsPod(ctx, setup, &cfg, &who, join)
-		} else {
+		case cfg.etcd != nil && cfg.rank >= 0:
+			// A process of a job kept in etcd may replace a lost one
+			// (Kubernetes restarts pods): the job then runs, and it joins.
+			err = c.joinOrRejoin(ctx, setup, &cfg, &who, true, cfg.rendezvous, join, etcdJoiner)
+		default:
 			c.node, err = join(setup, cfg, cfg.rendezvous)
 		}
 		if err != nil {

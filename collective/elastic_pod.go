@@ -123,41 +123,67 @@ func waitRetry(ctx context.Context, d time.Duration) error {
 
 // joinAsPod joins the job as a pod of it (the member of its index, or a
 // joiner once the group says the job runs without it), with join, which
-// joins at a rendezvous address; a pod whose index is registered before
-// the start asks again within setup. Pods 1 to 4 then relay the group's
-// port to their replica. cfg and who change with a pod that becomes a
-// joiner.
+// joins at a rendezvous address. Pods 1 to 4 then relay the group's port
+// to their replica. cfg and who change with a pod that becomes a joiner.
 func (c *Comm) joinAsPod(ctx, setup context.Context, cfg *config, who *string, join func(context.Context, config, string) (*p2p.Node, error)) error {
 	rendezvous := cfg.rendezvous // pod 0, or a replaced pod 0 (podJoiner)
 	if cfg.rank > 0 {
 		rendezvous = podRendezvous(cfg.pods, cfg.size, cfg.rank)
 	}
-	var err error
-	c.node, err = join(setup, *cfg, rendezvous)
-	for cfg.rank > 0 && rankTaken(err) {
-		if werr := waitRetry(setup, c.heartbeat/4); werr != nil {
-			break
-		}
-		c.node, err = join(setup, *cfg, rendezvous)
-	}
-	if cfg.rank > 0 && registrationClosed(err) {
-		// A replaced pod: the job runs, so it joins it, waiting as long as
-		// the job runs without it.
-		if c.replica != nil {
-			c.replica.CloseNow()
-			c.replica = nil
-		}
-		self := cfg.rank
-		*cfg = podJoiner(*cfg, self)
-		c.joiner, *who = true, fmt.Sprintf("joiner (replaced pod %d)", self)
-		c.node, err = join(ctx, *cfg, cfg.rendezvous)
-	}
+	// Pod 0 hosts replica 1 (a replaced one joins already): no other
+	// process can hold its rank.
+	err := c.joinOrRejoin(ctx, setup, cfg, who, cfg.rank > 0, rendezvous, join, podJoiner)
 	if err == nil && c.replica != nil {
 		if c.relay, err = startReplicaRelay(cfg.pods.port, c.replica.Addr()); err != nil {
 			err = fmt.Errorf("relaying the rendezvous group's port %d to this pod's replica: %w", cfg.pods.port, err)
 		}
 	}
 	return err
+}
+
+// joinOrRejoin joins the job at rendezvous with join as the member of
+// cfg's rank, or, if the job runs already (this process replaces one
+// that was lost: a container restarted by the kubelet, a pod recreated
+// by the operator), as a joiner (asJoiner's cfg), waiting as long as the
+// job runs without it. Nothing in a replacement's environment tells it
+// from the first start's process, so the rendezvous says. If restartable,
+// a registration refused because the rank is registered (the previous
+// process, whose loss the rendezvous has not noticed yet, within the
+// heartbeat bound) is asked again within setup. A joiner stands for no
+// replica: its rank's replica id may still be the lost process's.
+func (c *Comm) joinOrRejoin(ctx, setup context.Context, cfg *config, who *string, restartable bool, rendezvous string,
+	join func(context.Context, config, string) (*p2p.Node, error), asJoiner func(config, int) config) error {
+	var err error
+	c.node, err = join(setup, *cfg, rendezvous)
+	for restartable && rankTaken(err) {
+		if werr := waitRetry(setup, c.heartbeat/4); werr != nil {
+			break
+		}
+		c.node, err = join(setup, *cfg, rendezvous)
+	}
+	if !restartable || !registrationClosed(err) {
+		return err
+	}
+	if c.replica != nil {
+		c.replica.CloseNow()
+		c.replica = nil
+	}
+	self := cfg.rank
+	*cfg = asJoiner(*cfg, self)
+	c.joiner = true
+	*who = fmt.Sprintf("joiner (in place of rank %d)", self)
+	if cfg.pods != nil {
+		*who = fmt.Sprintf("joiner (replaced pod %d)", self)
+	}
+	c.node, err = join(ctx, *cfg, cfg.rendezvous)
+	return err
+}
+
+// etcdJoiner is cfg for a process of a job kept in etcd that comes back as
+// a joiner: the rendezvous stays the leader found in etcd.
+func etcdJoiner(cfg config, _ int) config {
+	cfg.rank, cfg.replica = -1, false
+	return cfg
 }
 
 // podJoiner is cfg for pod self coming back as a joiner: no replica, the

@@ -187,11 +187,7 @@ func readEnv(getenv func(string) string) (launchEnv, error) {
 		err = readRankVars(getenv, &e, "mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
 	case getenv("SLURM_PROCID") != "":
 		err = readSlurm(getenv, &e)
-	case getenv(envPETRdzvEndpoint) != "" && getenv(envPETMasterAddr) == "" && !(etcdBackend(getenv(envPETRdzvBackend)) && getenv(envPETNodeRank) != ""):
-		// An elastic PyTorchJob's pod keeps its membership on the pods.
-		// Trainer's PET_MASTER_ADDR says a rank 0 hosts it, and
-		// torchrun's arguments with a rank and etcd keep it in etcd
-		// (env_etcd.go): both through readTorchElastic.
+	case elasticPyTorchJob(getenv):
 		err = readElasticPyTorchJob(getenv, &e)
 	case getenv(envPETNodeRank) != "":
 		err = readTorchElastic(getenv, &e)

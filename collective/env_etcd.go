@@ -92,9 +92,12 @@ func parseEtcdEndpoints(name, s string) ([]string, error) {
 }
 
 // etcdCandidate says whether this rank stands for leader of a job kept in
-// etcd without gorun: rank 0, and two ranks on other nodes (under srun,
-// as schedulerReplica picks them; elsewhere, where a pod is a node, ranks
-// 1 and 2), so that losing any one node leaves a candidate.
+// etcd without gorun: rank 0, and four ranks on other nodes where there
+// are (under srun, as schedulerReplica picks them; elsewhere, where a pod
+// is a node, ranks 1 to 4), so that losing any one node leaves
+// candidates. Four rather than two: a process that replaces a lost one
+// joins without standing (joinOrRejoin), so each loss of a candidate
+// takes one away for good.
 func etcdCandidate(e *launchEnv) bool {
 	if e.rank == 0 {
 		return true
@@ -102,7 +105,7 @@ func etcdCandidate(e *launchEnv) bool {
 	if e.source == "slurm" {
 		return schedulerReplica(e.nodeID, e.localRank, e.nodeCounts) >= 0
 	}
-	return e.rank == 1 || e.rank == 2
+	return e.rank < podReplicas
 }
 
 // findEtcdLeader finds the replica that leads the job's membership in

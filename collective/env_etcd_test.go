@@ -26,14 +26,48 @@ func TestEtcdRdzvEnv(t *testing.T) {
 		!e.elastic || e.hostRendezvous || e.rendezvous != "" || !e.replica || e.minNP != 1 || e.maxNP != 4 || e.elasticWait != 600*time.Second {
 		t.Fatalf("pod 1 with PET_RDZV_BACKEND=etcd-v2: %+v (etcd %+v)", e, e.etcd)
 	}
-	pet["PET_NODE_RANK"] = "3"
+	pet["PET_NODE_RANK"], pet["PET_NNODES"] = "5", "6"
 	if e, err := read(pet); err != nil || e.replica {
-		t.Fatalf("pod 3: %+v, %v; want no candidate (ranks 0, 1 and 2 stand)", e, err)
+		t.Fatalf("pod 5: %+v, %v; want no candidate (ranks 0 to 4 stand)", e, err)
 	}
+	pet["PET_NODE_RANK"], pet["PET_NNODES"] = "1", "4"
 	// PET_RDZV_BACKEND=c10d is torchrun's own store: rank 0's rendezvous.
 	pet["PET_RDZV_BACKEND"], pet["PET_MASTER_ADDR"], pet["PET_MASTER_PORT"] = "c10d", "pod-0", "29400"
 	if e, err := read(pet); err != nil || e.etcd != nil || e.rendezvous != "pod-0:29400" {
 		t.Fatalf("PET_RDZV_BACKEND=c10d: %+v, %v; want rank 0's rendezvous", e, err)
+	}
+
+	// An elastic PyTorchJob with rdzvBackend etcd: no rank, the pod's
+	// index from its name (or PET_NODE_RANK), the bounds from PET_NNODES.
+	elastic := withVars(elasticPod, "PET_RDZV_BACKEND", "etcd", "PET_RDZV_ENDPOINT", "etcd-client:2379")
+	for _, c := range []struct {
+		name      string
+		vars      map[string]string
+		rank, max int
+		candidate bool
+	}{
+		{"pod 2", elastic, 2, 4, true},
+		{"pod 4 of 6", withVars(elastic, "HOSTNAME", "pj-worker-4", "PET_NNODES", "2:6"), 4, 6, true},
+		{"pod 5 of 6", withVars(elastic, "HOSTNAME", "pj-worker-5", "PET_NNODES", "2:6"), 5, 6, false},
+		{"pod 3 by its label", withVars(elastic, "HOSTNAME", "", "PET_NODE_RANK", "3"), 3, 4, true},
+	} {
+		e, err := read(c.vars)
+		if err != nil || e.etcd == nil || e.etcd.Endpoints[0] != "etcd-client:2379" || !e.elastic || e.hostRendezvous || e.pods != nil ||
+			e.rank != c.rank || e.replica != c.candidate || e.minNP != 2 || e.maxNP != c.max || e.size != c.max {
+			t.Errorf("elastic PyTorchJob with etcd, %s: %+v, %v", c.name, e, err)
+		}
+	}
+	for _, c := range []struct {
+		name, want string
+		vars       map[string]string
+	}{
+		{"no index", "set PET_NODE_RANK", withVars(elastic, "HOSTNAME", "trainer")},
+		{"beyond the start", "not within the 4 pods", withVars(elastic, "HOSTNAME", "pj-worker-4")},
+		{"no id", `PET_RDZV_ID="": the etcd rendezvous needs the job's id`, withVars(elastic, "PET_RDZV_ID", "")},
+	} {
+		if _, err := read(c.vars); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("elastic PyTorchJob with etcd, %s: %v; want an error with %q", c.name, err, c.want)
+		}
 	}
 
 	g := map[string]string{EnvRank: "2", EnvSize: "4", EnvRendezvous: "gorun-host:5000", EnvJobKey: key, EnvElastic: "1",

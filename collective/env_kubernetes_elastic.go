@@ -94,6 +94,19 @@ func podHostsReplica(i, size int) (hosts, spare bool) {
 	return hosts, hosts && i >= 3
 }
 
+// elasticPyTorchJob says whether the environment is an elastic
+// PyTorchJob's pod: torchrun's rendezvous endpoint without Trainer's
+// PET_MASTER_ADDR (which says a rank 0 hosts the rendezvous), and not
+// torchrun's arguments for a fixed-size job kept in etcd (a rank and one
+// size, read by readTorchElastic).
+func elasticPyTorchJob(getenv func(string) string) bool {
+	if getenv(envPETRdzvEndpoint) == "" || getenv(envPETMasterAddr) != "" {
+		return false
+	}
+	fixedEtcd := etcdBackend(getenv(envPETRdzvBackend)) && getenv(envPETNodeRank) != "" && !strings.Contains(getenv(envPETNNodes), ":")
+	return !fixedEtcd
+}
+
 // readElasticPyTorchJob reads a pod of an elastic PyTorchJob: the
 // operator gives it PET_RDZV_ENDPOINT (pod 0's name and port),
 // PET_NNODES=MIN:MAX, PET_RDZV_BACKEND, and perhaps PET_RDZV_ID and
@@ -109,10 +122,9 @@ func podHostsReplica(i, size int) (hosts, spare bool) {
 // joins), so it is checked and has nothing to bound.
 func readElasticPyTorchJob(getenv func(string) string, e *launchEnv) error {
 	e.source = "pytorchjob-elastic"
-	switch b := strings.TrimSpace(getenv(envPETRdzvBackend)); b {
-	case "", "c10d", "static":
-	case "etcd", "etcd-v2":
-		return fmt.Errorf("%s=%s in an elastic PyTorchJob: not supported yet: use c10d (gorun's replicated rendezvous on the pods), or give every pod %s for torchrun's etcd rendezvous", envPETRdzvBackend, b, envPETNodeRank)
+	b := strings.TrimSpace(getenv(envPETRdzvBackend))
+	switch {
+	case b == "" || b == "c10d" || b == "static" || etcdBackend(b):
 	default:
 		return fmt.Errorf("%s=%q: want c10d (gorun's replicated rendezvous) or etcd", envPETRdzvBackend, b)
 	}
@@ -127,6 +139,11 @@ func readElasticPyTorchJob(getenv func(string) string, e *launchEnv) error {
 	var err error
 	if e.minNP, e.maxNP, err = nodeRange(getenv(envPETNNodes)); err != nil {
 		return err
+	}
+	if etcdBackend(b) {
+		// PET_RDZV_ENDPOINT is etcd's (readEtcd), not pod 0's: the pod
+		// names follow from the pod's own.
+		return readEtcdPod(getenv, e)
 	}
 	endpoint := strings.TrimSpace(getenv(envPETRdzvEndpoint))
 	if _, _, err := net.SplitHostPort(endpoint); err != nil {
@@ -164,6 +181,51 @@ func readElasticPyTorchJob(getenv func(string) string, e *launchEnv) error {
 	}
 	e.elastic = true
 	return nil
+}
+
+// readEtcdPod reads a pod of an elastic PyTorchJob whose membership is
+// kept in etcd (rdzvBackend: etcd): its index is PET_NODE_RANK, else the
+// number that ends its name (<job>-worker-<i>); the job starts with
+// GORUN_SIZE pods, by default PET_NNODES's maximum. Pods 0 to 2 stand for
+// leader (etcdCandidate), and a replaced pod joins the running job
+// (Comm's rejoin).
+func readEtcdPod(getenv func(string) string, e *launchEnv) error {
+	e.size = e.maxNP
+	if n, ok, err := intVar(getenv, EnvSize); err != nil {
+		return err
+	} else if ok {
+		e.size = n
+	}
+	if e.size < e.minNP || e.size > e.maxNP {
+		return fmt.Errorf("%s=%d pods to start with, but %s=%q allows %d to %d", EnvSize, e.size, envPETNNodes, getenv(envPETNNodes), e.minNP, e.maxNP)
+	}
+	if i, ok, err := intVar(getenv, envPETNodeRank); err != nil {
+		return err
+	} else if ok {
+		e.rank = i
+	} else if e.rank = podIndexOfName(getenv("HOSTNAME")); e.rank < 0 {
+		return fmt.Errorf("HOSTNAME=%q does not end in the pod's index (<job>-worker-<i>): set %s from the label training.kubeflow.org/replica-index", getenv("HOSTNAME"), envPETNodeRank)
+	}
+	if e.rank < 0 || e.rank >= e.size {
+		return fmt.Errorf("pod %d is not within the %d pods the job starts with (%s, else the maximum of %s)", e.rank, e.size, EnvSize, envPETNNodes)
+	}
+	e.elastic = true
+	return nil
+}
+
+// podIndexOfName is the index that ends a pod's name (its first label),
+// <job>-worker-<i>, or -1.
+func podIndexOfName(name string) int {
+	label, _, _ := strings.Cut(name, ".")
+	i := strings.LastIndexByte(label, '-')
+	if i < 0 {
+		return -1
+	}
+	n, err := strconv.Atoi(label[i+1:])
+	if err != nil || n < 0 || strconv.Itoa(n) != label[i+1:] {
+		return -1
+	}
+	return n
 }
 
 // nodeRange reads PET_NNODES: MIN:MAX, or N (MIN = MAX = N).

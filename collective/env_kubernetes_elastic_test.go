@@ -49,7 +49,6 @@ func TestKubeElasticEnv(t *testing.T) {
 		{"pytorchjob, bounds overridden", withVars(elasticPod, EnvMinNP, "3"), want{2, 4, 3, 4, "pj-worker-0:29400", true, true}, ""},
 		{"pytorchjob, master replica too", withVars(elasticPod, "MASTER_ADDR", "pj-master-0", "MASTER_PORT", "23456", "RANK", "3", "WORLD_SIZE", "5"), want{2, 4, 2, 4, "pj-worker-0:29400", true, true}, ""},
 
-		{"pytorchjob, etcd", withVars(elasticPod, "PET_RDZV_BACKEND", "etcd"), want{}, "not supported yet"},
 		{"pytorchjob, unknown backend", withVars(elasticPod, "PET_RDZV_BACKEND", "zk"), want{}, "want c10d"},
 		{"pytorchjob, bad range", withVars(elasticPod, "PET_NNODES", "4:2"), want{}, "MIN:MAX"},
 		{"pytorchjob, no range", withVars(elasticPod, "PET_NNODES", ""), want{}, "MIN:MAX"},

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/p2p"
 	"go.yaml.in/yaml/v3"
 	"golang.org/x/sys/unix"
 )
@@ -687,7 +688,8 @@ func podsOf(doc map[string]any, legacy bool, dir string) ([]modelPod, error) {
 
 // elasticPods are the Workers of an elastic PyTorchJob, with what the
 // training operator gives them (ElasticEnvVarGenerator): no rank, but
-// PET_RDZV_ENDPOINT=<job>-worker-0:<the Workers' pytorchjob-port>,
+// PET_RDZV_ENDPOINT=<job>-worker-0:<the Workers' pytorchjob-port> (or
+// the policy's rdzvHost:rdzvPort),
 // PET_RDZV_BACKEND (c10d by default), PET_NNODES=min:max,
 // PET_MAX_RESTARTS and PET_RDZV_ID when the policy sets them; and the
 // pod's name as HOSTNAME, which the container runtime sets.
@@ -734,6 +736,10 @@ func elasticPods(doc map[string]any, dir string) ([]modelPod, error) {
 		}
 		env["PYTHONUNBUFFERED"] = "0"
 		env["PET_RDZV_ENDPOINT"] = fmt.Sprintf("%s-worker-0:%d", name, port)
+		if host := yamlString(policy, "rdzvHost"); host != "" {
+			p, _ := yamlInt(policy, "rdzvPort")
+			env["PET_RDZV_ENDPOINT"] = fmt.Sprintf("%s:%d", host, p)
+		}
 		env["PET_RDZV_BACKEND"], env["PET_NNODES"] = backend, fmt.Sprintf("%d:%d", lo, hi)
 		if r := yamlString(policy, "maxRestarts"); r != "" {
 			env["PET_MAX_RESTARTS"] = r
@@ -784,6 +790,7 @@ func checkJob(pods []modelPod, wantSource string) error {
 	seen := make([]bool, len(pods))
 	var rendezvous string
 	var key []byte
+	var etcd p2p.EtcdGroup
 	for i, p := range pods {
 		e, err := readEnv(mapEnv(p.env))
 		if err != nil {
@@ -799,6 +806,15 @@ func checkJob(pods []modelPod, wantSource string) error {
 			return fmt.Errorf("pod %s: rank %d, which another pod has too", p.dns, e.rank)
 		}
 		seen[e.rank] = true
+		if e.etcd != nil {
+			// The membership is in etcd: no pod hosts a rendezvous; every
+			// pod names the same etcd and job.
+			if i > 0 && (!slices.Equal(e.etcd.Endpoints, etcd.Endpoints) || e.etcd.RendezvousID != etcd.RendezvousID) {
+				return fmt.Errorf("pod %s: etcd %+v; pod %s: %+v", p.dns, *e.etcd, pods[0].dns, etcd)
+			}
+			etcd = *e.etcd
+			continue
+		}
 		if !e.hostRendezvous {
 			return fmt.Errorf("pod %s: nobody hosts the rendezvous %q", p.dns, e.rendezvous)
 		}
@@ -911,8 +927,14 @@ func TestKubeManifests(t *testing.T) {
 
 		{"elastic pytorchjob, more pods than its maximum", "elastic-pytorchjob.yaml", "pytorchjob-elastic", false,
 			set([]any{"spec", "pytorchReplicaSpecs", "Worker", "replicas"}, 5), "size 4, but the job has 5 pods"},
-		{"elastic pytorchjob, etcd", "elastic-pytorchjob.yaml", "pytorchjob-elastic", false,
-			set([]any{"spec", "elasticPolicy", "rdzvBackend"}, "etcd"), "not supported yet"},
+		{"elastic pytorchjob, etcd", "elastic-pytorchjob.yaml", "pytorchjob-elastic", false, func(doc map[string]any) {
+			policy := yamlAt(doc, "spec", "elasticPolicy").(map[string]any)
+			policy["rdzvBackend"], policy["rdzvHost"], policy["rdzvPort"], policy["rdzvId"] = "etcd", "etcd-client", 2379, "gorun-elastic-1"
+		}, ""},
+		{"elastic pytorchjob, etcd without an id", "elastic-pytorchjob.yaml", "pytorchjob-elastic", false, func(doc map[string]any) {
+			policy := yamlAt(doc, "spec", "elasticPolicy").(map[string]any)
+			policy["rdzvBackend"], policy["rdzvHost"], policy["rdzvPort"] = "etcd", "etcd-client", 2379
+		}, `PET_RDZV_ID="": the etcd rendezvous needs the job's id`},
 		{"elastic pytorchjob, pods not restarted", "elastic-pytorchjob.yaml", "pytorchjob-elastic", false,
 			set([]any{"spec", "pytorchReplicaSpecs", "Worker", "restartPolicy"}, "Never"), "OnFailure"},
 		{"pytorchjob, key readable by all", "pytorchjob.yaml", "torch-elastic", false,

@@ -89,15 +89,17 @@ func podsFinish(t *testing.T, j *etJob, c *podsim.Cluster) {
 			}
 		}
 	}
-	noneLeft(t, c.Net)
+	if c.Net != nil {
+		noneLeft(t, c.Net)
+	}
 	if t.Failed() {
 		t.Logf("the pods said:\n%s", j.out)
 	}
 }
 
 // lostAtMostOneStep checks that the survivors' resets resumed from the
-// commit of the last step pod 0 printed before it was lost, or the one
-// before it: pod 0's loss cost at most one step.
+// commit of the last step the lost pod printed before it was lost, or the
+// one before it: its loss cost at most one step.
 func lostAtMostOneStep(t *testing.T, before string, resets [][]string) {
 	t.Helper()
 	steps := etSteps(before)
@@ -113,7 +115,7 @@ func lostAtMostOneStep(t *testing.T, before string, resets [][]string) {
 		return s
 	}(), "\n"), -1) {
 		if c, _ := strconv.Atoi(m[1]); c < last-1 {
-			t.Errorf("a reset resumed from commit %d, but pod 0 had printed step %d: more than one step lost", c, last)
+			t.Errorf("a reset resumed from commit %d, but the lost pod had printed step %d: more than one step lost", c, last)
 		}
 	}
 }
@@ -194,13 +196,17 @@ func TestFailoverPodsDeleted(t *testing.T) {
 // waitLost0 waits until pods 1, 2 and 3 reset without rank 0 (pod 0's
 // first container), and returns their resets. The replaced pod 0 may
 // rejoin in the same reset, or in a later one.
-func (j *etJob) waitLost0(limit time.Duration) [][]string {
+func (j *etJob) waitLost0(limit time.Duration) [][]string { return j.waitLostPod(0, limit) }
+
+// waitLostPod waits until the 3 other pods reset without rank i (pod i's
+// first container), and returns their resets.
+func (j *etJob) waitLostPod(i int, limit time.Duration) [][]string {
 	j.t.Helper()
 	var got [][]string
-	j.waitOut("3 resets that lost rank 0", limit, func(out string) bool {
+	j.waitOut(fmt.Sprintf("3 resets that lost rank %d", i), limit, func(out string) bool {
 		got = nil
 		for _, m := range etResetRE.FindAllStringSubmatch(out, -1) {
-			if m[5] == "0" && !strings.HasPrefix(m[0], "[pj-worker-0]") {
+			if m[5] == strconv.Itoa(i) && !strings.HasPrefix(m[0], fmt.Sprintf("[pj-worker-%d]", i)) {
 				got = append(got, m)
 			}
 		}

@@ -124,6 +124,11 @@ func (n *Node) register(ctx context.Context, targets []groupItem) error {
 		if i%len(targets) != 0 {
 			continue // the next replica of the list at once
 		}
+		if moved, ok := n.relocate(sctx, targets); ok {
+			// The rendezvous moved (a new leader in etcd): try it at once.
+			targets, i = moved, 0
+			continue
+		}
 		t := time.NewTimer(delay)
 		select {
 		case <-sctx.Done():
@@ -140,6 +145,30 @@ func (n *Node) register(ctx context.Context, targets []groupItem) error {
 	n.logf("registered with rendezvous %s", at.Addr)
 	n.ctl.start(s)
 	return nil
+}
+
+// relocate asks Config.Relocate where the rendezvous is, after a round of
+// targets failed, and returns it as the new targets if it is not one of
+// them. The question is bounded by the heartbeat bound, so that an
+// unreachable etcd does not hold up the retries.
+func (n *Node) relocate(ctx context.Context, targets []groupItem) ([]groupItem, bool) {
+	if n.cfg.Relocate == nil {
+		return nil, false
+	}
+	rctx, cancel := context.WithTimeout(ctx, n.hbTimeout())
+	id, addr, err := n.cfg.Relocate(rctx)
+	cancel()
+	if err != nil {
+		n.logf("looking for the rendezvous again: %v", err)
+		return nil, false
+	}
+	for _, t := range targets {
+		if t.ID == id && t.Addr == addr {
+			return nil, false
+		}
+	}
+	n.logf("the rendezvous is now replica %d at %s", id, addr)
+	return []groupItem{{ID: id, Addr: addr}}, true
 }
 
 // registerWith opens a control stream with replica it and says hello;

@@ -108,6 +108,11 @@ type Config struct {
 	// 0's; another when the rank found the group's leader itself
 	// (FindEtcdLeader).
 	RendezvousReplica uint64
+	// Relocate, if set, says where the rendezvous is now (its replica's
+	// group id and address), for a registration that does not reach it:
+	// a leader found in etcd may have been lost since, and its successor
+	// is found there again (FindEtcdLeader).
+	Relocate func(ctx context.Context) (uint64, string, error)
 }
 
 // maxArgsBytes bounds the arguments a hello carries; longer ones are sent

@@ -20,6 +20,11 @@
 // cleanup.
 //
 // It needs what netns needs, and unshare (util-linux) and mount.
+//
+// NewLocal plays pods without namespaces: processes of this host, each
+// with its pod's name as HOSTNAME only, for jobs whose pods find each
+// other through a service outside the pods (an etcd cluster on this
+// host's loopback), which a namespace host could not reach.
 package podsim
 
 import (
@@ -44,7 +49,8 @@ import (
 // once every time would otherwise spin.
 const MaxRestarts = 20
 
-// Cluster is the pods of one job, each on a namespace host.
+// Cluster is the pods of one job, each on a namespace host (Net), or
+// each a process of this host (NewLocal; Net nil).
 type Cluster struct {
 	Net   *netns.Cluster
 	Pods  []*Pod
@@ -57,7 +63,7 @@ type Cluster struct {
 // Pod is one pod: its name, node and container environment.
 type Pod struct {
 	Name string
-	Host *netns.Host
+	Host *netns.Host // nil: a process of this host (NewLocal)
 	c    *Cluster
 	env  []string
 	args []string
@@ -123,6 +129,18 @@ func New(t testing.TB, out io.Writer, specs ...Spec) *Cluster {
 	return c
 }
 
+// NewLocal makes a pod per spec, each a process of this host (no
+// namespaces: its name is only its HOSTNAME, and resolves nowhere).
+func NewLocal(t testing.TB, out io.Writer, specs ...Spec) *Cluster {
+	t.Helper()
+	c := &Cluster{Dir: t.TempDir(), out: out}
+	t.Cleanup(c.Close)
+	for _, s := range specs {
+		c.Pods = append(c.Pods, &Pod{Name: s.Name, c: c, env: s.Env, args: s.Args})
+	}
+	return c
+}
+
 // containerShell takes the pod's host name and hosts file in the new UTS
 // and mount namespace, and becomes the container's command.
 const containerShell = `echo "$0" > /proc/sys/kernel/hostname && mount --bind "$1" /etc/hosts && shift && exec "$@"`
@@ -143,8 +161,13 @@ func (c *Cluster) Start(t testing.TB) {
 
 // startLocked starts the container and the kubelet's watch of it.
 func (p *Pod) startLocked() error {
-	args := append([]string{"netns", "exec", p.Host.NS, "unshare", "--uts", "--mount", "--", "sh", "-c", containerShell, p.Name, p.c.hosts}, p.args...)
-	cmd := exec.Command("ip", args...)
+	var cmd *exec.Cmd
+	if p.Host == nil {
+		cmd = exec.Command(p.args[0], p.args[1:]...)
+	} else {
+		args := append([]string{"netns", "exec", p.Host.NS, "unshare", "--uts", "--mount", "--", "sh", "-c", containerShell, p.Name, p.c.hosts}, p.args...)
+		cmd = exec.Command("ip", args...)
+	}
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOSTNAME=" + p.Name}, p.env...)
 	w := &lineWriter{c: p.c, prefix: "[" + p.Name + "] "}
 	cmd.Stdout, cmd.Stderr = w, w
