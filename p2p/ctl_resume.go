@@ -195,7 +195,14 @@ func (c *ctlClient) reconnect(cause error) error {
 		s, pid, err := c.dialReplica(ctx, target)
 		var w *msg
 		if err == nil {
-			w, err = n.hello(ctx, s, pid, true)
+			// Each replica gets one heartbeat bound to answer. A stream
+			// opens at once over a connection whose far end is gone (a
+			// host cut off sends no reset, and its connection looks alive
+			// until its keep-alive fails), and the hello would then wait
+			// out the whole search while another replica leads.
+			hctx, hcancel := context.WithTimeout(ctx, n.hbTimeout())
+			w, err = n.hello(hctx, s, pid, true)
+			hcancel()
 		}
 		if err == nil {
 			c.writeMu.Lock()
