@@ -488,14 +488,18 @@ func (r *Rendezvous) becameLeader() {
 // with it: once every other rank is back they get an eighth of the bound
 // more (a rank of that host that is alive notices the silence as soon as
 // the others), so that losing the leader's host costs about what losing
-// any other host costs, one heartbeat bound.
+// any other host costs, one heartbeat bound. Unless one of them is back:
+// then the host is not lost, only the leader's process, and its other
+// ranks, alive, get the whole grace (on one host, every rank is on the
+// leader's).
 func (r *Rendezvous) lostAfterFailover(term int) {
 	g := r.grp
 	grace := 2 * r.hb
 	r.mu.Lock()
 	suspect := r.leaderHostLocked(g.prevLeader)
 	r.mu.Unlock()
-	deadline := time.Now().Add(grace)
+	start := time.Now()
+	deadline := start.Add(grace)
 	shortened := false
 	for {
 		r.mu.Lock()
@@ -504,13 +508,22 @@ func (r *Rendezvous) lostAfterFailover(term int) {
 			return
 		}
 		var missing []membership.ID
-		othersBack := true
+		// othersBack: every rank of another host is back, and there is
+		// one (on one host, every rank is on the leader's); hostBack: a
+		// rank of the leader's host is.
+		othersBack, hostBack, others := true, false, false
 		for _, id := range r.m.Conns() {
-			if r.conns[id] == nil {
+			info, _ := r.m.Info(id)
+			onSuspect := suspect != "" && info.Host == suspect
+			others = others || !onSuspect
+			switch {
+			case r.conns[id] != nil:
+				hostBack = hostBack || onSuspect
+			case !onSuspect:
+				othersBack = false
+				fallthrough
+			default:
 				missing = append(missing, id)
-				if info, _ := r.m.Info(id); suspect == "" || info.Host != suspect {
-					othersBack = false
-				}
 			}
 		}
 		rejoined := g.rejoined
@@ -519,11 +532,14 @@ func (r *Rendezvous) lostAfterFailover(term int) {
 			r.cfg.Logf("rendezvous: every rank reconnected to replica %d", g.cfg.ID)
 			return
 		}
-		if othersBack && !shortened {
+		if othersBack && others && !hostBack && !shortened {
 			shortened = true
 			if soon := time.Now().Add(r.hb / 8); soon.Before(deadline) {
 				deadline = soon
 			}
+		}
+		if hostBack && shortened {
+			shortened, deadline = false, start.Add(grace)
 		}
 		if !time.Now().Before(deadline) {
 			ranks := make([]int, 0, len(missing))
