@@ -140,6 +140,12 @@ type config struct {
 	// pods: the group's replicas are on the pods of a Kubernetes job
 	// (elastic_pod.go).
 	pods *podGroup
+	// replicaID, replicaPort: the ID and port of this rank's replica
+	// under srun; srunJoin: where a joining srun step finds the group
+	// (slurm_group.go).
+	replicaID   uint64
+	replicaPort int
+	srunJoin    *slurmJoin
 	// etcd: the membership is kept in etcd (env_etcd.go): the rank finds
 	// the rendezvous (the replica that leads) there.
 	etcd *p2p.EtcdGroup
@@ -226,7 +232,7 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 		rendezvous: env.rendezvous, hostRendezvous: env.hostRendezvous, jobKey: env.jobKey,
 		listenIP: os.Getenv(EnvListenIP), dataPlane: os.Getenv(EnvDataPlane),
 		replica: env.replica, replicaSpare: env.replicaSpare, group: env.group, minSize: env.minNP, maxSize: env.maxNP, elasticWait: env.elasticWait,
-		pods: env.pods,
+		pods: env.pods, replicaID: env.replicaID, replicaPort: env.replicaPort, srunJoin: env.srunJoin,
 		etcd: env.etcd,
 	}
 	if env.source == "" {
@@ -402,6 +408,13 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		var rzReplica uint64
 		if cfg.etcd != nil {
 			if rzReplica, cfg.rendezvous, err = findEtcdLeader(setup, cfg); err != nil {
+				return nil, fmt.Errorf("gorun: %s: %w", who, err)
+			}
+		}
+		if cfg.srunJoin != nil && cfg.rank == -1 {
+			// Fail within the timeout, saying where it looked, rather
+			// than wait for a group that is not there.
+			if err := cfg.srunJoin.waitGroup(setup); err != nil {
 				return nil, fmt.Errorf("gorun: %s: %w", who, err)
 			}
 		}

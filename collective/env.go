@@ -39,7 +39,10 @@ var TuningEnv = []string{EnvAllreduceAlgorithms, EnvChunkBytes, EnvCPUBind, EnvD
 //     SLURM_JOB_NODELIST, SLURM_NODELIST), at GORUN_RENDEZVOUS_PORT or at
 //     20000 + (SLURM_JOB_ID mod 1000)*10 + (SLURM_STEP_ID mod 10), so job
 //     4242's step 1 uses port 22421 (see slurmRendezvousPortBase). Task 0
-//     must run on that node (srun's default block distribution).
+//     must run on that node (srun's default block distribution). With
+//     GORUN_ELASTIC=1 and GORUN_JOIN_STEP=S, the tasks of this step are
+//     joiners of the elastic job of step S of the same allocation, found
+//     through its replicas on the allocation's nodes (slurm_group.go).
 //   - torchrun's PET_* arguments, which Kubeflow Trainer v2 sets for every
 //     pod of a TrainJob and the training operator (v1.7 on) for every pod
 //     of a PyTorchJob: pod PET_NODE_RANK of PET_NNODES; rank 0 hosts the
@@ -164,6 +167,14 @@ type launchEnv struct {
 	nodeID     int
 	nodeCounts []int
 	pods       *podGroup
+	// replicaID, replicaPort: the ID of this task's replica and the port
+	// it listens on, under srun (slurm_group.go); 0: ReplicaID(rank), and
+	// a free port.
+	replicaID   uint64
+	replicaPort int
+	// srunJoin: this task of an srun step joins the elastic job of an
+	// earlier step (GORUN_JOIN_STEP, slurm_group.go).
+	srunJoin *slurmJoin
 	// etcd: the membership is kept in etcd (env_etcd.go); nil: in the
 	// rendezvous gorun or rank 0 hosts.
 	etcd *p2p.EtcdGroup
@@ -310,6 +321,10 @@ func readRankVars(getenv func(string) string, e *launchEnv, source, rankVar, siz
 // the job (slurmRendezvous).
 func readRendezvous(getenv func(string) string, e *launchEnv) error {
 	switch {
+	case e.srunJoin != nil:
+		// The replicas of the joined step's group (slurm_group.go).
+		e.rendezvous = e.srunJoin.rendezvous()
+		return nil
 	case getenv(EnvRendezvous) != "":
 		e.rendezvous = getenv(EnvRendezvous)
 		return nil

@@ -64,6 +64,10 @@ func readReplica(getenv func(string) string, e *launchEnv) error {
 			pick = schedulerReplica(e.nodeID, e.localRank, e.nodeCounts)
 		}
 		e.replica, e.replicaSpare = pick >= 0, pick >= 2
+		if e.replica {
+			// Where a later step finds it (slurm_group.go).
+			e.replicaID, e.replicaPort = slurmReplicaPlace(getenv, e)
+		}
 	case e.hostRendezvous && (e.source == "pytorchjob-elastic" || e.source == "indexed-job"):
 		pods, err := podGroupOf(e.rendezvous)
 		if err != nil {
@@ -164,13 +168,40 @@ func positiveInt(getenv func(string) string, name string) (int, error) {
 // startReplica starts this rank's replica of the rendezvous group, on the
 // address the rank listens on; the group's leader adds it once the rank's
 // hello offers it.
+//
+// Under srun a replica may have an ID and a port of its own
+// (slurm_group.go): at the group's port it listens on every interface of
+// its node, where a later step dials the node's name, and advertises the
+// rank's address. If another process holds that port on the node, it
+// takes a free one: the job runs as well, and a later step finds the group
+// through the replicas on the other nodes.
 func startReplica(ctx context.Context, cfg config, heartbeat time.Duration) (*p2p.Rendezvous, error) {
 	ip := cmp.Or(cfg.listenIP, "127.0.0.1")
-	rz, err := p2p.StartRendezvous(ctx, p2p.RendezvousConfig{
+	id := cmp.Or(cfg.replicaID, p2p.ReplicaID(cfg.rank))
+	rc := p2p.RendezvousConfig{
 		ListenAddr: net.JoinHostPort(ip, "0"), Size: cfg.size, JobKey: cfg.jobKey, Timeout: cfg.timeout, Logf: cfg.logf,
 		Elastic: &p2p.ElasticConfig{MinSize: cfg.minSize, MaxSize: cfg.maxSize, WaitTimeout: cfg.elasticWait, HeartbeatTimeout: heartbeat},
-		Group:   &p2p.GroupConfig{ID: p2p.ReplicaID(cfg.rank), Spare: cfg.replicaSpare, Etcd: cfg.etcd},
-	})
+		Group:   &p2p.GroupConfig{ID: id, Spare: cfg.replicaSpare, Etcd: cfg.etcd},
+	}
+	var rz *p2p.Rendezvous
+	var err error
+	if cfg.replicaPort != 0 {
+		port := strconv.Itoa(cfg.replicaPort)
+		at := rc
+		at.ListenAddr = net.JoinHostPort("", port)
+		if parsed := net.ParseIP(ip); parsed != nil && parsed.To4() == nil {
+			at.ListenAddr = net.JoinHostPort("::", port)
+		}
+		group := *rc.Group
+		group.Advertise = net.JoinHostPort(ip, port)
+		at.Group = &group
+		if rz, err = p2p.StartRendezvous(ctx, at); addrInUse(err) {
+			cfg.warnf("gorun: rank %d: port %d of the rendezvous group is taken on this node, so replica %d listens on another, where a later srun step (%s) cannot find it: %v", cfg.rank, cfg.replicaPort, id, EnvJoinStep, err)
+			rz, err = p2p.StartRendezvous(ctx, rc)
+		}
+	} else {
+		rz, err = p2p.StartRendezvous(ctx, rc)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("hosting a replica of the rendezvous (%s=1): %w", EnvRdzvReplica, err)
 	}

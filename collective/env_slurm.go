@@ -74,7 +74,7 @@ func readSlurm(getenv func(string) string, e *launchEnv) error {
 		}
 		break
 	}
-	return nil
+	return readSlurmJoin(getenv, e)
 }
 
 // slurmRendezvous is the rendezvous of an srun step when nothing else names
