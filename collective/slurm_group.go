@@ -22,8 +22,9 @@ import (
 //
 // As on Kubernetes (env_kubernetes_elastic.go), every replica that a later
 // process may need to find listens on one port known in advance, the
-// group's port: the step's rendezvous port (slurmRendezvous: derived from
-// the job and step ids, or GORUN_RENDEZVOUS_PORT), on its own node. Rank 0
+// group's port: the port of the step's rendezvous address (derived from
+// the job and step ids unless a variable names it, see readRendezvous),
+// on its own node. Rank 0
 // hosts replica 1 there on the step's first node; on every other node the
 // first task that hosts a replica (local rank 0, see schedulerReplica)
 // hosts it there, with an ID that follows from the node's name
@@ -56,8 +57,8 @@ const EnvJoinStep = "GORUN_JOIN_STEP"
 const slurmProbeTimeout = 2 * time.Second
 
 // slurmProbeInterval is how long a joiner waits before asking the nodes
-// again when no replica answered: the step it joins may be starting at the
-// same time (two sruns one after the other in a batch script).
+// again when no replica answered: the step it joins may still be
+// starting, its ranks not listening yet.
 const slurmProbeInterval = time.Second
 
 // slurmJoin is where the tasks of a joining step look for the group of the

@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -178,9 +180,36 @@ func testFailoverSlurmJoinStep(t *testing.T, c *slurmtest.Cluster) {
 	if t.Failed() || testing.Verbose() {
 		t.Logf("step 0's output:\n%s\nstep 1's output:\n%s", srunLines(text0), srunLines(text1))
 	}
+
+	// Step 0 has ended: a joiner of it finds no group, and says so
+	// within its timeout.
+	args = append([]string{"--jobid=" + job, "-N", "1", "-n", "1", "-w", "node1", "--kill-on-bad-exit=1"}, j.progArgs()...)
+	late := startSrun(t, c, append(srunElasticEnv(key), "GORUN_JOIN_STEP=0", "GORUN_TIMEOUT=3s"), args...)
+	errLate := late.wait(time.Minute)
+	// The allocation's node list may lack node2 by now (Slurm removed
+	// it from the job).
+	wantRE := regexp.MustCompile(fmt.Sprintf(`no replica of step 0's rendezvous group answered on node\S+ at port %d \(derived from job %s, step 0\) within \S+: is step 0 of job %s running, with GORUN_ELASTIC=1\?`,
+		slurmDerivedPort(t, job, 0), job, job))
+	if errLate == nil || !wantRE.MatchString(late.out.String()) {
+		t.Errorf("a joiner of step 0 after it ended: srun %v, output:\n%s\nwant a failure matching %s", errLate, late.out, wantRE)
+	}
+	if testing.Verbose() {
+		t.Logf("a joiner of step 0 after it ended:\n%s", late.out)
+	}
 	c.Run(t, c.Nodes[0], 30*time.Second, "scancel", job)
 	c.NoneLeft(t, 10*time.Second)
 	c.Restore(t, c.Nodes[1])
+}
+
+// slurmDerivedPort is the rendezvous port of step step of job job when
+// nothing names one: 20000 + (job mod 1000)*10 + step mod 10.
+func slurmDerivedPort(t *testing.T, job string, step int) int {
+	t.Helper()
+	id, err := strconv.Atoi(job)
+	if err != nil {
+		t.Fatalf("job id %q: %v", job, err)
+	}
+	return 20000 + id%1000*10 + step%10
 }
 
 // srunLines is srun's output without elastictrain's step lines.
