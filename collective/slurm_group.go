@@ -67,6 +67,7 @@ type slurmJoin struct {
 	job, step uint64
 	nodeList  string   // the allocation's nodes, as Slurm wrote them (for messages)
 	nodes     []string // the allocation's nodes
+	self      string   // the joiner's node
 	port      int      // the group's port
 	portFrom  string   // where port came from (for messages)
 }
@@ -112,7 +113,7 @@ func readSlurmJoin(getenv func(string) string, e *launchEnv) error {
 	if err != nil {
 		return fmt.Errorf("%s=%d: %w", EnvJoinStep, step, err)
 	}
-	j := &slurmJoin{job: jobID, step: step, nodeList: list, nodes: nodes}
+	j := &slurmJoin{job: jobID, step: step, nodeList: list, nodes: nodes, self: slurmNodeName(getenv, e)}
 	if j.port, j.portFrom, err = slurmJoinPort(getenv, jobID, step); err != nil {
 		return fmt.Errorf("%s=%d: %w", EnvJoinStep, step, err)
 	}
@@ -234,16 +235,28 @@ func slurmNodeName(getenv func(string) string, e *launchEnv) string {
 // rendezvous is the list a joiner registers with (p2p.Config.Rendezvous):
 // replica 1 on the allocation's first node, where rank 0 runs unless the
 // joined step was placed on other nodes (srun -w), then every node's
-// replica at the group's port. A listed replica that is not there (a node
-// without one, or rank 0's node, where replica 1 holds the port) fails its
-// identity check at once, and the joiner tries the next.
+// replica at the group's port; the entries of the joiner's own node come
+// last, since Init takes the address it reaches the first entry from as
+// the joiner's own (defaultListenIP), and toward its own name a node may
+// answer with a loopback address (Debian's 127.0.1.1). A listed replica
+// that is not there (a node without one, or rank 0's node, where replica 1
+// holds the port) fails its identity check at once, and the joiner tries
+// the next.
 func (j *slurmJoin) rendezvous() string {
 	port := strconv.Itoa(j.port)
-	list := []string{net.JoinHostPort(j.nodes[0], port)}
-	for _, n := range j.nodes {
-		list = append(list, strconv.FormatUint(slurmNodeReplicaID(n), 10)+"@"+net.JoinHostPort(n, port))
+	var list, own []string
+	add := func(node, entry string) {
+		if node == j.self {
+			own = append(own, entry)
+		} else {
+			list = append(list, entry)
+		}
 	}
-	return strings.Join(list, ",")
+	add(j.nodes[0], net.JoinHostPort(j.nodes[0], port))
+	for _, n := range j.nodes {
+		add(n, strconv.FormatUint(slurmNodeReplicaID(n), 10)+"@"+net.JoinHostPort(n, port))
+	}
+	return strings.Join(append(list, own...), ",")
 }
 
 // waitGroup waits until something listens at the group's port on one of

@@ -22,14 +22,25 @@ var srunJoinTask = map[string]string{
 	EnvJobKey: schedKey, EnvElastic: "1", EnvJoinStep: "0",
 }
 
-// joinList is the rendezvous a joiner of step 0 registers with, at port.
+// joinList is the rendezvous a joiner of step 0 on node09 registers with,
+// at port: node09's own entries last.
 func joinList(port int, nodes ...string) string {
 	p := strconv.Itoa(port)
-	list := []string{net.JoinHostPort(nodes[0], p)}
-	for _, n := range nodes {
-		list = append(list, fmt.Sprintf("%d@%s", slurmNodeReplicaID(n), net.JoinHostPort(n, p)))
+	var list, own []string
+	if nodes[0] == "node09" {
+		own = append(own, net.JoinHostPort(nodes[0], p))
+	} else {
+		list = append(list, net.JoinHostPort(nodes[0], p))
 	}
-	return strings.Join(list, ",")
+	for _, n := range nodes {
+		e := fmt.Sprintf("%d@%s", slurmNodeReplicaID(n), net.JoinHostPort(n, p))
+		if n == "node09" {
+			own = append(own, e)
+		} else {
+			list = append(list, e)
+		}
+	}
+	return strings.Join(append(list, own...), ",")
 }
 
 func TestSlurmJoinEnv(t *testing.T) {
@@ -48,6 +59,9 @@ func TestSlurmJoinEnv(t *testing.T) {
 			envWant{"slurm", -1, 2, 1, 2, joinList(derived, all...), false}, ""},
 		{"srun --jobid from outside the allocation", withVars(srunJoinTask, "SLURM_JOB_NODELIST", "node09", "SLURM_NODELIST", "node[07-09]"),
 			envWant{"slurm", -1, 2, 1, 2, joinList(derived, all...), false}, ""},
+		{"the joiner on the first node", withVars(srunJoinTask, "SLURMD_NODENAME", "node07"),
+			envWant{"slurm", -1, 2, 1, 2, fmt.Sprintf("%d@node08:22420,%d@node09:22420,node07:22420,%d@node07:22420",
+				slurmNodeReplicaID("node08"), slurmNodeReplicaID("node09"), slurmNodeReplicaID("node07")), false}, ""},
 		{"two lists that differ", withVars(srunJoinTask, "SLURM_JOB_NODELIST", "node[08-10]", "SLURM_NODELIST", "node07"),
 			envWant{"slurm", -1, 2, 1, 2, joinList(derived, "node07", "node08", "node09", "node10"), false}, ""},
 		{"the port override", withVars(srunJoinTask, EnvRendezvousPort, "31000"), envWant{"slurm", -1, 2, 1, 2, joinList(31000, all...), false}, ""},
