@@ -411,9 +411,10 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 				return nil, fmt.Errorf("gorun: %s: %w", who, err)
 			}
 		}
-		if cfg.srunJoin != nil && cfg.rank == -1 {
+		if cfg.srunJoin != nil && cfg.etcd == nil && cfg.rank == -1 {
 			// Fail within the timeout, saying where it looked, rather
-			// than wait for a group that is not there.
+			// than wait for a group that is not there (a group kept in
+			// etcd is found there instead).
 			if err := cfg.srunJoin.waitGroup(setup); err != nil {
 				return nil, fmt.Errorf("gorun: %s: %w", who, err)
 			}
