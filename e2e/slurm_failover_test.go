@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"regexp"
@@ -136,7 +137,12 @@ func testFailoverSlurmJoinStep(t *testing.T, c *slurmtest.Cluster) {
 		t.Fatalf("salloc said no job id:\n%s", alloc)
 	}
 	job := m[1]
-	t.Cleanup(func() { c.Command(t.Context(), c.Nodes[0], "scancel", job).Run() })
+	t.Cleanup(func() {
+		// t.Context is cancelled before the cleanups run.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c.Command(ctx, c.Nodes[0], "scancel", job).Run()
+	})
 	key := slurmJobKeyFile(t)
 	args := append([]string{"--jobid=" + job, "-N", "2", "-n", "4", "-w", "node[2-3]", "--no-kill", "--kill-on-bad-exit=0", "--label"}, j.progArgs()...)
 	step0 := startSrun(t, c, srunElasticEnv(key), args...)
