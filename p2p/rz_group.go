@@ -483,24 +483,19 @@ func (r *Rendezvous) becameLeader() {
 // lostAfterFailover counts as lost, for the new leader of term term, the
 // members that do not reconnect. A rank notices its leader's silence
 // within the heartbeat bound, and may have to try every replica: it has
-// twice the bound after the election. But the ranks of the lost leader's
-// host (those on the host of the rank that hosted it) most likely went
-// with it: once every other rank is back they get an eighth of the bound
-// more (a rank of that host that is alive notices the silence as soon as
-// the others), so that losing the leader's host costs about what losing
-// any other host costs, one heartbeat bound. Unless one of them is back:
-// then the host is not lost, only the leader's process, and its other
-// ranks, alive, get the whole grace (on one host, every rank is on the
-// leader's).
+// twice the bound after the election, unless failoverShortcut says its
+// loss is plain sooner: then an eighth of the bound more (a rank that is
+// alive notices the silence as soon as the others), so that losing the
+// leader's process or host costs about what losing any other costs, one
+// heartbeat bound.
 func (r *Rendezvous) lostAfterFailover(term int) {
 	g := r.grp
 	grace := 2 * r.hb
 	r.mu.Lock()
-	suspect := r.leaderHostLocked(g.prevLeader)
+	leaderProc, suspect := r.leaderProcLocked(g.prevLeader)
 	r.mu.Unlock()
 	start := time.Now()
-	deadline := start.Add(grace)
-	shortened := false
+	shortAt := time.Time{} // when failoverShortcut first held
 	for {
 		r.mu.Lock()
 		if r.closed || !g.leading || g.leadTerm != term {
@@ -508,23 +503,14 @@ func (r *Rendezvous) lostAfterFailover(term int) {
 			return
 		}
 		var missing []membership.ID
-		// othersBack: every rank of another host is back, and there is
-		// one (on one host, every rank is on the leader's); hostBack: a
-		// rank of the leader's host is.
-		othersBack, hostBack, others := true, false, false
+		var ranks []failoverRank
 		for _, id := range r.m.Conns() {
 			info, _ := r.m.Info(id)
-			onSuspect := suspect != "" && info.Host == suspect
-			others = others || !onSuspect
-			switch {
-			case r.conns[id] != nil:
-				hostBack = hostBack || onSuspect
-			case !onSuspect:
-				othersBack = false
-				fallthrough
-			default:
+			back := r.conns[id] != nil
+			if !back {
 				missing = append(missing, id)
 			}
+			ranks = append(ranks, failoverRank{back: back, leader: leaderProc != 0 && id == leaderProc, leaderHost: suspect != "" && info.Host == suspect})
 		}
 		rejoined := g.rejoined
 		if len(missing) == 0 {
@@ -532,25 +518,22 @@ func (r *Rendezvous) lostAfterFailover(term int) {
 			r.cfg.Logf("rendezvous: every rank reconnected to replica %d", g.cfg.ID)
 			return
 		}
-		if othersBack && others && !hostBack && !shortened {
-			shortened = true
-			if soon := time.Now().Add(r.hb / 8); soon.Before(deadline) {
-				deadline = soon
-			}
+		why := failoverShortcut(ranks)
+		switch {
+		case why == shortcutNone:
+			shortAt = time.Time{}
+		case shortAt.IsZero():
+			shortAt = time.Now()
 		}
-		if hostBack && shortened {
-			shortened, deadline = false, start.Add(grace)
+		deadline := start.Add(grace)
+		if !shortAt.IsZero() {
+			deadline = shortAt.Add(r.hb / 8)
 		}
 		if !time.Now().Before(deadline) {
 			ranks := make([]int, 0, len(missing))
 			for _, id := range missing {
 				ranks = append(ranks, r.m.Rank(id))
-				why := fmt.Sprintf("it did not reconnect to the new rendezvous leader within %v", grace)
-				cause := fmt.Sprintf("stopped responding: it did not reconnect to the rendezvous within %v of its leader's loss", grace)
-				if shortened {
-					why = fmt.Sprintf("it did not reconnect to the new rendezvous leader, and the old leader's host (%s) is lost", hostOf(r.m, id))
-					cause = fmt.Sprintf("stopped responding: its host (%s) was lost with the rendezvous leader", hostOf(r.m, id))
-				}
+				why, cause := failoverLossReason(why, grace, hostOf(r.m, id))
 				r.proposeLocked(membership.Disconnected{ID: id, Timeout: true, Err: why, Cause: cause})
 			}
 			r.mu.Unlock()
@@ -570,18 +553,76 @@ func (r *Rendezvous) lostAfterFailover(term int) {
 	}
 }
 
-// leaderHostLocked is the host of the member that hosted replica id (""
-// if none did: gorun's replica, or one that is not known).
-func (r *Rendezvous) leaderHostLocked(id uint64) string {
+// failoverRank is a member as a new leader sees it: back (reconnected),
+// the process that hosted the lost leader, on that process' host.
+type failoverRank struct{ back, leader, leaderHost bool }
+
+// Why the ranks still missing after a failover are plainly lost.
+const (
+	shortcutNone       = iota
+	shortcutLeaderProc // only the lost leader's process is missing
+	shortcutLeaderHost // only ranks of the lost leader's host are, none of them back
+)
+
+// failoverShortcut says whether the members still missing after a
+// failover are plainly lost (and why), before the grace the others get:
+//   - only the lost leader's own process is missing, and another rank is
+//     back: the replica went with it, so it died or is cut off;
+//   - only ranks of the lost leader's host are missing, none of them is
+//     back, and a rank of another host is: the host went (its link, its
+//     node). If one of them is back, the host lives, and the others of it
+//     get the whole grace; on one host, every rank is on the leader's.
+func failoverShortcut(ranks []failoverRank) int {
+	leaderOnly, hostOnly, anyBack, hostBack, otherBack := true, true, false, false, false
+	for _, r := range ranks {
+		switch {
+		case r.back:
+			anyBack = true
+			hostBack = hostBack || r.leaderHost
+			otherBack = otherBack || !r.leaderHost
+		case r.leader:
+			hostOnly = hostOnly && r.leaderHost
+		default:
+			leaderOnly = false
+			hostOnly = hostOnly && r.leaderHost
+		}
+	}
+	switch {
+	case leaderOnly && anyBack:
+		return shortcutLeaderProc
+	case hostOnly && !hostBack && otherBack:
+		return shortcutLeaderHost
+	}
+	return shortcutNone
+}
+
+// failoverLossReason says why a rank missing after a failover is counted
+// lost, for its error and its cause, by the shortcut taken.
+func failoverLossReason(shortcut int, grace time.Duration, host string) (why, cause string) {
+	switch shortcut {
+	case shortcutLeaderProc:
+		return "it did not reconnect to the new rendezvous leader, and its process hosted the lost one",
+			"stopped responding: its process was lost with the rendezvous leader it hosted"
+	case shortcutLeaderHost:
+		return fmt.Sprintf("it did not reconnect to the new rendezvous leader, and the old leader's host (%s) is lost", host),
+			fmt.Sprintf("stopped responding: its host (%s) was lost with the rendezvous leader", host)
+	}
+	return fmt.Sprintf("it did not reconnect to the new rendezvous leader within %v", grace),
+		fmt.Sprintf("stopped responding: it did not reconnect to the rendezvous within %v of its leader's loss", grace)
+}
+
+// leaderProcLocked is the member that hosted replica id, and its host (0
+// and "" if none did: gorun's replica, or one that is not known).
+func (r *Rendezvous) leaderProcLocked(id uint64) (membership.ID, string) {
 	if id == 0 {
-		return ""
+		return 0, ""
 	}
 	for _, mid := range r.m.Conns() {
 		if info, ok := r.m.Info(mid); ok && info.Replica == id {
-			return info.Host
+			return mid, info.Host
 		}
 	}
-	return ""
+	return 0, ""
 }
 
 // hostOf names member id's host for messages.

@@ -360,3 +360,38 @@ func TestFailoverReplicaReplaced(t *testing.T) {
 	}
 	exchange(t, survivors, []int{1, 1000, 300 << 10})
 }
+
+// Which members missing after a failover are plainly lost before the
+// grace: the lost leader's process once every other rank is back; the
+// ranks of its host once every rank of the other hosts is back and none
+// of that host is.
+func TestFailoverShortcut(t *testing.T) {
+	const (
+		back       = 1 << iota // reconnected
+		leader                 // hosted the lost leader
+		leaderHost             // on that process' host
+	)
+	for _, tc := range []struct {
+		name  string
+		ranks []int
+		want  int
+	}{
+		{"the leader's host cut off, the others back", []int{leader | leaderHost, leaderHost, back, back}, shortcutLeaderHost},
+		{"the leader's host cut off, another host not back yet", []int{leader | leaderHost, leaderHost, back, 0}, shortcutNone},
+		{"the leader's process killed, its host-mate back", []int{leader | leaderHost, back | leaderHost, back, back}, shortcutLeaderProc},
+		{"the leader's process killed, its host-mate not back yet", []int{leader | leaderHost, leaderHost, back, back}, shortcutLeaderHost},
+		{"the leader's process killed, a host-mate back, another not", []int{leader | leaderHost, back | leaderHost, leaderHost, back}, shortcutNone},
+		{"one host: the leader's process killed, the others back", []int{leader | leaderHost, back | leaderHost, back | leaderHost}, shortcutLeaderProc},
+		{"one host: nobody back yet", []int{leader | leaderHost, leaderHost, leaderHost}, shortcutNone},
+		{"one host: one back, one not", []int{leader | leaderHost, back | leaderHost, leaderHost}, shortcutNone},
+		{"gorun's replica led: nothing known", []int{0, back, back}, shortcutNone},
+	} {
+		var ranks []failoverRank
+		for _, r := range tc.ranks {
+			ranks = append(ranks, failoverRank{back: r&back != 0, leader: r&leader != 0, leaderHost: r&leaderHost != 0})
+		}
+		if got := failoverShortcut(ranks); got != tc.want {
+			t.Errorf("%s: shortcut %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
