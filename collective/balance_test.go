@@ -44,6 +44,15 @@ func balancedStep(ctx context.Context, c *Comm, red *Reducer, g []float64, ids [
 	return shares, plan, slices.Clone(g), nil
 }
 
+// stepSamples are the ids of step s's global batch of n samples.
+func stepSamples(s, n int) []int {
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = s*n + i
+	}
+	return ids
+}
+
 // wantMean is the mean gradient over ids, as one process computes it.
 func wantMean(ids []int, dim int) []float64 {
 	out := make([]float64, dim)
@@ -97,10 +106,7 @@ func TestReducerBalanceWeightedMean(t *testing.T) {
 			return err
 		}
 		for s := range steps {
-			ids := make([]int, global)
-			for i := range ids {
-				ids[i] = s*global + i
-			}
+			ids := stepSamples(s, global)
 			shares, plan, mean, err := balancedStep(context.Background(), c, red, g, ids)
 			if err != nil {
 				return fmt.Errorf("step %d: %w", s, err)
@@ -187,10 +193,7 @@ func TestReducerBalanceRefinesWithFixedCosts(t *testing.T) {
 			return err
 		}
 		for s := range steps {
-			ids := make([]int, global)
-			for i := range ids {
-				ids[i] = s*global + i
-			}
+			ids := stepSamples(s, global)
 			if _, _, _, err := balancedStep(context.Background(), c, red, g, ids); err != nil {
 				return fmt.Errorf("step %d: %w", s, err)
 			}
@@ -229,10 +232,7 @@ func TestReducerBalanceEqualRanksStayEven(t *testing.T) {
 				return err
 			}
 			for s := range 4 {
-				ids := make([]int, global)
-				for j := range ids {
-					ids[j] = s*global + j
-				}
+				ids := stepSamples(s, global)
 				shares, _, mean, err := balancedStep(context.Background(), c, red, g, ids)
 				if err != nil {
 					return err
@@ -280,10 +280,7 @@ func TestReducerBalanceMeasuresCompute(t *testing.T) {
 			if err := c.Barrier(ctx); err != nil {
 				return err
 			}
-			ids := make([]int, global)
-			for j := range ids {
-				ids[j] = s*global + j
-			}
+			ids := stepSamples(s, global)
 			shares, _, _, err := balancedStep(ctx, c, red, g, ids)
 			if err != nil {
 				return err

@@ -160,6 +160,15 @@ func readElasticPyTorchJob(getenv func(string) string, e *launchEnv) error {
 		return fmt.Errorf("%s=%q: %w", envPETRdzvEndpoint, getenv(envPETRdzvEndpoint), err)
 	}
 	e.rendezvous, e.hostRendezvous = endpoint, true
+	return readPodPlace(getenv, e, func(name string) (int, string) {
+		return pods.index(name), fmt.Sprintf("is not a pod of %s=%s (want %s<i>)", envPETRdzvEndpoint, endpoint, pods.prefix+"-")
+	})
+}
+
+// readPodPlace reads an elastic PyTorchJob's size to start with (GORUN_SIZE,
+// else PET_NNODES's maximum) and the pod's index: PET_NODE_RANK, else
+// index of its name (HOSTNAME), which says why a name is none (-1).
+func readPodPlace(getenv func(string) string, e *launchEnv, index func(name string) (int, string)) error {
 	e.size = e.maxNP
 	if n, ok, err := intVar(getenv, EnvSize); err != nil {
 		return err
@@ -173,8 +182,11 @@ func readElasticPyTorchJob(getenv func(string) string, e *launchEnv) error {
 		return err
 	} else if ok {
 		e.rank = i
-	} else if e.rank = pods.index(getenv("HOSTNAME")); e.rank < 0 {
-		return fmt.Errorf("HOSTNAME=%q is not a pod of %s=%s (want %s<i>): set %s from the label training.kubeflow.org/replica-index", getenv("HOSTNAME"), envPETRdzvEndpoint, endpoint, pods.prefix+"-", envPETNodeRank)
+	} else {
+		var why string
+		if e.rank, why = index(getenv("HOSTNAME")); e.rank < 0 {
+			return fmt.Errorf("HOSTNAME=%q %s: set %s from the label training.kubeflow.org/replica-index", getenv("HOSTNAME"), why, envPETNodeRank)
+		}
 	}
 	if e.rank < 0 || e.rank >= e.size {
 		return fmt.Errorf("pod %d is not within the %d pods the job starts with (%s, else the maximum of %s)", e.rank, e.size, EnvSize, envPETNNodes)
@@ -186,31 +198,13 @@ func readElasticPyTorchJob(getenv func(string) string, e *launchEnv) error {
 // readEtcdPod reads a pod of an elastic PyTorchJob whose membership is
 // kept in etcd (rdzvBackend: etcd): its index is PET_NODE_RANK, else the
 // number that ends its name (<job>-worker-<i>); the job starts with
-// GORUN_SIZE pods, by default PET_NNODES's maximum. Pods 0 to 2 stand for
+// GORUN_SIZE pods, by default PET_NNODES's maximum. Pods 0 to 4 stand for
 // leader (etcdCandidate), and a replaced pod joins the running job
-// (Comm's rejoin).
+// (joinOrRejoin).
 func readEtcdPod(getenv func(string) string, e *launchEnv) error {
-	e.size = e.maxNP
-	if n, ok, err := intVar(getenv, EnvSize); err != nil {
-		return err
-	} else if ok {
-		e.size = n
-	}
-	if e.size < e.minNP || e.size > e.maxNP {
-		return fmt.Errorf("%s=%d pods to start with, but %s=%q allows %d to %d", EnvSize, e.size, envPETNNodes, getenv(envPETNNodes), e.minNP, e.maxNP)
-	}
-	if i, ok, err := intVar(getenv, envPETNodeRank); err != nil {
-		return err
-	} else if ok {
-		e.rank = i
-	} else if e.rank = podIndexOfName(getenv("HOSTNAME")); e.rank < 0 {
-		return fmt.Errorf("HOSTNAME=%q does not end in the pod's index (<job>-worker-<i>): set %s from the label training.kubeflow.org/replica-index", getenv("HOSTNAME"), envPETNodeRank)
-	}
-	if e.rank < 0 || e.rank >= e.size {
-		return fmt.Errorf("pod %d is not within the %d pods the job starts with (%s, else the maximum of %s)", e.rank, e.size, EnvSize, envPETNNodes)
-	}
-	e.elastic = true
-	return nil
+	return readPodPlace(getenv, e, func(name string) (int, string) {
+		return podIndexOfName(name), "does not end in the pod's index (<job>-worker-<i>)"
+	})
 }
 
 // podIndexOfName is the index that ends a pod's name (its first label),
