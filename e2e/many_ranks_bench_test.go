@@ -66,20 +66,29 @@ func BenchmarkManyRanksStart(b *testing.B) {
 
 var firstAllreduceDone = regexp.MustCompile(`rank (\d+) first allreduce done at (\d+)`)
 
-// manyRanksRun runs one job of np testprog ranks making two allreduces and
-// returns, in seconds, when the last rank's first allreduce returned and
-// when gorun exited, both from its launch.
+// manyRanksRun runs one job of np testprog ranks on this host making two
+// allreduces and returns, in seconds, when the last rank's first allreduce
+// returned and when gorun exited, both from its launch.
 func manyRanksRun(b *testing.B, np int) (start, total float64) {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, gorunBin, "-np", strconv.Itoa(np), testprogBin)
 	cmd.Env = append(os.Environ(), "TESTPROG_MODE=ok", "TESTPROG_ITERS=2", "TESTPROG_STAMP=1")
+	return manyRanksTimes(b, np, cmd)
+}
+
+// manyRanksTimes runs cmd, gorun with np testprog ranks making two
+// allreduces, checks that each was ok, and returns, in seconds, when the
+// last rank's first allreduce returned and when gorun exited, both from
+// its launch.
+func manyRanksTimes(b *testing.B, np int, cmd *exec.Cmd) (start, total float64) {
+	b.Helper()
 	var o, e syncBuf
 	cmd.Stdout, cmd.Stderr = &o, &e
 	launch := time.Now()
 	if err := cmd.Run(); err != nil {
-		b.Fatalf("gorun -np %d: %v\nstderr:\n%s", np, err, tail(e.String(), 40))
+		b.Fatalf("gorun with %d ranks: %v\nstderr:\n%s", np, err, tail(e.String(), 40))
 	}
 	total = time.Since(launch).Seconds()
 	ms := firstAllreduceDone.FindAllStringSubmatch(o.String(), -1)
@@ -91,7 +100,7 @@ func manyRanksRun(b *testing.B, np int) (start, total float64) {
 		last = max(last, at)
 	}
 	if len(seen) != np || strings.Count(o.String(), " ok") != np {
-		b.Fatalf("gorun -np %d: %d ranks reported their first allreduce, %d were ok; want %d\nstdout:\n%s", np, len(seen), strings.Count(o.String(), " ok"), np, tail(o.String(), 40))
+		b.Fatalf("gorun with %d ranks: %d ranks reported their first allreduce, %d were ok; want %d\nstdout:\n%s", np, len(seen), strings.Count(o.String(), " ok"), np, tail(o.String(), 40))
 	}
 	return time.Unix(0, last).Sub(launch).Seconds(), total
 }
