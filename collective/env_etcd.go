@@ -28,6 +28,11 @@ const (
 	// same, and a new run of a job a new one (the membership's log of a
 	// run stays under its id).
 	EnvRdzvID = "GORUN_RDZV_ID"
+	// EnvRdzvConf is torchrun's --rdzv-conf for an etcd cluster that
+	// serves TLS: "cacert=ca.pem,cert=client.pem,key=client-key.pem"
+	// (paths every process of the job can read; protocol=https with the
+	// system's roots). https:// endpoints also mean TLS.
+	EnvRdzvConf = "GORUN_RDZV_CONF"
 
 	// torchrun's PET_RDZV_* names: env_kubernetes_elastic.go.
 )
@@ -45,9 +50,9 @@ const minEtcdHeartbeat = 2 * time.Second
 // chose (GORUN_RDZV_REPLICA), or, without gorun, rank 0 and two more
 // (etcdCandidate).
 func readEtcd(getenv func(string) string, e *launchEnv) error {
-	backendVar, endpointsVar, idVar := EnvRdzvBackend, EnvRdzvEndpoints, EnvRdzvID
+	backendVar, endpointsVar, idVar, confVar := EnvRdzvBackend, EnvRdzvEndpoints, EnvRdzvID, EnvRdzvConf
 	if strings.TrimSpace(getenv(backendVar)) == "" && strings.TrimSpace(getenv(envPETRdzvBackend)) != "" {
-		backendVar, endpointsVar, idVar = envPETRdzvBackend, envPETRdzvEndpoint, envPETRdzvID
+		backendVar, endpointsVar, idVar, confVar = envPETRdzvBackend, envPETRdzvEndpoint, envPETRdzvID, envPETRdzvConf
 	}
 	backend := strings.TrimSpace(getenv(backendVar))
 	switch strings.ToLower(backend) {
@@ -60,9 +65,19 @@ func readEtcd(getenv func(string) string, e *launchEnv) error {
 			return nil
 		}
 	case "etcd", "etcd-v2":
-		endpoints, err := parseEtcdEndpoints(endpointsVar, getenv(endpointsVar))
+		endpoints, https, err := parseEtcdEndpoints(endpointsVar, getenv(endpointsVar))
 		if err != nil {
 			return err
+		}
+		tls, err := etcdlog.ParseConf(getenv(confVar))
+		if err != nil {
+			return fmt.Errorf("%s=%q: %v (write cacert=ca.pem,cert=client.pem,key=client-key.pem)", confVar, getenv(confVar), err)
+		}
+		if tls == nil && https {
+			tls = &etcdlog.TLS{} // the system's roots
+		}
+		if _, err := tls.Config(); err != nil {
+			return fmt.Errorf("%s=%q: %v", confVar, getenv(confVar), err)
 		}
 		id := strings.TrimSpace(getenv(idVar))
 		if etcdlog.CheckJob(id) != nil {
@@ -71,7 +86,7 @@ func readEtcd(getenv func(string) string, e *launchEnv) error {
 		if e.heartbeat != 0 && e.heartbeat < minEtcdHeartbeat {
 			return fmt.Errorf("%s=%v with %s=etcd: want 2s or more: a lost leader is replaced once its etcd lease (%v at least) expires, and the ranks look for the new one for 3 heartbeat bounds", EnvHeartbeatTimeout, e.heartbeat, backendVar, etcdlog.MinTTL)
 		}
-		e.etcd = &p2p.EtcdGroup{Endpoints: endpoints, RendezvousID: id}
+		e.etcd = &p2p.EtcdGroup{Endpoints: endpoints, RendezvousID: id, TLS: tls}
 		e.elastic = true
 		e.rendezvous, e.hostRendezvous = "", false
 		return nil
@@ -79,16 +94,17 @@ func readEtcd(getenv func(string) string, e *launchEnv) error {
 	return fmt.Errorf("%s=%q: want gorun (the rendezvous gorun or rank 0 hosts) or etcd (with %s and %s)", backendVar, backend, endpointsVar, idVar)
 }
 
-// parseEtcdEndpoints reads variable name's etcd addresses.
-func parseEtcdEndpoints(name, s string) ([]string, error) {
+// parseEtcdEndpoints reads variable name's etcd addresses, and whether
+// they are https://.
+func parseEtcdEndpoints(name, s string) ([]string, bool, error) {
 	if strings.TrimSpace(s) == "" {
-		return nil, fmt.Errorf("%s is not set: the etcd rendezvous needs the etcd cluster's client addresses (write %s=h1:2379,h2:2379,h3:2379)", name, name)
+		return nil, false, fmt.Errorf("%s is not set: the etcd rendezvous needs the etcd cluster's client addresses (write %s=h1:2379,h2:2379,h3:2379)", name, name)
 	}
-	out, err := etcdlog.ParseEndpoints(s)
+	out, https, err := etcdlog.ParseEndpoints(s)
 	if err != nil {
-		return nil, fmt.Errorf("%s=%q: %v (write h1:2379,h2:2379,h3:2379)", name, s, err)
+		return nil, false, fmt.Errorf("%s=%q: %v (write h1:2379,h2:2379,h3:2379)", name, s, err)
 	}
-	return out, nil
+	return out, https, nil
 }
 
 // etcdCandidate says whether this rank stands for leader of a job kept in

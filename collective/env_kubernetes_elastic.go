@@ -26,6 +26,7 @@ const (
 	envPETRdzvEndpoint = "PET_RDZV_ENDPOINT" // <job>-worker-0:<port> (or elasticPolicy.rdzvHost/rdzvPort)
 	envPETRdzvID       = "PET_RDZV_ID"       // elasticPolicy.rdzvId, the job's run id for torchrun
 	envPETMaxRestarts  = "PET_MAX_RESTARTS"  // elasticPolicy.maxRestarts
+	envPETRdzvConf     = "PET_RDZV_CONF"     // torchrun's --rdzv-conf: for etcd, protocol, cacert, cert, key
 	// torchRdzvPort is torchrun's port when --rdzv-endpoint names none.
 	torchRdzvPort = 29400
 )

@@ -89,7 +89,7 @@ func jobKeyFile(path string) ([]byte, error) {
 var gorunSets = []string{collective.EnvElastic, collective.EnvRank, collective.EnvSize, collective.EnvRendezvous,
 	collective.EnvJobKey, collective.EnvJobKeyFile, collective.EnvHeartbeatTimeout, collective.EnvRestartCount,
 	collective.EnvLocalRank, collective.EnvLocalSize, collective.EnvHost, EnvProcID,
-	collective.EnvRdzvBackend, collective.EnvRdzvEndpoints, collective.EnvRdzvID}
+	collective.EnvRdzvBackend, collective.EnvRdzvEndpoints, collective.EnvRdzvID, collective.EnvRdzvConf}
 
 // joinCommand is the shell command that starts a rank by hand as the job's
 // ranks are started: vars (gorun's GORUN_* for a joiner), then the job's

@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/membership/etcdlog"
 	"github.com/gorun/gorun/p2p"
 )
 
@@ -102,8 +103,24 @@ func (e *elasticRun) etcdEnv() []string {
 	if ec == nil {
 		return nil
 	}
-	return []string{collective.EnvRdzvBackend + "=etcd", collective.EnvRdzvEndpoints + "=" + strings.Join(ec.Endpoints, ","),
+	env := []string{collective.EnvRdzvBackend + "=etcd", collective.EnvRdzvEndpoints + "=" + strings.Join(ec.Endpoints, ","),
 		collective.EnvRdzvID + "=" + ec.RendezvousID}
+	if t := ec.TLS; t != nil {
+		// The ranks read the same files, at the same paths, on their hosts.
+		env = append(env, collective.EnvRdzvConf+"="+etcdConf(t))
+	}
+	return env
+}
+
+// etcdConf writes t as --rdzv-conf (GORUN_RDZV_CONF) reads it.
+func etcdConf(t *etcdlog.TLS) string {
+	conf := []string{"protocol=https"}
+	for _, kv := range [][2]string{{"cacert", t.CACert}, {"cert", t.Cert}, {"key", t.Key}} {
+		if kv[1] != "" {
+			conf = append(conf, kv[0]+"="+kv[1])
+		}
+	}
+	return strings.Join(conf, ",")
 }
 
 // replicaEnv is what every rank is told of the job's bounds, which the

@@ -36,6 +36,9 @@ type EtcdGroup struct {
 	// Observe: this replica never stands for leader; it only applies the
 	// log (with Reports, the launcher's: it says what happens).
 	Observe bool
+	// TLS, if set, is how to reach an etcd cluster that serves TLS (its
+	// files, which every process of the job reads).
+	TLS *etcdlog.TLS
 }
 
 // groupLog is the replicated log under a group: raft's
@@ -75,11 +78,15 @@ func (r *Rendezvous) startEtcdGroup(g *groupState) error {
 	ec := g.cfg.Etcd
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.Timeout)
 	defer cancel()
+	tlsCfg, err := ec.TLS.Config()
+	if err != nil {
+		return fmt.Errorf("rendezvous in etcd: %w", err)
+	}
 	r.cfg.Logf = r.asyncLogf(r.cfg.Logf)
 	// A replica killed is replaced once its session expires: within the
 	// heartbeat bound, as raft's election is, unless etcd's own election
 	// needs longer (MinTTL).
-	l, err := etcdlog.Start(ctx, etcdlog.Config{Endpoints: ec.Endpoints, Job: ec.RendezvousID, ID: g.cfg.ID, Addr: g.cfg.Advertise,
+	l, err := etcdlog.Start(ctx, etcdlog.Config{Endpoints: ec.Endpoints, TLS: tlsCfg, Job: ec.RendezvousID, ID: g.cfg.ID, Addr: g.cfg.Advertise,
 		Candidate: !ec.Observe, TTL: r.hb, CallTimeout: min(r.cfg.Timeout, max(r.hb, 5*time.Second)),
 		Membership: r.machineConfig(), Logf: r.cfg.Logf})
 	if err != nil {
@@ -134,5 +141,9 @@ func (r *Rendezvous) abandonGroup() {
 // leads the job's rendezvous in etcd (for Config.RendezvousReplica and
 // Rendezvous), waiting while none does, until ctx ends.
 func FindEtcdLeader(ctx context.Context, g EtcdGroup) (uint64, string, error) {
-	return etcdlog.FindLeader(ctx, g.Endpoints, g.RendezvousID)
+	tlsCfg, err := g.TLS.Config()
+	if err != nil {
+		return 0, "", err
+	}
+	return etcdlog.FindLeader(ctx, g.Endpoints, tlsCfg, g.RendezvousID)
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/internal/testenv/etcdtest"
+	"github.com/gorun/gorun/membership/etcdlog"
 )
 
 // Etcd: the membership kept in etcd (issue 28, item 3). These tests run a
@@ -33,7 +34,7 @@ func startEtcdJob(t *testing.T, c *etcdtest.Cluster, size int, hosts []int) *gro
 			Logf:    func(f string, a ...any) { j.log.logf("replica %d: "+f, append([]any{id}, a...)...) },
 			Elastic: &ElasticConfig{MinSize: 1, MaxSize: size, HeartbeatTimeout: j.hb},
 			Group: &GroupConfig{ID: id, Reports: id == 1,
-				Etcd: &EtcdGroup{Endpoints: c.Endpoints(), RendezvousID: rdzvID, Observe: id == 1}}}
+				Etcd: &EtcdGroup{Endpoints: c.Endpoints(), RendezvousID: rdzvID, Observe: id == 1, TLS: etcdTLS(c)}}}
 	}
 	first, err := StartRendezvous(ctx, rc(1))
 	if err != nil {
@@ -290,4 +291,43 @@ func TestEtcdUnreachableAtStart(t *testing.T) {
 	if took := time.Since(began); took > 10*time.Second {
 		t.Errorf("StartRendezvous took %v to fail, want about its 2s timeout", took)
 	}
+}
+
+// With an etcd cluster that serves TLS only and checks its clients'
+// certificates, the group keeps the membership there as over plain TCP
+// (the ranks train); a replica without the cluster's CA, or over plain
+// TCP, fails within its timeout, saying why.
+func TestEtcdTLS(t *testing.T) {
+	c := etcdtest.StartTLS(t)
+	j := startEtcdJob(t, c, 3, []int{0, 1})
+	params := make([]uint64, 3)
+	trainOK(t, j.nodes, []int{0, 1, 2}, params, 0, 5)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	noCA := *etcdTLS(c)
+	noCA.CACert = ""
+	_, err := StartRendezvous(ctx, RendezvousConfig{ListenAddr: "127.0.0.1:0", Size: 3, JobKey: j.key, Timeout: 5 * time.Second,
+		Elastic: &ElasticConfig{MinSize: 1, MaxSize: 3, HeartbeatTimeout: j.hb},
+		Group:   &GroupConfig{ID: ReplicaID(2), Etcd: &EtcdGroup{Endpoints: c.Endpoints(), RendezvousID: "job-no-ca", TLS: &noCA}}})
+	if err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("a replica without etcd's CA: %v; want an error about its certificate", err)
+	}
+	t.Logf("without the CA: %v", err)
+	_, err = StartRendezvous(ctx, RendezvousConfig{ListenAddr: "127.0.0.1:0", Size: 3, JobKey: j.key, Timeout: 5 * time.Second,
+		Elastic: &ElasticConfig{MinSize: 1, MaxSize: 3, HeartbeatTimeout: j.hb},
+		Group:   &GroupConfig{ID: ReplicaID(2), Etcd: &EtcdGroup{Endpoints: c.Endpoints(), RendezvousID: "job-plain"}}})
+	if err == nil || !strings.Contains(err.Error(), "serves TLS: give https:// endpoints") {
+		t.Fatalf("a replica over plain TCP: %v; want an error saying etcd serves TLS", err)
+	}
+	t.Logf("over plain TCP: %v", err)
+}
+
+// etcdTLS is how a client reaches cluster c (nil: plain TCP).
+func etcdTLS(c *etcdtest.Cluster) *etcdlog.TLS {
+	f := c.TLS()
+	if f == nil {
+		return nil
+	}
+	return &etcdlog.TLS{CACert: f.CACert, Cert: f.Cert, Key: f.Key}
 }

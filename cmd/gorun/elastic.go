@@ -150,6 +150,7 @@ func (f *runFlags) elastic(fl *pflag.FlagSet) (*launcher.Elastic, error) {
 			{"--rdzv-backend", fl.Changed("rdzv-backend")},
 			{"--rdzv-endpoints", fl.Changed("rdzv-endpoints")},
 			{"--rdzv-id", fl.Changed("rdzv-id")},
+			{"--rdzv-conf", fl.Changed("rdzv-conf")},
 		} {
 			if c.set {
 				return nil, fmt.Errorf("%s applies to elastic jobs only: make the job elastic with --min-np below -np (%d), --max-np above it, or --host-discovery-script", c.name, f.np)

@@ -22,7 +22,7 @@ var flagGroups = []struct {
 	{"Launch flags", []string{"help", "np", "env", "bind-to", "timeout", "start-timeout", "grace", "max-restarts", "config", "checkpoint-replicas"}},
 	{"Host flags", []string{"hosts", "hostfile", "launcher", "ssh-port", "ssh-identity-file", "network-interface"}},
 	{"Elastic flags", []string{"min-np", "max-np", "host-discovery-script", "discovery-interval", "elastic-timeout",
-		"heartbeat-timeout", "blacklist-cooldown", "job-key-file", "rdzv-replicas", "rdzv-backend", "rdzv-endpoints", "rdzv-id"}},
+		"heartbeat-timeout", "blacklist-cooldown", "job-key-file", "rdzv-replicas", "rdzv-backend", "rdzv-endpoints", "rdzv-id", "rdzv-conf"}},
 	{"Output flags", []string{"output-dir", "verbose", "timeline"}},
 }
 
@@ -285,7 +285,9 @@ next rank's replica leads once its lease expires (--heartbeat-timeout, at
 least 3s; the etcd backend needs --heartbeat-timeout 2s or more) and the
 job loses that rank only. An etcd member lost, short of the etcd cluster's
 majority: nothing. Every rank gets GORUN_RDZV_BACKEND, GORUN_RDZV_ENDPOINTS
-and GORUN_RDZV_ID, and finds the leader in etcd.
+and GORUN_RDZV_ID, and finds the leader in etcd. An etcd cluster that serves
+TLS: https:// endpoints, or --rdzv-conf cacert=ca.pem,cert=c.pem,key=k.pem
+(GORUN_RDZV_CONF; files at the same paths on every host).
 
 With --host-discovery-script, the script is run at start (its hosts replace
 -H; without -np, one rank per slot it lists, at most --max-np) and then every
@@ -357,6 +359,9 @@ Flags:
       The etcd cluster's client addresses (GORUN_RDZV_ENDPOINTS).
   --rdzv-id ID (default: a new one for each run)
       The job's name in etcd: its keys are under /gorun/ID/ (GORUN_RDZV_ID).
+  --rdzv-conf cacert=FILE,cert=FILE,key=FILE
+      etcd over TLS: its CA, and a client certificate if it checks clients
+      (GORUN_RDZV_CONF; torchrun's --rdzv-conf).
 
 Examples:
   gorun -np 4 --min-np 2 --max-np 6 ./train

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -29,7 +30,7 @@ const minEtcdHeartbeat = 2 * time.Second
 func (f *runFlags) checkRdzvBackend(fl *pflag.FlagSet) error {
 	switch f.rdzvBackend {
 	case "gorun":
-		for _, name := range []string{"rdzv-endpoints", "rdzv-id"} {
+		for _, name := range []string{"rdzv-endpoints", "rdzv-id", "rdzv-conf"} {
 			if fl.Changed(name) {
 				return fmt.Errorf("--%s applies to --rdzv-backend etcd only (the backend is gorun's rendezvous)", name)
 			}
@@ -46,8 +47,12 @@ func (f *runFlags) checkRdzvBackend(fl *pflag.FlagSet) error {
 		return fmt.Errorf("--rdzv-backend etcd needs --rdzv-endpoints, the etcd cluster's client addresses (write --rdzv-endpoints h1:2379,h2:2379,h3:2379)")
 	}
 	var err error
-	if f.etcdEndpoints, err = etcdlog.ParseEndpoints(f.rdzvEndpoints); err != nil {
+	var https bool
+	if f.etcdEndpoints, https, err = etcdlog.ParseEndpoints(f.rdzvEndpoints); err != nil {
 		return fmt.Errorf("--rdzv-endpoints %q: %v (write h1:2379,h2:2379,h3:2379)", f.rdzvEndpoints, err)
+	}
+	if f.etcdTLS, err = readRdzvConf(f.rdzvConf, https); err != nil {
+		return err
 	}
 	if fl.Changed("rdzv-id") {
 		if err := etcdlog.CheckJob(f.rdzvID); err != nil {
@@ -55,6 +60,34 @@ func (f *runFlags) checkRdzvBackend(fl *pflag.FlagSet) error {
 		}
 	}
 	return nil
+}
+
+// readRdzvConf reads --rdzv-conf (torchrun's: protocol, cacert, cert,
+// key) for an etcd cluster that serves TLS, or https:// endpoints alone
+// (the system's roots). The files' paths become absolute: the ranks read
+// them where they run, perhaps in another directory.
+func readRdzvConf(conf string, https bool) (*etcdlog.TLS, error) {
+	t, err := etcdlog.ParseConf(conf)
+	if err != nil {
+		return nil, fmt.Errorf("--rdzv-conf %q: %v (write cacert=ca.pem,cert=client.pem,key=client-key.pem)", conf, err)
+	}
+	if t == nil {
+		if !https {
+			return nil, nil
+		}
+		t = &etcdlog.TLS{}
+	}
+	for _, p := range []*string{&t.CACert, &t.Cert, &t.Key} {
+		if *p != "" {
+			if *p, err = filepath.Abs(*p); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if _, err := t.Config(); err != nil {
+		return nil, fmt.Errorf("--rdzv-conf %q: %v", conf, err)
+	}
+	return t, nil
 }
 
 // etcdGroup is the job's etcd backend (nil: gorun's). Without --rdzv-id,
@@ -71,5 +104,5 @@ func (f *runFlags) etcdGroup() (*p2p.EtcdGroup, error) {
 		}
 		id = "gorun-" + hex.EncodeToString(b)
 	}
-	return &p2p.EtcdGroup{Endpoints: f.etcdEndpoints, RendezvousID: id}, nil
+	return &p2p.EtcdGroup{Endpoints: f.etcdEndpoints, RendezvousID: id, TLS: f.etcdTLS}, nil
 }

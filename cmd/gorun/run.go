@@ -20,6 +20,7 @@ import (
 	"github.com/gorun/gorun/checkpoint"
 	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/launcher"
+	"github.com/gorun/gorun/membership/etcdlog"
 )
 
 type runFlags struct {
@@ -61,6 +62,8 @@ type runFlags struct {
 	rdzvEndpoints     string
 	rdzvID            string
 	etcdEndpoints     []string // --rdzv-endpoints, read
+	rdzvConf          string
+	etcdTLS           *etcdlog.TLS // --rdzv-conf (or https:// endpoints), read
 	cooldown          string
 }
 
@@ -75,9 +78,8 @@ func newRootCmd() *cobra.Command {
 		Short: "Launch a data-parallel job: N ranks of PROGRAM, on one host or many, that meet over libp2p",
 		// gorun --help is one page: these few lines, the examples, and
 		// the flags in groups (help.go); the manual is in help topics.
-		Long: `gorun runs a data-parallel job: N ranks of PROGRAM, here or on many hosts (ssh,
-or srun under Slurm). It hosts the rendezvous, gives each rank its identity in
-GORUN_* variables, prefixes its output, stops all if one fails (unless elastic).`,
+		Long: `gorun runs N ranks of PROGRAM here or on many hosts (ssh, srun): it hosts their
+rendezvous, names each in GORUN_* variables, and stops all when one fails.`,
 		Example: `  gorun -np 4 ./train --epochs 10               # 4 ranks on this host
   gorun -H node1:4,node2:4 /shared/bin/train    # 8 ranks on two hosts, over ssh
   gorun -np 4 --min-np 2 ./train                # elastic: goes on with 2 to 4 ranks
@@ -141,6 +143,7 @@ GORUN_* variables, prefixes its output, stops all if one fails (unless elastic).
 	fl.StringVar(&f.rdzvBackend, "rdzv-backend", "gorun", "keep the membership in `BACKEND`: gorun (its rendezvous) or etcd")
 	fl.StringVar(&f.rdzvEndpoints, "rdzv-endpoints", "", "the etcd cluster's client addresses, `HOST:PORT,...`")
 	fl.StringVar(&f.rdzvID, "rdzv-id", "", "the job's `ID` in etcd (default: a new one for each run)")
+	fl.StringVar(&f.rdzvConf, "rdzv-conf", "", "etcd over TLS: `cacert=FILE,cert=FILE,key=FILE`")
 
 	fl.StringVar(&f.outputDir, "output-dir", "", "also write each rank's output to `DIR`/rank.N/{stdout,stderr}")
 	fl.BoolVar(&f.verbose, "verbose", false, "say what gorun does: hosts, addresses, rendezvous, stops")

@@ -12,28 +12,33 @@ import (
 // rendezvous id.
 
 // ParseEndpoints reads etcd client addresses, "h1:2379,h2:2379" (an
-// http:// before each is allowed, as etcdctl writes them).
-func ParseEndpoints(s string) ([]string, error) {
-	var out []string
+// http:// or https:// before each is allowed, as etcdctl writes them),
+// and says whether they are https:// (every one or none).
+func ParseEndpoints(s string) (addrs []string, https bool, err error) {
+	var schemes []string
 	for _, f := range strings.Split(s, ",") {
 		f = strings.TrimSpace(f)
 		if f == "" {
 			continue
 		}
-		if strings.HasPrefix(f, "https://") {
-			return nil, fmt.Errorf("%s: etcd over TLS is not supported; give the plain client addresses (host:port)", f)
+		hp, secure := strings.CutPrefix(f, "https://")
+		if !secure {
+			hp = strings.TrimPrefix(f, "http://")
 		}
-		hp := strings.TrimPrefix(f, "http://")
+		if len(addrs) > 0 && secure != https {
+			return nil, false, fmt.Errorf("%s and %s: every address https://, or none", schemes[0], f)
+		}
+		https = secure
 		host, port, err := net.SplitHostPort(hp)
 		if p, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || p < 1 || p > 65535 {
-			return nil, fmt.Errorf("%q is not host:port", f)
+			return nil, false, fmt.Errorf("%q is not host:port", f)
 		}
-		out = append(out, hp)
+		addrs, schemes = append(addrs, hp), append(schemes, f)
 	}
-	if len(out) == 0 {
-		return nil, errors.New("no etcd address")
+	if len(addrs) == 0 {
+		return nil, false, errors.New("no etcd address")
 	}
-	return out, nil
+	return addrs, https, nil
 }
 
 // CheckJob says what is wrong with a rendezvous id (nil: nothing): its

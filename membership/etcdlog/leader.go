@@ -2,6 +2,7 @@ package etcdlog
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"strconv"
 	"strings"
@@ -13,10 +14,11 @@ import (
 
 // FindLeader returns the id and address of the replica that leads job's
 // membership, waiting (until ctx ends) while none does: a process that
-// joins needs only the etcd endpoints and the job's rendezvous id.
-func FindLeader(ctx context.Context, endpoints []string, job string) (uint64, string, error) {
+// joins needs only the etcd endpoints (tlsCfg: how to reach them, nil
+// for plain TCP) and the job's rendezvous id.
+func FindLeader(ctx context.Context, endpoints []string, tlsCfg *tls.Config, job string) (uint64, string, error) {
 	where := strings.Join(endpoints, ",")
-	client, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	client, err := clientv3.New(clientv3.Config{Endpoints: endpoints, TLS: tlsCfg, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return 0, "", fmt.Errorf("etcd at %s: %w", where, err)
 	}
@@ -42,6 +44,9 @@ func FindLeader(ctx context.Context, endpoints []string, job string) (uint64, st
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			if why := tlsProblem(endpoints, tlsCfg); why != nil {
+				last = why
+			}
 			return 0, "", fmt.Errorf("etcd at %s: no leader of rendezvous %q found: %w (last: %v)", where, job, context.Cause(ctx), last)
 		case <-t.C:
 		}

@@ -2,6 +2,7 @@ package etcdlog
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"maps"
@@ -34,6 +35,8 @@ type Config struct {
 	// word to etcd: a leader killed is replaced after it. It is rounded
 	// up to whole seconds, and to at least MinTTL.
 	TTL time.Duration
+	// TLS, if set, is how to reach a cluster that serves TLS.
+	TLS *tls.Config
 	// CallTimeout bounds each etcd call; 0 = 5 s.
 	CallTimeout time.Duration
 	Membership  membership.Config
@@ -138,7 +141,7 @@ func Start(ctx context.Context, cfg Config) (*Log, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
-	client, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: cfg.CallTimeout,
+	client, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: cfg.CallTimeout, TLS: cfg.TLS,
 		DialKeepAliveTime: cfg.CallTimeout, DialKeepAliveTimeout: cfg.CallTimeout, Logger: zap.NewNop()})
 	if err != nil {
 		return nil, fmt.Errorf("etcdlog: etcd at %s: %w", strings.Join(cfg.Endpoints, ","), err)
@@ -157,6 +160,9 @@ func Start(ctx context.Context, cfg Config) (*Log, error) {
 	resp, err := client.Get(gctx, l.pfx, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
 	gcancel()
 	if err != nil {
+		if why := tlsProblem(cfg.Endpoints, cfg.TLS); why != nil {
+			err = why
+		}
 		return fail(fmt.Errorf("could not read the job's keys within %v: %w", cfg.CallTimeout, err))
 	}
 	for _, kv := range resp.Kvs {

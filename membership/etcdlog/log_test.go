@@ -275,7 +275,7 @@ func TestEtcdLogUnreachable(t *testing.T) {
 func TestEtcdLogFindLeader(t *testing.T) {
 	c := etcdtest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	_, _, err := FindLeader(ctx, c.Endpoints(), "find")
+	_, _, err := FindLeader(ctx, c.Endpoints(), nil, "find")
 	cancel()
 	if err == nil || !strings.Contains(err.Error(), "no leader of rendezvous \"find\"") {
 		t.Fatalf("FindLeader with no candidate: %v", err)
@@ -284,7 +284,7 @@ func TestEtcdLogFindLeader(t *testing.T) {
 	l := leader(t, ds)
 	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	id, addr, err := FindLeader(ctx, c.Endpoints(), "find")
+	id, addr, err := FindLeader(ctx, c.Endpoints(), nil, "find")
 	if err != nil || id != l.l.ID() || addr != l.l.cfg.Addr {
 		t.Fatalf("FindLeader: %d %q %v, want %d %q", id, addr, err, l.l.ID(), l.l.cfg.Addr)
 	}

@@ -12,6 +12,8 @@ package etcdtest
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -44,6 +46,7 @@ type Cluster struct {
 	root    string
 	members []*member
 	client  *clientv3.Client // for the harness' own status queries
+	tls     *TLSFiles        // StartTLS's client files; nil: plain TCP
 }
 
 type member struct {
@@ -65,10 +68,35 @@ func Bin() string { return tool.Find("etcd", false) }
 // Start runs a cluster of Members members on free loopback ports and waits
 // (at most 30 s) until it has a leader and every member answers. It skips
 // the test if etcd is not installed, unless CI=true, where it fails it.
-func Start(t testing.TB) *Cluster {
+func Start(t testing.TB) *Cluster { return start(t, false) }
+
+// StartTLS runs a cluster as Start does, that serves its clients over TLS
+// only and checks their certificates (--client-cert-auth), with a CA, a
+// certificate for its members and one for its clients made for the test
+// (TLS says where they are).
+func StartTLS(t testing.TB) *Cluster { return start(t, true) }
+
+// TLSFiles are the PEM files a client of a StartTLS cluster needs.
+type TLSFiles struct{ CACert, Cert, Key string }
+
+// TLS is how a client reaches a StartTLS cluster (nil for Start's).
+func (c *Cluster) TLS() *TLSFiles { return c.tls }
+
+func start(t testing.TB, secure bool) *Cluster {
 	t.Helper()
 	bin := tool.Require(t, Bin(), "etcd not found in PATH or $(go env GOPATH)/bin: install Debian's etcd-server (`apt-get install etcd-server`; .ci/run does) or `go install go.etcd.io/etcd/server/v3@v3.7.3`")
 	c := &Cluster{t: t, bin: bin, root: t.TempDir()}
+	scheme := "http://"
+	var serverArgs []string
+	if secure {
+		files, err := writeCerts(c.root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.tls = &TLSFiles{CACert: files.ca, Cert: files.client, Key: files.clientKey}
+		scheme = "https://"
+		serverArgs = []string{"--cert-file", files.server, "--key-file", files.serverKey, "--client-cert-auth", "--trusted-ca-file", files.ca}
+	}
 	var initial []string
 	for i := range Members {
 		m := &member{name: fmt.Sprintf("m%d", i), dir: filepath.Join(c.root, fmt.Sprintf("m%d", i)),
@@ -78,11 +106,12 @@ func Start(t testing.TB) *Cluster {
 	}
 	for _, m := range c.members {
 		m.args = []string{"--name", m.name, "--data-dir", filepath.Join(m.dir, "data"),
-			"--listen-client-urls", "http://" + m.clientAddr, "--advertise-client-urls", "http://" + m.clientAddr,
+			"--listen-client-urls", scheme + m.clientAddr, "--advertise-client-urls", scheme + m.clientAddr,
 			"--listen-peer-urls", "http://" + m.peerAddr, "--initial-advertise-peer-urls", "http://" + m.peerAddr,
 			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
 			"--initial-cluster-token", "etcdtest-" + filepath.Base(c.root),
 			"--logger", "zap", "--log-outputs", filepath.Join(m.dir, "etcd.log")}
+		m.args = append(m.args, serverArgs...)
 		if err := os.MkdirAll(m.dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +122,7 @@ func Start(t testing.TB) *Cluster {
 			t.Fatal(err)
 		}
 	}
-	cl, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: quietZap()})
+	cl, err := c.newClient()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,12 +216,31 @@ func (c *Cluster) Endpoints() []string {
 // Client returns a new client of the cluster, closed when the test ends.
 func (c *Cluster) Client() *clientv3.Client {
 	c.t.Helper()
-	cl, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: quietZap()})
+	cl, err := c.newClient()
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	c.t.Cleanup(func() { cl.Close() })
 	return cl
+}
+
+// newClient is a client of the cluster, over TLS for StartTLS's.
+func (c *Cluster) newClient() (*clientv3.Client, error) {
+	var tlsCfg *tls.Config
+	if c.tls != nil {
+		pair, err := tls.LoadX509KeyPair(c.tls.Cert, c.tls.Key)
+		if err != nil {
+			return nil, err
+		}
+		ca, err := os.ReadFile(c.tls.CACert)
+		if err != nil {
+			return nil, err
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(ca)
+		tlsCfg = &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}}
+	}
+	return clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), TLS: tlsCfg, DialTimeout: 5 * time.Second, Logger: quietZap()})
 }
 
 // PID is member i's process id (0: not running).
