@@ -54,6 +54,7 @@ type Comm struct {
 	leaveWhy        atomic.Pointer[string] // elastic: RequestLeave's reason, until the rank left
 	chunkBytes      int
 	allreducePolicy ring.AllreducePolicy // GORUN_ALLREDUCE_ALGORITHMS
+	links           *AgreedLinks         // measured at start, agreed by every rank (nil: one host, or elastic)
 	phase           func(ring.Call, string, time.Time, time.Time)
 	drained         chan struct{} // cap 1: the worker's queue became empty
 
@@ -482,10 +483,24 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		if c.node != nil {
 			hosts = hostIndices(c.node.Peers())
 		}
-		rg, err := ring.New(ring.Config{Rank: cfg.rank, Size: cfg.size, ChunkBytes: cfg.chunkBytes, Phase: c.phase,
-			Hosts: hosts, Allreduce: c.allreducePolicy}, transport)
+		rc := ring.Config{Rank: cfg.rank, Size: cfg.size, ChunkBytes: cfg.chunkBytes, Phase: c.phase,
+			Hosts: hosts, Allreduce: c.allreducePolicy}
+		if mesh, ok := transport.(ring.Mesh); ok && spansHosts(hosts) {
+			mctx, cancel := context.WithTimeout(ctx, cfg.timeout)
+			links, err := measureLinks(mctx, mesh, cfg.rank, cfg.size, hosts, c.compression.cfg.codec)
+			cancel()
+			if err != nil {
+				return nil, fmt.Errorf("gorun: rank %d: %w", cfg.rank, err)
+			}
+			c.links, rc.Links = &links, &links.Links
+			c.compression.adoptLinks(links, cfg.size, hosts, cfg.chunkBytes)
+		}
+		rg, err := ring.New(rc, transport)
 		if err != nil {
 			return nil, fmt.Errorf("gorun: %w", err)
+		}
+		if c.links != nil && cfg.rank == 0 {
+			c.logf("gorun: rank 0: %s", c.policyReport(rg))
 		}
 		c.view.Store(&commView{rank: cfg.rank, size: cfg.size, ring: rg, ctx: context.Background()})
 	}

@@ -41,6 +41,10 @@ type compressionConfig struct {
 	threshold  int
 	noFeedback bool
 	set        bool // threshold set by an option
+	// byDefault: neither an option nor the environment set the
+	// threshold, so a job across hosts may take it from its links
+	// (adoptLinks).
+	byDefault bool
 }
 
 // WithCompression compresses this Comm's eligible allreduces with codec,
@@ -117,8 +121,9 @@ func newCompressionState(cfg compressionConfig, getenv func(string) string) (*co
 		}
 	}
 	if !cfg.set {
-		cfg.threshold = DefaultCompressionThreshold
+		cfg.threshold, cfg.byDefault = DefaultCompressionThreshold, true
 		if s := getenv(EnvCompressionThreshold); s != "" {
+			cfg.byDefault = false
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 0 {
 				return nil, fmt.Errorf("%s=%q is not a byte count", EnvCompressionThreshold, s)

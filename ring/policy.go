@@ -3,6 +3,7 @@ package ring
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -258,7 +259,7 @@ func defaultRules(size int, mesh, oneHost bool) []AllreduceRule {
 // the transport (see AllreducePolicy). A compressed allreduce
 // (AllreduceCompressed) has its own schedule and ignores it.
 func (r *Ring) AllreduceAlgorithm(bytes int) Algorithm {
-	if r.policy.IsDefault() && r.preferHierarchical(bytes) {
+	if r.policy.IsDefault() && !r.linkModel && r.preferHierarchical(bytes) {
 		return AlgoHierarchical
 	}
 	a, ok := r.policy.pick(bytes)
@@ -286,6 +287,15 @@ func oneHost(hosts []int) bool {
 
 // AllreducePolicy returns the ring's policy (Config.Allreduce).
 func (r *Ring) AllreducePolicy() AllreducePolicy { return r.policy }
+
+// DefaultAllreducePolicy returns what the zero policy runs on this ring,
+// and whether it comes from Config.Links (CrossHostPolicy) rather than
+// the measured defaults. Where it does not, the hierarchical schedule
+// also runs from HierarchicalMinBytes on a layout that allows it
+// (preferHierarchical), which the rules returned do not show.
+func (r *Ring) DefaultAllreducePolicy() (AllreducePolicy, bool) {
+	return AllreducePolicy{Rules: slices.Clone(r.defaults)}, r.linkModel
+}
 
 // defaultAlgorithm is what the zero policy picks for bytes on this ring.
 func (r *Ring) defaultAlgorithm(bytes int) Algorithm {

@@ -76,6 +76,11 @@ type Config struct {
 	// measured default for the ring's size and transport. Every rank must
 	// use the same policy: the algorithm is part of the call fingerprint.
 	Allreduce AllreducePolicy
+	// Links, if set, is the agreed model of the job's links: where Hosts
+	// spans several hosts and the transport is a Mesh, the zero policy is
+	// then the one CrossHostPolicy derives from it instead of the
+	// measured defaults. Every rank must be given the same Links.
+	Links *Links
 }
 
 // Ring runs collectives over a Transport connecting Rank to Rank+1 (send)
@@ -98,6 +103,7 @@ type Ring struct {
 	phase      func(Call, string, time.Time, time.Time)
 	hosts      []int           // Config.Hosts
 	defaults   []AllreduceRule // defaultRules for this ring: what the zero policy picks from
+	linkModel  bool            // defaults come from Config.Links (CrossHostPolicy)
 	// What the transport offers besides Transport (nil if not), asked
 	// once in New rather than on every step or chunk.
 	view     ViewReceiver
@@ -181,6 +187,11 @@ func New(cfg Config, t Transport) (*Ring, error) {
 		first:      make(chan struct{}, 1),
 	}
 	r.defaults = defaultRules(r.size, mesh != nil, oneHost(r.hosts))
+	if cfg.Links != nil && mesh != nil {
+		if p, ok := CrossHostPolicy(r.size, r.hosts, *cfg.Links, cb); ok {
+			r.defaults, r.linkModel = p.Rules, true
+		}
+	}
 	r.view, _ = t.(ViewReceiver)
 	r.linkBufs, _ = t.(LinkBuffers)
 	r.grouped, _ = t.(GroupedSteps)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/ring"
 )
 
 // Result is one line of the report; the JSON field names are part of
@@ -159,7 +160,9 @@ func Run(ctx context.Context, comm *collective.Comm, o Options, asJSON bool, w i
 		if o.Compression != "" {
 			fmt.Fprintf(w, ", compression %s", o.Compression)
 		}
-		fmt.Fprintf(w, "\n%12s %9s %8s %12s %12s %12s %8s", "bytes", "size", "iters", "time_us", "algbw_GB/s", "busbw_GB/s", "correct")
+		fmt.Fprintln(w)
+		writeLinks(w, comm, o)
+		fmt.Fprintf(w, "%12s %9s %8s %12s %12s %12s %8s", "bytes", "size", "iters", "time_us", "algbw_GB/s", "busbw_GB/s", "correct")
 		if o.Compression != "" {
 			fmt.Fprintf(w, " %12s %8s %10s  %s", "wire_bytes", "ratio", "rel_error", "codec")
 		} else {
@@ -432,4 +435,51 @@ func (c *benchCase) relError(it int) float64 {
 		return math.Sqrt(sq)
 	}
 	return math.Sqrt(sq / ref)
+}
+
+// writeLinks writes, as comment lines above the table, what the ranks
+// measured their links to be and the allreduce policy and compression
+// threshold they chose from them (a job on one host does not measure
+// them, and runs the measured defaults).
+func writeLinks(w io.Writer, comm *collective.Comm, o Options) {
+	if comm.Size() < 2 {
+		return
+	}
+	if l, ok := comm.Links(); ok {
+		if l.Probed[0] > 0 {
+			fmt.Fprintf(w, "# links within hosts: latency %v, %s/s (%d measured)\n", l.Local.Latency.Round(100*time.Nanosecond), rate(l.Local.BytesPerSecond), l.Probed[0])
+		}
+		fmt.Fprintf(w, "# links between hosts: latency %v, %s/s (%d measured)\n", l.Cross.Latency.Round(100*time.Nanosecond), rate(l.Cross.BytesPerSecond), l.Probed[1])
+		fmt.Fprintf(w, "# reduce %s/s per core", rate(l.ReduceBytesPerSecond))
+		if l.CodecBytesPerSecond > 0 {
+			fmt.Fprintf(w, ", %s coding %s/s", o.Compression, rate(l.CodecBytesPerSecond))
+		}
+		fmt.Fprintf(w, "; measuring took %v\n", l.Took.Round(10*time.Microsecond))
+	} else {
+		fmt.Fprintf(w, "# links: one host, not measured\n")
+	}
+	if o.Op == "allreduce" {
+		fmt.Fprintf(w, "# allreduce policy: %s\n", comm.AllreducePolicy())
+		if o.Compression != "" {
+			fmt.Fprintf(w, "# %s compression from %s\n", o.Compression, thresholdSize(comm.CompressionThreshold()))
+		}
+	}
+}
+
+// rate writes bytes a second in decimal units, as link speeds go.
+func rate(bps int64) string {
+	switch {
+	case bps >= 1e9:
+		return fmt.Sprintf("%.2f GB", float64(bps)/1e9)
+	case bps >= 1e6:
+		return fmt.Sprintf("%.1f MB", float64(bps)/1e6)
+	}
+	return fmt.Sprintf("%d B", bps)
+}
+
+func thresholdSize(n int) string {
+	if n == ring.NoLimit {
+		return "no size up to 1 GiB"
+	}
+	return humanSize(n)
 }

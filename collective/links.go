@@ -1,0 +1,429 @@
+package collective
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/gorun/gorun/compress"
+	"github.com/gorun/gorun/ring"
+)
+
+// Measuring the links at start, for the allreduce policy of a job across
+// hosts (ring.CrossHostPolicy).
+//
+// Right after the data plane connected every link, and before the first
+// collective, ranks probe the links between ring neighbours, in at most
+// three phases so that no rank takes part in two probes at once: each pair
+// (r, r+1) with r even, then with r odd, then the pair (N-1, 0). In a probe
+// the lower end of the pair sends probeRoundTrips small messages that the
+// other echoes (α: half the median round trip, the real data path with its
+// framing, system calls and wake-ups), then one bulk transfer of
+// probeBulkBytes that the other acknowledges (bandwidth: the bytes over
+// the transfer's time less one round trip). Every rank also times its
+// reduction of float32 bytes, and, if it compresses, its codec.
+//
+// Every rank sends what it measured to rank 0, which takes the median of
+// each link class (within a host, between hosts) and of the cores, and
+// sends the result, encoded, back to every rank: all ranks then hold the
+// same numbers, and derive the same policy from them, while their own
+// clocks would have told each a different story.
+//
+// Refining the numbers from the collectives' own timings (as Horovod's
+// autotune does) would have to go through the same agreement, at a step
+// every rank takes at once; it is not done: the start measurement is what
+// the policy comes from for the life of the job.
+
+const (
+	probeRoundTrips = 5
+	// probeBulkBytes is large enough that a link's bandwidth, not its
+	// latency or a shaper's burst of a few hundred KB, sets its time, and
+	// small enough to cost a few ms at 10 Gbit/s (32 ms at 1 Gbit/s).
+	probeBulkBytes = 4 << 20
+	// probeReduceBytes is the buffer the cores' rates are timed on: a few
+	// times a chunk, out of L1 and L2 as a collective's buffers are.
+	probeReduceBytes = 1 << 20
+)
+
+// linkSample is one rank's measurements: its probe of its link to the next
+// rank (class -1: none) and its cores.
+type linkSample struct {
+	class         int   // 0: within a host, 1: between hosts, -1: not measured
+	latencyNanos  int64 // half a round trip
+	bytesPerSec   int64
+	reducePerSec  int64
+	codecPerSec   int64 // 0: no codec
+	probeDuration int64 // ns the probes took on this rank
+}
+
+const linkSampleBytes = 6 * 8
+
+func (s linkSample) encode() []byte {
+	b := make([]byte, linkSampleBytes)
+	for i, v := range []int64{int64(s.class), s.latencyNanos, s.bytesPerSec, s.reducePerSec, s.codecPerSec, s.probeDuration} {
+		binary.LittleEndian.PutUint64(b[8*i:], uint64(v))
+	}
+	return b
+}
+
+func decodeLinkSample(b []byte) linkSample {
+	v := func(i int) int64 { return int64(binary.LittleEndian.Uint64(b[8*i:])) }
+	return linkSample{class: int(v(0)), latencyNanos: v(1), bytesPerSec: v(2), reducePerSec: v(3), codecPerSec: v(4), probeDuration: v(5)}
+}
+
+// AgreedLinks is what the ranks of a job agreed their links and cores
+// are, from the measurements at start: the model the allreduce policy
+// comes from.
+type AgreedLinks struct {
+	ring.Links
+	// CodecBytesPerSecond is how fast a core codes a compressed
+	// allreduce's float32 bytes (0: the Comm does not compress).
+	CodecBytesPerSecond int64
+	// Probed is how many links of each class (within a host, between
+	// hosts) were measured; Took the longest time a rank spent probing.
+	Probed [2]int
+	Took   time.Duration
+}
+
+const agreedLinksBytes = 10 * 8
+
+func (a AgreedLinks) encode() []byte {
+	b := make([]byte, agreedLinksBytes)
+	for i, v := range []int64{int64(a.Local.Latency), a.Local.BytesPerSecond, int64(a.Cross.Latency), a.Cross.BytesPerSecond,
+		a.ReduceBytesPerSecond, a.CodecBytesPerSecond, int64(a.Probed[0]), int64(a.Probed[1]), int64(a.Took), 0} {
+		binary.LittleEndian.PutUint64(b[8*i:], uint64(v))
+	}
+	return b
+}
+
+func decodeAgreedLinks(b []byte) AgreedLinks {
+	v := func(i int) int64 { return int64(binary.LittleEndian.Uint64(b[8*i:])) }
+	var a AgreedLinks
+	a.Local = ring.LinkCost{Latency: time.Duration(v(0)), BytesPerSecond: v(1)}
+	a.Cross = ring.LinkCost{Latency: time.Duration(v(2)), BytesPerSecond: v(3)}
+	a.ReduceBytesPerSecond, a.CodecBytesPerSecond = v(4), v(5)
+	a.Probed = [2]int{int(v(6)), int(v(7))}
+	a.Took = time.Duration(v(8))
+	return a
+}
+
+func (a AgreedLinks) String() string {
+	s := fmt.Sprintf("%d links within hosts: %v; %d between hosts: %v; reduce %s/s", a.Probed[0], a.Local, a.Probed[1], a.Cross, rateString(a.ReduceBytesPerSecond))
+	if a.CodecBytesPerSecond > 0 {
+		s += fmt.Sprintf("; codec %s/s", rateString(a.CodecBytesPerSecond))
+	}
+	return s + fmt.Sprintf("; probing took %v", a.Took.Round(10*time.Microsecond))
+}
+
+func rateString(bps int64) string {
+	if bps >= 1e9 {
+		return fmt.Sprintf("%.2f GB", float64(bps)/1e9)
+	}
+	return fmt.Sprintf("%.1f MB", float64(bps)/1e6)
+}
+
+// agreeLinks combines every rank's sample (samples[r] is rank r's) into
+// the numbers every rank uses: per class, the median over the links
+// probed; for the cores, the median over the ranks. It is a function of
+// the samples alone, so every rank given them computes the same result.
+func agreeLinks(samples []linkSample) AgreedLinks {
+	var a AgreedLinks
+	var lat, bw [2][]int64
+	var red, codec []int64
+	for _, s := range samples {
+		if s.class == 0 || s.class == 1 {
+			lat[s.class] = append(lat[s.class], s.latencyNanos)
+			bw[s.class] = append(bw[s.class], s.bytesPerSec)
+		}
+		red = append(red, s.reducePerSec)
+		if s.codecPerSec > 0 {
+			codec = append(codec, s.codecPerSec)
+		}
+		a.Took = max(a.Took, time.Duration(s.probeDuration))
+	}
+	for c := range 2 {
+		a.Probed[c] = len(lat[c])
+		if len(lat[c]) > 0 {
+			cost := ring.LinkCost{Latency: time.Duration(median(lat[c])), BytesPerSecond: median(bw[c])}
+			if c == 0 {
+				a.Local = cost
+			} else {
+				a.Cross = cost
+			}
+		}
+	}
+	a.ReduceBytesPerSecond = median(red)
+	if len(codec) == len(samples) {
+		a.CodecBytesPerSecond = median(codec)
+	}
+	return a
+}
+
+// median is the lower median of v (0 for none).
+func median(v []int64) int64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[(len(s)-1)/2]
+}
+
+// probePartners returns, for each probe phase, the rank this one probes
+// (it is the lower end: it measures) or answers (-1: idle), and whether it
+// is the prober.
+func probePartners(rank, size int) (partner [3]int, prober [3]bool) {
+	partner = [3]int{-1, -1, -1}
+	if size < 2 {
+		return
+	}
+	for phase := range 2 {
+		switch {
+		case rank%2 == phase && rank+1 < size:
+			partner[phase], prober[phase] = rank+1, true
+		case rank%2 != phase && rank > 0 && (rank-1)%2 == phase:
+			partner[phase] = rank - 1
+		}
+	}
+	if size > 2 {
+		switch rank {
+		case size - 1:
+			partner[2], prober[2] = 0, true
+		case 0:
+			partner[2] = size - 1
+		}
+	}
+	return
+}
+
+// measureLinks probes this rank's links (see above), times its cores, and
+// returns what every rank agreed, within ctx. codec is the Comm's codec
+// (nil: none).
+func measureLinks(ctx context.Context, mesh ring.Mesh, rank, size int, hosts []int, codec compress.Codec) (AgreedLinks, error) {
+	start := time.Now()
+	mine := linkSample{class: -1}
+	partner, prober := probePartners(rank, size)
+	for phase, peer := range partner {
+		if peer < 0 {
+			continue
+		}
+		if !prober[phase] {
+			if err := answerProbe(ctx, mesh, peer); err != nil {
+				return AgreedLinks{}, fmt.Errorf("measuring the link to rank %d: %w", peer, err)
+			}
+			continue
+		}
+		lat, bps, err := probeLink(ctx, mesh, peer)
+		if err != nil {
+			return AgreedLinks{}, fmt.Errorf("measuring the link to rank %d: %w", peer, err)
+		}
+		if mine.class < 0 {
+			// A rank probes at most two links (the wrap-around pair's
+			// lower end is rank N-1, which also probes N-1 -> N only
+			// when that exists): the first one stands for it.
+			mine.class = 1
+			if hosts != nil && hosts[rank] == hosts[peer] {
+				mine.class = 0
+			}
+			mine.latencyNanos, mine.bytesPerSec = lat.Nanoseconds(), bps
+		}
+	}
+	mine.probeDuration = time.Since(start).Nanoseconds()
+	mine.reducePerSec, mine.codecPerSec = timeCores(codec)
+
+	if rank != 0 {
+		if err := mesh.SendTo(ctx, 0, mine.encode()); err != nil {
+			return AgreedLinks{}, fmt.Errorf("sending link measurements to rank 0: %w", err)
+		}
+		b := make([]byte, agreedLinksBytes)
+		if err := mesh.RecvFrom(ctx, 0, b); err != nil {
+			return AgreedLinks{}, fmt.Errorf("receiving the agreed link measurements from rank 0: %w", err)
+		}
+		return decodeAgreedLinks(b), nil
+	}
+	samples := make([]linkSample, size)
+	samples[0] = mine
+	b := make([]byte, linkSampleBytes)
+	for r := 1; r < size; r++ {
+		if err := mesh.RecvFrom(ctx, r, b); err != nil {
+			return AgreedLinks{}, fmt.Errorf("receiving link measurements from rank %d: %w", r, err)
+		}
+		samples[r] = decodeLinkSample(b)
+	}
+	agreed := agreeLinks(samples)
+	enc := agreed.encode()
+	for r := 1; r < size; r++ {
+		if err := mesh.SendTo(ctx, r, enc); err != nil {
+			return AgreedLinks{}, fmt.Errorf("sending the agreed link measurements to rank %d: %w", r, err)
+		}
+	}
+	// What rank 0 sent, decoded as the others decode it: every rank holds
+	// exactly the same numbers.
+	return decodeAgreedLinks(enc), nil
+}
+
+// probeLink measures the link to peer from its lower end: α as half the
+// median of probeRoundTrips round trips, then the bandwidth of one bulk
+// transfer, acknowledged.
+func probeLink(ctx context.Context, mesh ring.Mesh, peer int) (time.Duration, int64, error) {
+	ping := make([]byte, 8)
+	rtts := make([]int64, probeRoundTrips)
+	for i := range rtts {
+		t0 := time.Now()
+		if err := mesh.SendTo(ctx, peer, ping); err != nil {
+			return 0, 0, err
+		}
+		if err := mesh.RecvFrom(ctx, peer, ping); err != nil {
+			return 0, 0, err
+		}
+		rtts[i] = time.Since(t0).Nanoseconds()
+	}
+	rtt := median(rtts)
+	bulk := make([]byte, probeBulkBytes)
+	t0 := time.Now()
+	if err := mesh.SendTo(ctx, peer, bulk); err != nil {
+		return 0, 0, err
+	}
+	if err := mesh.RecvFrom(ctx, peer, ping); err != nil {
+		return 0, 0, err
+	}
+	took := max(time.Since(t0).Nanoseconds()-rtt, 1)
+	return time.Duration(rtt / 2), probeBulkBytes * int64(time.Second) / took, nil
+}
+
+// answerProbe is the upper end of probeLink.
+func answerProbe(ctx context.Context, mesh ring.Mesh, peer int) error {
+	ping := make([]byte, 8)
+	for range probeRoundTrips {
+		if err := mesh.RecvFrom(ctx, peer, ping); err != nil {
+			return err
+		}
+		if err := mesh.SendTo(ctx, peer, ping); err != nil {
+			return err
+		}
+	}
+	bulk := make([]byte, probeBulkBytes)
+	if err := mesh.RecvFrom(ctx, peer, bulk); err != nil {
+		return err
+	}
+	return mesh.SendTo(ctx, peer, ping)
+}
+
+// timeCores times this rank's reduction of float32 bytes (the received
+// bytes added into a buffer, as a reduce-scatter does) and, if codec is
+// set, the coding of a compressed allreduce (one encode and two decodes
+// per value: its shares, then the owners' sums). Each is the best of a few
+// runs, so that one preemption does not count as the core's speed.
+func timeCores(codec compress.Codec) (reducePerSec, codecPerSec int64) {
+	const values = probeReduceBytes / 4
+	dst := make([]float32, values)
+	src := make([]float32, values)
+	for i := range src {
+		src[i] = float32(i%97) * 0.5
+	}
+	raw := make([]byte, probeReduceBytes)
+	compress.None().Encode(raw, src)
+	adder := compress.None().(compress.AccumulateDecoder)
+	best := func(run func()) int64 {
+		fastest := int64(0)
+		for range 3 {
+			t0 := time.Now()
+			run()
+			if d := time.Since(t0).Nanoseconds(); fastest == 0 || d < fastest {
+				fastest = d
+			}
+		}
+		return probeReduceBytes * int64(time.Second) / max(fastest, 1)
+	}
+	reducePerSec = best(func() { adder.DecodeAdd(dst, raw) })
+	if codec == nil || codec.Name() == "none" {
+		return reducePerSec, 0
+	}
+	enc := make([]byte, codec.EncodedLen(values))
+	codecPerSec = best(func() {
+		codec.Encode(enc, src)
+		codec.Decode(dst, enc)
+		codec.Decode(dst, enc)
+	})
+	return reducePerSec, codecPerSec
+}
+
+// spansHosts reports whether hosts (ring.Config.Hosts) puts the ranks on
+// more than one host.
+func spansHosts(hosts []int) bool {
+	for _, h := range hosts {
+		if h != hosts[0] {
+			return true
+		}
+	}
+	return false
+}
+
+// adoptLinks takes the compression threshold from the links where neither
+// an option nor the environment set it: the smallest size from which the
+// Comm's codec is modelled to beat the uncompressed allreduce
+// (ring.CompressionPaysFrom). Every rank holds the same links, so every
+// rank gates its calls alike.
+func (s *compressionState) adoptLinks(a AgreedLinks, size int, hosts []int, chunk int) {
+	if !s.cfg.byDefault || s.cfg.codec == nil || a.CodecBytesPerSecond <= 0 {
+		return
+	}
+	const values = 1 << 16
+	cost := ring.CodecCost{Num: int64(s.cfg.codec.EncodedLen(values)), Den: 4 * values, BytesPerSecond: a.CodecBytesPerSecond}
+	if from, ok := ring.CompressionPaysFrom(size, hosts, a.Links, chunk, cost); ok {
+		s.cfg.threshold = from
+	}
+}
+
+// Links returns what the ranks measured and agreed their links are, and
+// false when they did not measure them (a job on one host, or an elastic
+// one): the allreduce policy and the compression threshold then are the
+// measured defaults.
+func (c *Comm) Links() (AgreedLinks, bool) {
+	if c.links == nil {
+		return AgreedLinks{}, false
+	}
+	return *c.links, true
+}
+
+// AllreducePolicy describes the allreduce policy of the current ring: the
+// rules GORUN_ALLREDUCE_ALGORITHMS gave, or the ones chosen from the
+// measured links, or "default" (the measured defaults); "" while no ring
+// exists.
+func (c *Comm) AllreducePolicy() string {
+	rg := c.cur().ring
+	if rg == nil {
+		return ""
+	}
+	if p := rg.AllreducePolicy(); !p.IsDefault() {
+		return p.String() + " (" + EnvAllreduceAlgorithms + ")"
+	}
+	if p, fromLinks := rg.DefaultAllreducePolicy(); fromLinks {
+		return p.String() + " (from the links)"
+	}
+	return "default"
+}
+
+// policyReport is what --verbose prints at start on rank 0.
+func (c *Comm) policyReport(rg *ring.Ring) string {
+	s := "links: " + c.links.String() + "; allreduce policy: "
+	if p := rg.AllreducePolicy(); !p.IsDefault() {
+		s += p.String() + " (" + EnvAllreduceAlgorithms + ")"
+	} else {
+		p, _ := rg.DefaultAllreducePolicy()
+		s += p.String()
+	}
+	if c.compression.cfg.codec != nil {
+		s += fmt.Sprintf("; %s compression from %s", c.compression.cfg.codec.Name(), thresholdString(c.compression.cfg.threshold))
+	}
+	return s
+}
+
+func thresholdString(n int) string {
+	if n == ring.NoLimit {
+		return "never (not below 1 GiB)"
+	}
+	return fmt.Sprintf("%d bytes", n)
+}

@@ -1,0 +1,189 @@
+package ring
+
+import (
+	"testing"
+	"time"
+)
+
+// Links of the kind the namespace hosts of e2e measure: shared memory
+// within a host, TLS over veth between hosts, unshaped or shaped to
+// 1 Gbit/s.
+var (
+	fastLinks = Links{
+		Local:                LinkCost{Latency: 10 * time.Microsecond, BytesPerSecond: 4e9},
+		Cross:                LinkCost{Latency: 40 * time.Microsecond, BytesPerSecond: 1.5e9},
+		ReduceBytesPerSecond: 3e9,
+	}
+	gigabitLinks = Links{
+		Local:                fastLinks.Local,
+		Cross:                LinkCost{Latency: 40 * time.Microsecond, BytesPerSecond: 125e6},
+		ReduceBytesPerSecond: 3e9,
+	}
+	int8Cost = CodecCost{Num: 27, Den: 100, BytesPerSecond: 1e9}
+)
+
+func policyFor(t *testing.T, size int, hosts []int, l Links) AllreducePolicy {
+	t.Helper()
+	p, ok := CrossHostPolicy(size, hosts, l, 0)
+	if !ok {
+		t.Fatalf("CrossHostPolicy(%d, %v, %v): the model does not apply", size, hosts, l)
+	}
+	if err := p.validate(); err != nil {
+		t.Fatalf("CrossHostPolicy gave an invalid policy %v: %v", p, err)
+	}
+	return p
+}
+
+// TestCrossHostPolicyChoices: the choices the runs call for, on
+// 2 hosts × 2 ranks: Rabenseifner, not the hierarchical schedule, at
+// 1 MiB on a fast link, where the hierarchical one has no chunks to
+// overlap its phases with; the hierarchical one at 64 MiB, where it sends
+// each host's bytes across once, overlapped with the work within it.
+func TestCrossHostPolicyChoices(t *testing.T) {
+	hosts := []int{0, 0, 1, 1}
+	for _, c := range []struct {
+		name  string
+		links Links
+		bytes int
+		want  Algorithm
+	}{
+		{"fast 4B", fastLinks, 4, AlgoDirect},
+		{"fast 1MiB", fastLinks, 1 << 20, AlgoRabenseifner},
+		{"fast 64MiB", fastLinks, 64 << 20, AlgoHierarchical},
+		{"1Gbit 1MiB", gigabitLinks, 1 << 20, AlgoRabenseifner},
+		{"1Gbit 64MiB", gigabitLinks, 64 << 20, AlgoHierarchical},
+	} {
+		p := policyFor(t, 4, hosts, c.links)
+		if got, _ := p.pick(c.bytes); got != c.want {
+			t.Errorf("%s: %v picks %v, want %v", c.name, p, got, c.want)
+		}
+	}
+}
+
+// TestCompressionPaysFrom: int8 does not pay at 64 KiB on a fast link
+// (its coding and goroutines cost more than the bytes it saves), and pays
+// at 64 MiB on a 1 Gbit/s one.
+func TestCompressionPaysFrom(t *testing.T) {
+	hosts := []int{0, 0, 1, 1}
+	fast, ok := CompressionPaysFrom(4, hosts, fastLinks, 0, int8Cost)
+	if !ok || fast <= 64<<10 {
+		t.Errorf("fast links: int8 from %d (%v), want above 64 KiB", fast, ok)
+	}
+	slow, ok := CompressionPaysFrom(4, hosts, gigabitLinks, 0, int8Cost)
+	if !ok || slow > 64<<20 {
+		t.Errorf("1 Gbit/s links: int8 from %d (%v), want at most 64 MiB", slow, ok)
+	}
+	if slow >= fast {
+		t.Errorf("int8 pays from %d on 1 Gbit/s, %d on faster links: want earlier on the slower", slow, fast)
+	}
+}
+
+// TestCrossHostPolicyWhereNot: one host, a missing link class or no
+// reduction rate leave the measured defaults in place.
+func TestCrossHostPolicyWhereNot(t *testing.T) {
+	noLocal := fastLinks
+	noLocal.Local = LinkCost{}
+	noReduce := fastLinks
+	noReduce.ReduceBytesPerSecond = 0
+	for _, c := range []struct {
+		name  string
+		hosts []int
+		links Links
+	}{
+		{"one host", []int{3, 3, 3, 3}, fastLinks},
+		{"no hosts", nil, fastLinks},
+		{"no local link measured", []int{0, 0, 1, 1}, noLocal},
+		{"no reduction rate", []int{0, 0, 1, 1}, noReduce},
+	} {
+		if p, ok := CrossHostPolicy(4, c.hosts, c.links, 0); ok {
+			t.Errorf("%s: the model gave %v", c.name, p)
+		}
+	}
+	// One rank per host needs no local link.
+	if _, ok := CrossHostPolicy(4, []int{0, 1, 2, 3}, noLocal, 0); !ok {
+		t.Error("4 hosts of one rank: the model does not apply without a local link")
+	}
+}
+
+// TestCrossHostPolicyIsMonotoneInLatency: the slower the links between
+// hosts, the later the bandwidth-optimal schedules take over from the
+// latency-bound ones, never earlier.
+func TestCrossHostPolicyIsMonotoneInLatency(t *testing.T) {
+	hosts := []int{0, 0, 1, 1, 2, 2, 3, 3}
+	firstBandwidthBound := func(l Links) int {
+		p := policyFor(t, 8, hosts, l)
+		for _, r := range p.Rules {
+			if r.Algo == AlgoRabenseifner || r.Algo == AlgoRing || r.Algo == AlgoHierarchical {
+				return r.MaxBytes
+			}
+		}
+		return NoLimit
+	}
+	prev := 0
+	for _, lat := range []time.Duration{time.Microsecond, 10 * time.Microsecond, 100 * time.Microsecond, time.Millisecond} {
+		l := fastLinks
+		l.Cross.Latency = lat
+		at := firstBandwidthBound(l)
+		if at < prev {
+			t.Errorf("latency %v: bandwidth-bound schedules from %d, below %d at a lower latency", lat, at, prev)
+		}
+		prev = at
+	}
+}
+
+// TestLinkModelRing: a ring built with Links across hosts runs the
+// model's policy; an explicit policy still wins; on one host the measured
+// defaults stay.
+func TestLinkModelRing(t *testing.T) {
+	ts := NewMemRing(4)
+	links := fastLinks
+	hosts := []int{0, 0, 1, 1}
+	want := policyFor(t, 4, hosts, links)
+	r, err := New(Config{Rank: 1, Size: 4, Hosts: hosts, Links: &links}, ts[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, fromLinks := r.DefaultAllreducePolicy(); !fromLinks || got.String() != want.String() {
+		t.Errorf("default policy %v (from links: %v), want %v", got, fromLinks, want)
+	}
+	for _, n := range []int{4, 1 << 20, 64 << 20} {
+		if got, _ := want.pick(n); r.AllreduceAlgorithm(n) != got {
+			t.Errorf("%d bytes: runs %v, the model picks %v", n, r.AllreduceAlgorithm(n), got)
+		}
+	}
+	forced, _ := ParseAllreducePolicy("ring")
+	r, err = New(Config{Rank: 1, Size: 4, Hosts: hosts, Links: &links, Allreduce: forced}, ts[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := r.AllreduceAlgorithm(1 << 20); a != AlgoRing {
+		t.Errorf("explicit policy ring: runs %v", a)
+	}
+	r, err = New(Config{Rank: 1, Size: 4, Hosts: []int{0, 0, 0, 0}, Links: &links}, ts[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, fromLinks := r.DefaultAllreducePolicy(); fromLinks {
+		t.Error("one host: the policy comes from the links, want the measured defaults")
+	}
+}
+
+// TestCostSaturates: sizes and rank counts whose products overflow int64
+// are priced as the longest time, not as wrapped negative ones.
+func TestCostSaturates(t *testing.T) {
+	slow := fastLinks
+	slow.Cross = LinkCost{Latency: time.Second, BytesPerSecond: 1}
+	hosts := make([]int, 64)
+	for r := range hosts {
+		hosts[r] = r / 2
+	}
+	m, ok := newCostModel(64, hosts, slow, 0)
+	if !ok {
+		t.Fatal("model does not apply")
+	}
+	for _, a := range candidates {
+		if tm, ok := m.time(a, 1<<30); ok && tm <= 0 {
+			t.Errorf("%v: time %d, want positive", a, tm)
+		}
+	}
+}
