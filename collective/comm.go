@@ -487,7 +487,7 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 			Hosts: hosts, Allreduce: c.allreducePolicy}
 		if mesh, ok := transport.(ring.Mesh); ok && spansHosts(hosts) {
 			mctx, cancel := context.WithTimeout(ctx, cfg.timeout)
-			links, err := measureLinks(mctx, mesh, cfg.rank, cfg.size, hosts, c.compression.cfg.codec)
+			links, err := measureLinks(mctx, mesh, cfg.rank, cfg.size, hosts, cfg.chunkBytes, c.compression.cfg.codec)
 			cancel()
 			if err != nil {
 				return nil, fmt.Errorf("gorun: rank %d: %w", cfg.rank, err)

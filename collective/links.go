@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gorun/gorun/compress"
@@ -31,10 +32,18 @@ import (
 // same numbers, and derive the same policy from them, while their own
 // clocks would have told each a different story.
 //
-// Refining the numbers from the collectives' own timings (as Horovod's
+// The links alone miss what a schedule costs the cores: its goroutines'
+// start and hand-offs, which ranks sharing a host's cores pay in turn. So
+// the ranks then time a few small calls of every schedule the model picks
+// from (and of the compressed one), and what each took beyond the model's
+// time for it becomes that schedule's per-call overhead
+// (ring.Links.CallOverhead), agreed as the rest: rank 0 takes the median
+// over the ranks.
+//
+// Refining the numbers later from the job's own collectives (as Horovod's
 // autotune does) would have to go through the same agreement, at a step
-// every rank takes at once; it is not done: the start measurement is what
-// the policy comes from for the life of the job.
+// every rank takes at once; it is not done: the numbers taken at start are
+// what the policy comes from for the life of the job.
 
 const (
 	probeRoundTrips = 5
@@ -79,10 +88,13 @@ func decodeLinkSample(b []byte) linkSample {
 type AgreedLinks struct {
 	ring.Links
 	// CodecBytesPerSecond is how fast a core codes a compressed
-	// allreduce's float32 bytes (0: the Comm does not compress).
+	// allreduce's float32 bytes (0: the Comm does not compress), and
+	// CodecOverhead what a compressed call took beyond the model's time.
 	CodecBytesPerSecond int64
+	CodecOverhead       time.Duration
 	// Probed is how many links of each class (within a host, between
-	// hosts) were measured; Took the longest time a rank spent probing.
+	// hosts) were measured; Took the longest time a rank spent measuring
+	// (probing the links, and timing the cores and the schedules).
 	Probed [2]int
 	Took   time.Duration
 }
@@ -114,7 +126,25 @@ func (a AgreedLinks) String() string {
 	if a.CodecBytesPerSecond > 0 {
 		s += fmt.Sprintf("; codec %s/s", rateString(a.CodecBytesPerSecond))
 	}
-	return s + fmt.Sprintf("; probing took %v", a.Took.Round(10*time.Microsecond))
+	if o := a.Overheads(); o != "" {
+		s += "; per-call overhead " + o
+	}
+	return s + fmt.Sprintf("; measuring took %v", a.Took.Round(10*time.Microsecond))
+}
+
+// Overheads lists the schedules' per-call overheads that are not zero
+// (ring.Links.CallOverhead, and the codec's), "" if none is.
+func (a AgreedLinks) Overheads() string {
+	var parts []string
+	for algo, d := range a.CallOverhead {
+		if d > 0 {
+			parts = append(parts, fmt.Sprintf("%s %v", ring.Algorithm(algo), d.Round(time.Microsecond)))
+		}
+	}
+	if a.CodecOverhead > 0 {
+		parts = append(parts, fmt.Sprintf("compressed %v", a.CodecOverhead.Round(time.Microsecond)))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func rateString(bps int64) string {
@@ -198,10 +228,10 @@ func probePartners(rank, size int) (partner [3]int, prober [3]bool) {
 	return
 }
 
-// measureLinks probes this rank's links (see above), times its cores, and
-// returns what every rank agreed, within ctx. codec is the Comm's codec
-// (nil: none).
-func measureLinks(ctx context.Context, mesh ring.Mesh, rank, size int, hosts []int, codec compress.Codec) (AgreedLinks, error) {
+// measureLinks probes this rank's links (see above), times its cores and
+// the schedules, and returns what every rank agreed, within ctx. chunk is
+// ring.Config.ChunkBytes, codec the Comm's codec (nil: none).
+func measureLinks(ctx context.Context, mesh ring.Mesh, rank, size int, hosts []int, chunk int, codec compress.Codec) (AgreedLinks, error) {
 	start := time.Now()
 	mine := linkSample{class: -1}
 	partner, prober := probePartners(rank, size)
@@ -232,36 +262,70 @@ func measureLinks(ctx context.Context, mesh ring.Mesh, rank, size int, hosts []i
 	}
 	mine.probeDuration = time.Since(start).Nanoseconds()
 	mine.reducePerSec, mine.codecPerSec = timeCores(codec)
+	enc, err := agreeOnRank0(ctx, mesh, rank, size, mine.encode(), agreedLinksBytes, func(all [][]byte) []byte {
+		samples := make([]linkSample, len(all))
+		for r, b := range all {
+			samples[r] = decodeLinkSample(b)
+		}
+		return agreeLinks(samples).encode()
+	})
+	if err != nil {
+		return AgreedLinks{}, fmt.Errorf("agreeing on the links: %w", err)
+	}
+	agreed := decodeAgreedLinks(enc)
+	if _, ok := ring.CrossHostPolicy(size, hosts, agreed.Links, chunk); !ok {
+		return agreed, nil
+	}
+	over, err := timeSchedules(ctx, mesh, rank, size, hosts, chunk, agreed, codec)
+	if err != nil {
+		return AgreedLinks{}, fmt.Errorf("timing the allreduce schedules: %w", err)
+	}
+	// Last, how long this rank has been measuring: the longest is what
+	// measuring cost the job's start.
+	over = append(over, time.Since(start).Nanoseconds())
+	enc, err = agreeOnRank0(ctx, mesh, rank, size, encodeInts(over), len(over)*8, func(all [][]byte) []byte {
+		agreed := medians(all)
+		for _, b := range all {
+			agreed[len(agreed)-1] = max(agreed[len(agreed)-1], decodeInts(b)[len(agreed)-1])
+		}
+		return encodeInts(agreed)
+	})
+	if err != nil {
+		return AgreedLinks{}, fmt.Errorf("agreeing on the schedules' overheads: %w", err)
+	}
+	agreed.setOverheads(decodeInts(enc))
+	return agreed, nil
+}
 
+// agreeOnRank0 sends mine to rank 0, which combines every rank's (all[r]
+// is rank r's) into want bytes and sends them back to every rank: each
+// rank, rank 0 included, returns exactly the bytes the others received.
+func agreeOnRank0(ctx context.Context, mesh ring.Mesh, rank, size int, mine []byte, want int, combine func(all [][]byte) []byte) ([]byte, error) {
 	if rank != 0 {
-		if err := mesh.SendTo(ctx, 0, mine.encode()); err != nil {
-			return AgreedLinks{}, fmt.Errorf("sending link measurements to rank 0: %w", err)
+		if err := mesh.SendTo(ctx, 0, mine); err != nil {
+			return nil, fmt.Errorf("sending to rank 0: %w", err)
 		}
-		b := make([]byte, agreedLinksBytes)
+		b := make([]byte, want)
 		if err := mesh.RecvFrom(ctx, 0, b); err != nil {
-			return AgreedLinks{}, fmt.Errorf("receiving the agreed link measurements from rank 0: %w", err)
+			return nil, fmt.Errorf("receiving from rank 0: %w", err)
 		}
-		return decodeAgreedLinks(b), nil
+		return b, nil
 	}
-	samples := make([]linkSample, size)
-	samples[0] = mine
-	b := make([]byte, linkSampleBytes)
+	all := make([][]byte, size)
+	all[0] = mine
 	for r := 1; r < size; r++ {
-		if err := mesh.RecvFrom(ctx, r, b); err != nil {
-			return AgreedLinks{}, fmt.Errorf("receiving link measurements from rank %d: %w", r, err)
+		all[r] = make([]byte, len(mine))
+		if err := mesh.RecvFrom(ctx, r, all[r]); err != nil {
+			return nil, fmt.Errorf("receiving from rank %d: %w", r, err)
 		}
-		samples[r] = decodeLinkSample(b)
 	}
-	agreed := agreeLinks(samples)
-	enc := agreed.encode()
+	out := combine(all)
 	for r := 1; r < size; r++ {
-		if err := mesh.SendTo(ctx, r, enc); err != nil {
-			return AgreedLinks{}, fmt.Errorf("sending the agreed link measurements to rank %d: %w", r, err)
+		if err := mesh.SendTo(ctx, r, out); err != nil {
+			return nil, fmt.Errorf("sending to rank %d: %w", r, err)
 		}
 	}
-	// What rank 0 sent, decoded as the others decode it: every rank holds
-	// exactly the same numbers.
-	return decodeAgreedLinks(enc), nil
+	return out, nil
 }
 
 // probeLink measures the link to peer from its lower end: α as half the
@@ -367,11 +431,13 @@ func spansHosts(hosts []int) bool {
 // (ring.CompressionPaysFrom). Every rank holds the same links, so every
 // rank gates its calls alike.
 func (s *compressionState) adoptLinks(a AgreedLinks, size int, hosts []int, chunk int) {
-	if !s.cfg.byDefault || s.cfg.codec == nil || a.CodecBytesPerSecond <= 0 {
+	if !s.cfg.byDefault {
 		return
 	}
-	const values = 1 << 16
-	cost := ring.CodecCost{Num: int64(s.cfg.codec.EncodedLen(values)), Den: 4 * values, BytesPerSecond: a.CodecBytesPerSecond}
+	cost, ok := a.codecCost(s.cfg.codec)
+	if !ok {
+		return
+	}
 	if from, ok := ring.CompressionPaysFrom(size, hosts, a.Links, chunk, cost); ok {
 		s.cfg.threshold = from
 	}
@@ -426,4 +492,115 @@ func thresholdString(n int) string {
 		return "never (not below 1 GiB)"
 	}
 	return fmt.Sprintf("%d bytes", n)
+}
+
+// calibrationBytes is the allreduce the schedules are timed on: small,
+// so the time is the per-call cost the model leaves out, and cheap at
+// start; calibrationCalls calls of each, the first not counted.
+const (
+	calibrationBytes = 4 << 10
+	calibrationCalls = 6
+)
+
+// timeSchedules times calls of every schedule the model picks from, and
+// of the compressed one with codec, on this rank, and returns what each
+// took beyond the model's time (ns; indexed by ring.Algorithm, then the
+// codec's last).
+func timeSchedules(ctx context.Context, mesh ring.Mesh, rank, size int, hosts []int, chunk int, a AgreedLinks, codec compress.Codec) ([]int64, error) {
+	over := make([]int64, len(a.CallOverhead)+1)
+	buf := make([]byte, calibrationBytes)
+	call := ring.Call{Kind: ring.Allreduce, Op: ring.Sum, DType: ring.Float32, Count: calibrationBytes / 4}
+	timeCalls := func(run func(ring.Call) error) (time.Duration, error) {
+		var took []int64
+		for i := range calibrationCalls {
+			call.Seq = uint64(i + 1)
+			t0 := time.Now()
+			if err := run(call); err != nil {
+				return 0, err
+			}
+			if i > 0 {
+				took = append(took, time.Since(t0).Nanoseconds())
+			}
+		}
+		return time.Duration(median(took)), nil
+	}
+	for _, algo := range ring.ModelCandidates(size, hosts) {
+		rg, err := ring.New(ring.Config{Rank: rank, Size: size, Hosts: hosts, ChunkBytes: chunk,
+			Allreduce: ring.AllreducePolicy{Rules: []ring.AllreduceRule{{MaxBytes: ring.NoLimit, Algo: algo}}}}, mesh)
+		if err != nil {
+			return nil, err
+		}
+		took, err := timeCalls(func(c ring.Call) error { return rg.Allreduce(ctx, c, buf) })
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", algo, err)
+		}
+		model, _ := ring.AllreduceCost(algo, calibrationBytes, size, hosts, a.Links, chunk)
+		over[algo] = max(0, (took - model).Nanoseconds())
+	}
+	if cost, ok := a.codecCost(codec); ok {
+		rg, err := ring.New(ring.Config{Rank: rank, Size: size, Hosts: hosts, ChunkBytes: chunk}, mesh)
+		if err != nil {
+			return nil, err
+		}
+		took, err := timeCalls(func(c ring.Call) error {
+			_, err := rg.AllreduceCompressed(ctx, c, buf, codec, nil)
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%s compressed: %w", codec.Name(), err)
+		}
+		model, _ := ring.CompressedCost(calibrationBytes, size, hosts, a.Links, chunk, cost)
+		over[len(over)-1] = max(0, (took - model).Nanoseconds())
+	}
+	return over, nil
+}
+
+// codecCost is codec as the cost model takes it, and false for no codec
+// (or none measured).
+func (a AgreedLinks) codecCost(codec compress.Codec) (ring.CodecCost, bool) {
+	if codec == nil || codec.Name() == "none" || a.CodecBytesPerSecond <= 0 {
+		return ring.CodecCost{}, false
+	}
+	const values = 1 << 16
+	return ring.CodecCost{Num: int64(codec.EncodedLen(values)), Den: 4 * values,
+		BytesPerSecond: a.CodecBytesPerSecond, CallOverhead: a.CodecOverhead}, true
+}
+
+// setOverheads takes the agreed overheads (timeSchedules' layout) and,
+// last, the longest time a rank spent measuring.
+func (a *AgreedLinks) setOverheads(over []int64) {
+	for i := range a.CallOverhead {
+		a.CallOverhead[i] = time.Duration(over[i])
+	}
+	a.CodecOverhead = time.Duration(over[len(a.CallOverhead)])
+	a.Took = time.Duration(over[len(a.CallOverhead)+1])
+}
+
+// medians is the element-wise median of int64 vectors of one length.
+func medians(all [][]byte) []int64 {
+	out := make([]int64, len(all[0])/8)
+	col := make([]int64, len(all))
+	for i := range out {
+		for r, b := range all {
+			col[r] = int64(binary.LittleEndian.Uint64(b[8*i:]))
+		}
+		out[i] = median(col)
+	}
+	return out
+}
+
+func encodeInts(v []int64) []byte {
+	b := make([]byte, 8*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint64(b[8*i:], uint64(x))
+	}
+	return b
+}
+
+func decodeInts(b []byte) []int64 {
+	v := make([]int64, len(b)/8)
+	for i := range v {
+		v[i] = int64(binary.LittleEndian.Uint64(b[8*i:]))
+	}
+	return v
 }

@@ -25,7 +25,7 @@ func TestMeasureLinksAgree(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				got[r], errs[r] = measureLinks(ctx, ts[r].(ring.Mesh), r, size, hosts, compress.Int8())
+				got[r], errs[r] = measureLinks(ctx, ts[r].(ring.Mesh), r, size, hosts, 0, compress.Int8())
 			}()
 		}
 		wg.Wait()

@@ -244,8 +244,8 @@ func hierTx(b *testing.B, cl *netns.Cluster) int64 {
 // names follow internal/testenv/netns: host i is <id>h<i> with eth0, its peer
 // <id>b<i> in <id>sw. The namespaces go with the cluster, and the qdiscs
 // with them.
-func hierShape(b *testing.B, cl *netns.Cluster, rate string) {
-	b.Helper()
+func hierShape(tb testing.TB, cl *netns.Cluster, rate string) {
+	tb.Helper()
 	id := strings.TrimSuffix(cl.Hosts[0].NS, "h0")
 	tbf := []string{"root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"}
 	for i, h := range cl.Hosts {
@@ -254,7 +254,7 @@ func hierShape(b *testing.B, cl *netns.Cluster, rate string) {
 			append([]string{"-n", id + "sw", "qdisc", "add", "dev", id + "b" + strconv.Itoa(i)}, tbf...),
 		} {
 			if out, err := exec.Command("tc", args...).CombinedOutput(); err != nil {
-				b.Fatalf("tc %s: %v: %s", strings.Join(args, " "), err, out)
+				tb.Fatalf("tc %s: %v: %s", strings.Join(args, " "), err, out)
 			}
 		}
 	}

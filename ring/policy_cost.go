@@ -42,6 +42,7 @@ type costModel struct {
 	alpha, beta [2]int64 // [within a host, between hosts]: fs, fs per byte
 	gamma       int64    // fs per reduced byte
 	chunk       int64
+	overhead    [maxAlgo + 1]int64 // Links.CallOverhead, fs
 }
 
 const (
@@ -75,6 +76,9 @@ func newCostModel(size int, hosts []int, l Links, chunk int) (*costModel, bool) 
 		}
 	}
 	m.gamma = perByte(l.ReduceBytesPerSecond)
+	for a, d := range l.CallOverhead {
+		m.overhead[a] = mulSat(max(0, d.Nanoseconds()), 1_000_000)
+	}
 	return m, true
 }
 
@@ -101,6 +105,12 @@ func (m *costModel) cheapest(n int64) (Algorithm, int64) {
 // time is the modelled time of an allreduce of n bytes with a, and false
 // if a does not run on this layout.
 func (m *costModel) time(a Algorithm, n int64) (int64, bool) {
+	t, ok := m.schedule(a, n)
+	return addSat(t, m.overhead[a]), ok
+}
+
+// schedule is time without the measured call overhead.
+func (m *costModel) schedule(a Algorithm, n int64) (int64, bool) {
 	switch a {
 	case AlgoDirect:
 		return m.direct(n), true
@@ -259,7 +269,8 @@ func (m *costModel) compressed(n int64, c CodecCost) int64 {
 	code := mulSat(n, perByte(c.BytesPerSecond))
 	red := mulSat(seg, mulSat(int64(m.size-1), m.gamma))
 	goroutines := 2*int64(m.size-1) + 1 // a sender and a receiver per peer, the encoder
-	return addSat(m.handOffs(goroutines), pipelined(m.messages(seg), xfer, xfer, addSat(code, red)))
+	fixed := addSat(m.handOffs(goroutines), mulSat(max(0, c.CallOverhead.Nanoseconds()), 1_000_000))
+	return addSat(fixed, pipelined(m.messages(seg), xfer, xfer, addSat(code, red)))
 }
 
 // handOffs is what starting and waking n goroutines of a schedule costs.

@@ -54,6 +54,11 @@ type Links struct {
 	// ReduceBytesPerSecond is how fast a rank folds received float32
 	// bytes into its buffer (γ of the α-β-γ model).
 	ReduceBytesPerSecond int64
+	// CallOverhead, indexed by Algorithm, is what a call of each schedule
+	// took beyond the model's time for it, as timed on the job's ranks
+	// at start (its goroutines' start and hand-offs on cores the ranks
+	// share, which no link measurement shows); it adds to every size.
+	CallOverhead [maxAlgo + 1]time.Duration
 }
 
 // Valid reports whether l has what the model needs: the cross-host link
@@ -72,6 +77,9 @@ func (l Links) String() string {
 type CodecCost struct {
 	Num, Den       int64
 	BytesPerSecond int64
+	// CallOverhead is what a compressed call took beyond the model's
+	// time for it (as Links.CallOverhead).
+	CallOverhead time.Duration
 }
 
 // policyGrid is the sizes the model prices: every power of two from 4
@@ -162,4 +170,31 @@ func AllreduceCost(a Algorithm, bytes int64, size int, hosts []int, l Links, chu
 	}
 	t, ok := m.time(a, bytes)
 	return time.Duration(t / 1_000_000), ok
+}
+
+// CompressedCost is the model's time for an allreduce of bytes compressed
+// with codec c, as CompressionPaysFrom prices it, and false where the
+// model does not apply.
+func CompressedCost(bytes int64, size int, hosts []int, l Links, chunk int, c CodecCost) (time.Duration, bool) {
+	m, ok := newCostModel(size, hosts, l, chunk)
+	if !ok || c.Num <= 0 || c.Den <= 0 || c.BytesPerSecond <= 0 {
+		return 0, false
+	}
+	return time.Duration(m.compressed(bytes, c) / 1_000_000), true
+}
+
+// ModelCandidates returns the schedules CrossHostPolicy picks from on the
+// layout hosts of size ranks.
+func ModelCandidates(size int, hosts []int) []Algorithm {
+	var out []Algorithm
+	for _, a := range candidates {
+		if a == AlgoHierarchical {
+			lay, ok := hierLayoutOf(hosts, size, 0)
+			if len(hosts) != size || !ok || lay.h < 2 || lay.l < 2 {
+				continue
+			}
+		}
+		out = append(out, a)
+	}
+	return out
 }

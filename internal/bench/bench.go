@@ -455,6 +455,9 @@ func writeLinks(w io.Writer, comm *collective.Comm, o Options) {
 			fmt.Fprintf(w, ", %s coding %s/s", o.Compression, rate(l.CodecBytesPerSecond))
 		}
 		fmt.Fprintf(w, "; measuring took %v\n", l.Took.Round(10*time.Microsecond))
+		if o := l.Overheads(); o != "" {
+			fmt.Fprintf(w, "# per-call overhead beyond the links: %s\n", o)
+		}
 	} else {
 		fmt.Fprintf(w, "# links: one host, not measured\n")
 	}

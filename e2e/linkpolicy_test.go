@@ -1,0 +1,228 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/internal/testenv/netns"
+)
+
+// TestBenchAcrossHostsAgrees runs gorun bench -H on 2 namespace hosts of
+// 2 ranks whose links are shaped to 1 Gbit/s, plain and with int8
+// compression: the table shows the links the ranks measured and the
+// policy they chose from them, every rank reports the same policy and
+// compression threshold, and every size runs (ranks that chose apart
+// would fail the call's fingerprint check).
+func TestBenchAcrossHostsAgrees(t *testing.T) {
+	cl := netns.New(t, 2)
+	hierShape(t, cl, "1gbit")
+	h0, h1 := cl.Hosts[0], cl.Hosts[1]
+	for _, codec := range []string{"", "int8"} {
+		args := []string{"bench", "-H", fmt.Sprintf("%s:2,%s:2", h0.IP, h1.IP), "--sizes", "4,64K,1M,16M",
+			"--iters", "3", "--warmup", "1", "--report-policy"}
+		if codec != "" {
+			args = append(args, "--compression", codec)
+		}
+		stdout, stderr, code, took := gorunIn(t, cl, h0, nil, 3*time.Minute, args...)
+		if code != 0 {
+			t.Fatalf("gorun %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout, stderr)
+		}
+		t.Logf("gorun bench -H (compression %q) in %v:\n%s", codec, took.Round(time.Millisecond), stdout)
+		for _, re := range []string{
+			`(?m)^# links within hosts: latency \S+, [0-9.]+ [GM]B/s \(2 measured\)$`,
+			`(?m)^# links between hosts: latency \S+, [0-9.]+ [GM]B/s \(2 measured\)$`,
+			`(?m)^# allreduce policy: \S+ \(from the links\)$`,
+		} {
+			mustMatch(t, re, stdout)
+		}
+		if codec != "" {
+			mustMatch(t, `(?m)^# int8 compression from .+$`, stdout)
+		}
+		rows := regexp.MustCompile(`(?m)^\s+\d+\s+\S+\s+\d+\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+true\s+.+$`).FindAllString(stdout, -1)
+		if len(rows) != 4 {
+			t.Errorf("%d correct rows, want 4:\n%s", len(rows), stdout)
+		}
+		policies := regexp.MustCompile(`rank (\d): allreduce policy (.+)`).FindAllStringSubmatch(stderr, -1)
+		seen := map[string]bool{}
+		var first string
+		for _, m := range policies {
+			seen[m[1]] = true
+			if first == "" {
+				first = m[2]
+			}
+			if m[2] != first {
+				t.Errorf("rank %s chose %q, another rank %q", m[1], m[2], first)
+			}
+		}
+		if len(seen) != 4 {
+			t.Errorf("policies of %d ranks reported, want 4:\n%s", len(seen), stderr)
+		}
+	}
+	noneLeft(t, cl)
+}
+
+// BenchmarkLinkPolicy compares, on 2 namespace hosts × 2 ranks, the
+// allreduce choices made from the measured links with the fixed ones made
+// before (the defaults of one host, the hierarchical schedule from 512
+// KiB, int8 from 64 KiB), unshaped and with links shaped to 1 Gbit/s (tc
+// tbf, as BenchmarkHierarchicalSlowLink). Each round runs gorun -H ...
+// bench-worker with the links' choices, then with the fixed ones (the
+// order alternating from round to round), fp32 and int8, and it reports
+// the median over the rounds of bench's median time per op. Run as root,
+// on a quiet machine:
+//
+//	go test -run '^$' -bench LinkPolicy -benchtime 1x ./e2e/
+//
+// GORUN_LINK_SIZES (default 4,64K,1M,64M), GORUN_LINK_ROUNDS (3),
+// GORUN_LINK_ITERS (5) and GORUN_LINK_RATES (none,1gbit) change the run.
+func BenchmarkLinkPolicy(b *testing.B) {
+	if why := netns.Unavailable(); why != "" {
+		b.Skip(why)
+	}
+	env := func(name, def string) string {
+		if v, ok := os.LookupEnv(name); ok {
+			return v
+		}
+		return def
+	}
+	sizes := env("GORUN_LINK_SIZES", "4,64K,1M,64M")
+	rounds, _ := strconv.Atoi(env("GORUN_LINK_ROUNDS", "3"))
+	iters := env("GORUN_LINK_ITERS", "5")
+	// The fixed choices of before, on 2 hosts of 2 ranks: the N >= 4
+	// defaults, with the hierarchical schedule from HierarchicalMinBytes
+	// (512 KiB), and int8 from the fixed 64 KiB threshold.
+	fixed := []string{"GORUN_ALLREDUCE_ALGORITHMS=recursive-doubling:16K,rabenseifner:524287,hierarchical", "GORUN_COMPRESSION_THRESHOLD=65536"}
+	var report strings.Builder
+	for _, rate := range strings.Split(env("GORUN_LINK_RATES", "none,1gbit"), ",") {
+		cl := netns.New(b, 2)
+		if rate != "none" {
+			hierShape(b, cl, rate)
+		}
+		type key struct {
+			policy, codec string
+			bytes         int64
+		}
+		times := map[key][]float64{}
+		algo := map[key]string{}
+		header := ""
+		for round := range rounds {
+			for _, codec := range []string{"", "int8"} {
+				policies := []string{"links", "fixed"}
+				if round%2 == 1 {
+					slices.Reverse(policies)
+				}
+				for _, policy := range policies {
+					var envs []string
+					if policy == "fixed" {
+						envs = fixed
+					}
+					out, links := linkBenchRun(b, cl, envs, codec, sizes, iters)
+					if policy == "links" && header == "" {
+						header = links
+					}
+					for _, r := range out {
+						k := key{policy, codec, r.Bytes}
+						times[k] = append(times[k], r.TimeUS/1e3)
+						algo[k] = r.Algorithm
+					}
+				}
+			}
+		}
+		cl.Close()
+		fmt.Fprintf(&report, "\n2 hosts x 2 ranks, links %s; median of %d rounds of bench's median of %s iterations (ms)\n%s", rate, rounds, iters, header)
+		fmt.Fprintf(&report, "%8s %6s %12s %-28s %12s %-28s %8s\n", "bytes", "codec", "fixed ms", "fixed runs", "links ms", "links run", "fixed/links")
+		var all []int64
+		for k := range times {
+			if k.policy == "links" && k.codec == "" {
+				all = append(all, k.bytes)
+			}
+		}
+		slices.Sort(all)
+		for _, codec := range []string{"", "int8"} {
+			for _, n := range all {
+				f, l := key{"fixed", codec, n}, key{"links", codec, n}
+				name := codec
+				if name == "" {
+					name = "fp32"
+				}
+				fixedMS, linksMS := hierMedian(times[f]), hierMedian(times[l])
+				fmt.Fprintf(&report, "%8s %6s %12.3f %-28s %12.3f %-28s %7.2fx\n", hierHuman(n), name, fixedMS, algo[f], linksMS, algo[l], fixedMS/linksMS)
+			}
+		}
+	}
+	fmt.Print(report.String())
+}
+
+type linkBenchResult struct {
+	Bytes     int64   `json:"bytes"`
+	TimeUS    float64 `json:"time_us"`
+	Algorithm string  `json:"algorithm"`
+	Correct   bool    `json:"correct"`
+}
+
+// linkBenchRun runs bench-worker on both hosts (2 ranks each) with env
+// and codec, and returns its results and the lines about the links and
+// the policy that a table run prints (from a second run, of one size).
+func linkBenchRun(b *testing.B, cl *netns.Cluster, env []string, codec, sizes, iters string) ([]linkBenchResult, string) {
+	b.Helper()
+	var rs []linkBenchResult
+	for _, l := range strings.Split(linkGorun(b, cl, env, codec, "--sizes", sizes, "--iters", iters, "--warmup", "1", "--json"), "\n") {
+		i := strings.Index(l, "{")
+		if i < 0 {
+			continue
+		}
+		var r linkBenchResult
+		if err := json.Unmarshal([]byte(l[i:]), &r); err != nil || r.Bytes == 0 {
+			continue
+		}
+		if !r.Correct {
+			b.Fatalf("%v %s: wrong result at %d bytes", env, codec, r.Bytes)
+		}
+		rs = append(rs, r)
+	}
+	if len(rs) == 0 {
+		b.Fatalf("%v %s: no results", env, codec)
+	}
+	var head strings.Builder
+	for _, l := range strings.Split(linkGorun(b, cl, env, codec, "--sizes", "4", "--iters", "1", "--warmup", "0"), "\n") {
+		if i := strings.Index(l, "# "); i >= 0 && !strings.Contains(l, "gorun bench:") {
+			head.WriteString(l[i:] + "\n")
+		}
+	}
+	return rs, head.String()
+}
+
+// linkGorun runs gorun -H h0:2,h1:2 gorun bench-worker args, and returns
+// its output.
+func linkGorun(b *testing.B, cl *netns.Cluster, env []string, codec string, args ...string) string {
+	b.Helper()
+	h0, h1 := cl.Hosts[0], cl.Hosts[1]
+	full := append([]string{"-H", fmt.Sprintf("%s:2,%s:2", h0.IP, h1.IP), gorunBin, "bench-worker"}, args...)
+	if codec != "" {
+		full = append(full, "--compression", codec)
+	}
+	cmd, o, e := startGorunIn(cl, h0, env, full...)
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			b.Fatalf("gorun %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(full, " "), err, o, e)
+		}
+	case <-time.After(10 * time.Minute):
+		cmd.Process.Kill()
+		<-done
+		b.Fatalf("gorun %s did not finish\nstdout:\n%s\nstderr:\n%s", strings.Join(full, " "), o, e)
+	}
+	return o.String()
+}
