@@ -16,14 +16,20 @@ import (
 // hosts (ring.CrossHostPolicy).
 //
 // Right after the data plane connected every link, and before the first
-// collective, ranks probe the links between ring neighbours, in at most
-// three phases so that no rank takes part in two probes at once: each pair
-// (r, r+1) with r even, then with r odd, then the pair (N-1, 0). In a probe
+// collective, ranks probe the links between ring neighbours, in three
+// phases, one after the other (rank 0 lets the next begin once every rank
+// finished the one before), so that no rank takes part in two probes at
+// once: each pair (r, r+1) with r even, then with r odd, then the pair
+// (N-1, 0). In a probe
 // the lower end of the pair sends probeRoundTrips small messages that the
-// other echoes (α: half the median round trip, the real data path with its
-// framing, system calls and wake-ups), then one bulk transfer of
-// probeBulkBytes that the other acknowledges (bandwidth: the bytes over
-// the transfer's time less one round trip). Every rank also times its
+// other echoes (α: half the shortest round trip, the real data path with
+// its framing, system calls and wake-ups), then probeBulkTransfers bulk
+// transfers of probeBulkBytes that the other acknowledges one by one
+// (bandwidth: the bytes over the fastest transfer's time less one round
+// trip, the first transfer not counted: a shaper may let it through in a
+// burst). The best times are the link's: what the ranks' sharing of
+// cores adds to them is no property of the link, varies from moment to
+// moment, and shows in the schedules' timed calls (below). Every rank also times its
 // reduction of float32 bytes, and, if it compresses, its codec.
 //
 // Every rank sends what it measured to rank 0, which takes the median of
@@ -48,12 +54,13 @@ import (
 const (
 	probeRoundTrips = 5
 	// probeBulkBytes is large enough that a link's bandwidth, not its
-	// latency or a shaper's burst of a few hundred KB, sets its time, and
-	// small enough to cost a few ms at 10 Gbit/s (32 ms at 1 Gbit/s).
-	probeBulkBytes = 4 << 20
-	// probeReduceBytes is the buffer the cores' rates are timed on: a few
-	// times a chunk, out of L1 and L2 as a collective's buffers are.
-	probeReduceBytes = 1 << 20
+	// latency, sets a transfer's time, and small enough that the
+	// transfers cost about a ms at 10 Gbit/s (25 ms at 1 Gbit/s).
+	probeBulkBytes     = 1 << 20
+	probeBulkTransfers = 3 // the first one not counted
+	// probeReduceBytes is the buffer the cores' rates are timed on: 16
+	// chunks, out of L1 and L2 as a large collective's buffers are.
+	probeReduceBytes = 4 << 20
 )
 
 // linkSample is one rank's measurements: its probe of its link to the next
@@ -156,7 +163,7 @@ func rateString(bps int64) string {
 
 // agreeLinks combines every rank's sample (samples[r] is rank r's) into
 // the numbers every rank uses: per class, the median over the links
-// probed; for the cores, the median over the ranks. It is a function of
+// probed (of two, the slower); for the cores, the median over the ranks. It is a function of
 // the samples alone, so every rank given them computes the same result.
 func agreeLinks(samples []linkSample) AgreedLinks {
 	var a AgreedLinks
@@ -176,7 +183,7 @@ func agreeLinks(samples []linkSample) AgreedLinks {
 	for c := range 2 {
 		a.Probed[c] = len(lat[c])
 		if len(lat[c]) > 0 {
-			cost := ring.LinkCost{Latency: time.Duration(median(lat[c])), BytesPerSecond: median(bw[c])}
+			cost := ring.LinkCost{Latency: time.Duration(upperMedian(lat[c])), BytesPerSecond: median(bw[c])}
 			if c == 0 {
 				a.Local = cost
 			} else {
@@ -191,7 +198,9 @@ func agreeLinks(samples []linkSample) AgreedLinks {
 	return a
 }
 
-// median is the lower median of v (0 for none).
+// median is the lower median of v (0 for none), upperMedian the upper:
+// of an even number of links, the slower one's bandwidth and latency, as
+// a collective waits for its slowest link.
 func median(v []int64) int64 {
 	if len(v) == 0 {
 		return 0
@@ -199,6 +208,15 @@ func median(v []int64) int64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
 	return s[(len(s)-1)/2]
+}
+
+func upperMedian(v []int64) int64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // probePartners returns, for each probe phase, the rank this one probes
@@ -236,6 +254,14 @@ func measureLinks(ctx context.Context, mesh ring.Mesh, rank, size int, hosts []i
 	mine := linkSample{class: -1}
 	partner, prober := probePartners(rank, size)
 	for phase, peer := range partner {
+		if phase > 0 {
+			// Every probe of the phase before has ended: a bulk transfer
+			// still under way would share a NIC, or the cores, with
+			// this phase's probes, and they would measure each other.
+			if _, err := agreeOnRank0(ctx, mesh, rank, size, []byte{0}, 1, func([][]byte) []byte { return []byte{0} }); err != nil {
+				return AgreedLinks{}, fmt.Errorf("between link probes: %w", err)
+			}
+		}
 		if peer < 0 {
 			continue
 		}
@@ -329,8 +355,8 @@ func agreeOnRank0(ctx context.Context, mesh ring.Mesh, rank, size int, mine []by
 }
 
 // probeLink measures the link to peer from its lower end: α as half the
-// median of probeRoundTrips round trips, then the bandwidth of one bulk
-// transfer, acknowledged.
+// shortest of probeRoundTrips round trips, then the bandwidth of the
+// fastest bulk transfer but the first, each acknowledged.
 func probeLink(ctx context.Context, mesh ring.Mesh, peer int) (time.Duration, int64, error) {
 	ping := make([]byte, 8)
 	rtts := make([]int64, probeRoundTrips)
@@ -344,17 +370,20 @@ func probeLink(ctx context.Context, mesh ring.Mesh, peer int) (time.Duration, in
 		}
 		rtts[i] = time.Since(t0).Nanoseconds()
 	}
-	rtt := median(rtts)
+	rtt := slices.Min(rtts)
 	bulk := make([]byte, probeBulkBytes)
-	t0 := time.Now()
-	if err := mesh.SendTo(ctx, peer, bulk); err != nil {
-		return 0, 0, err
+	rates := make([]int64, probeBulkTransfers)
+	for i := range rates {
+		t0 := time.Now()
+		if err := mesh.SendTo(ctx, peer, bulk); err != nil {
+			return 0, 0, err
+		}
+		if err := mesh.RecvFrom(ctx, peer, ping); err != nil {
+			return 0, 0, err
+		}
+		rates[i] = probeBulkBytes * int64(time.Second) / max(time.Since(t0).Nanoseconds()-rtt, 1)
 	}
-	if err := mesh.RecvFrom(ctx, peer, ping); err != nil {
-		return 0, 0, err
-	}
-	took := max(time.Since(t0).Nanoseconds()-rtt, 1)
-	return time.Duration(rtt / 2), probeBulkBytes * int64(time.Second) / took, nil
+	return time.Duration(rtt / 2), slices.Max(rates[1:]), nil
 }
 
 // answerProbe is the upper end of probeLink.
@@ -369,10 +398,15 @@ func answerProbe(ctx context.Context, mesh ring.Mesh, peer int) error {
 		}
 	}
 	bulk := make([]byte, probeBulkBytes)
-	if err := mesh.RecvFrom(ctx, peer, bulk); err != nil {
-		return err
+	for range probeBulkTransfers {
+		if err := mesh.RecvFrom(ctx, peer, bulk); err != nil {
+			return err
+		}
+		if err := mesh.SendTo(ctx, peer, ping); err != nil {
+			return err
+		}
 	}
-	return mesh.SendTo(ctx, peer, ping)
+	return nil
 }
 
 // timeCores times this rank's reduction of float32 bytes (the received

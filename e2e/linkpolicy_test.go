@@ -65,6 +65,13 @@ func TestBenchAcrossHostsAgrees(t *testing.T) {
 			t.Errorf("policies of %d ranks reported, want 4:\n%s", len(seen), stderr)
 		}
 	}
+	// gorun --verbose: rank 0 says at start what it measured and chose.
+	stdout, stderr, code, _ := gorunIn(t, cl, h0, nil, 2*time.Minute, "--verbose", "-H", fmt.Sprintf("%s:2,%s:2", h0.IP, h1.IP),
+		gorunBin, "bench-worker", "--sizes", "4", "--iters", "1")
+	if code != 0 {
+		t.Fatalf("gorun --verbose: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	mustMatch(t, `gorun: rank 0: links: 2 links within hosts: latency .+; 2 between hosts: latency .+; allreduce policy: \S+`, stdout+stderr)
 	noneLeft(t, cl)
 }
 

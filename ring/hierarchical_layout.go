@@ -6,7 +6,8 @@ package ring
 
 // HierarchicalMinBytes is the smallest allreduce that preferHierarchical
 // runs hierarchically (on a Mesh, at least 2 hosts, the same L >= 2 ranks on
-// every host).
+// every host) where the ring has no measured links (Config.Links, which
+// decide instead: CrossHostPolicy).
 //
 // Below it the hierarchical schedule mostly loses: a small allreduce is
 // bound by latency, and the schedule has four dependent hops, two of them

@@ -24,7 +24,9 @@ import (
 // the pipelined ring. The hierarchical allreduce (hierarchical.go) runs
 // where a policy names it, or, with the default policy, where Config.Hosts
 // says several ranks share each host and the size is one it wins at; a
-// policy that was given is obeyed as it is.
+// policy that was given is obeyed as it is. Across hosts with measured
+// links (Config.Links), the zero policy is the one the links call for
+// instead (CrossHostPolicy, policy_links.go).
 
 // AllreduceRule applies Algo to allreduces of at most MaxBytes bytes.
 type AllreduceRule struct {
