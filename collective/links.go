@@ -27,7 +27,8 @@ import (
 // transfers of probeBulkBytes that the other acknowledges one by one
 // (bandwidth: the bytes over the fastest transfer's time less one round
 // trip, the first transfer not counted: a shaper may let it through in a
-// burst). The best times are the link's: what the ranks' sharing of
+// burst; how far it went beyond the rate is the link's burst,
+// ring.LinkCost.Burst). The best times are the link's: what the ranks' sharing of
 // cores adds to them is no property of the link, varies from moment to
 // moment, and shows in the schedules' timed calls (below). Every rank also times its
 // reduction of float32 bytes, and, if it compresses, its codec.
@@ -69,16 +70,17 @@ type linkSample struct {
 	class         int   // 0: within a host, 1: between hosts, -1: not measured
 	latencyNanos  int64 // half a round trip
 	bytesPerSec   int64
+	burst         int64 // bytes the first transfer moved beyond the link's rate
 	reducePerSec  int64
 	codecPerSec   int64 // 0: no codec
 	probeDuration int64 // ns the probes took on this rank
 }
 
-const linkSampleBytes = 6 * 8
+const linkSampleBytes = 7 * 8
 
 func (s linkSample) encode() []byte {
 	b := make([]byte, linkSampleBytes)
-	for i, v := range []int64{int64(s.class), s.latencyNanos, s.bytesPerSec, s.reducePerSec, s.codecPerSec, s.probeDuration} {
+	for i, v := range []int64{int64(s.class), s.latencyNanos, s.bytesPerSec, s.reducePerSec, s.codecPerSec, s.probeDuration, s.burst} {
 		binary.LittleEndian.PutUint64(b[8*i:], uint64(v))
 	}
 	return b
@@ -86,7 +88,7 @@ func (s linkSample) encode() []byte {
 
 func decodeLinkSample(b []byte) linkSample {
 	v := func(i int) int64 { return int64(binary.LittleEndian.Uint64(b[8*i:])) }
-	return linkSample{class: int(v(0)), latencyNanos: v(1), bytesPerSec: v(2), reducePerSec: v(3), codecPerSec: v(4), probeDuration: v(5)}
+	return linkSample{class: int(v(0)), latencyNanos: v(1), bytesPerSec: v(2), reducePerSec: v(3), codecPerSec: v(4), probeDuration: v(5), burst: v(6)}
 }
 
 // AgreedLinks is what the ranks of a job agreed their links and cores
@@ -106,12 +108,12 @@ type AgreedLinks struct {
 	Took   time.Duration
 }
 
-const agreedLinksBytes = 10 * 8
+const agreedLinksBytes = 10 * 8 // the last field is the burst between hosts
 
 func (a AgreedLinks) encode() []byte {
 	b := make([]byte, agreedLinksBytes)
 	for i, v := range []int64{int64(a.Local.Latency), a.Local.BytesPerSecond, int64(a.Cross.Latency), a.Cross.BytesPerSecond,
-		a.ReduceBytesPerSecond, a.CodecBytesPerSecond, int64(a.Probed[0]), int64(a.Probed[1]), int64(a.Took), 0} {
+		a.ReduceBytesPerSecond, a.CodecBytesPerSecond, int64(a.Probed[0]), int64(a.Probed[1]), int64(a.Took), a.Cross.Burst} {
 		binary.LittleEndian.PutUint64(b[8*i:], uint64(v))
 	}
 	return b
@@ -121,7 +123,7 @@ func decodeAgreedLinks(b []byte) AgreedLinks {
 	v := func(i int) int64 { return int64(binary.LittleEndian.Uint64(b[8*i:])) }
 	var a AgreedLinks
 	a.Local = ring.LinkCost{Latency: time.Duration(v(0)), BytesPerSecond: v(1)}
-	a.Cross = ring.LinkCost{Latency: time.Duration(v(2)), BytesPerSecond: v(3)}
+	a.Cross = ring.LinkCost{Latency: time.Duration(v(2)), BytesPerSecond: v(3), Burst: v(9)}
 	a.ReduceBytesPerSecond, a.CodecBytesPerSecond = v(4), v(5)
 	a.Probed = [2]int{int(v(6)), int(v(7))}
 	a.Took = time.Duration(v(8))
@@ -168,11 +170,15 @@ func rateString(bps int64) string {
 func agreeLinks(samples []linkSample) AgreedLinks {
 	var a AgreedLinks
 	var lat, bw [2][]int64
+	var burst []int64
 	var red, codec []int64
 	for _, s := range samples {
 		if s.class == 0 || s.class == 1 {
 			lat[s.class] = append(lat[s.class], s.latencyNanos)
 			bw[s.class] = append(bw[s.class], s.bytesPerSec)
+			if s.class == 1 {
+				burst = append(burst, s.burst)
+			}
 		}
 		red = append(red, s.reducePerSec)
 		if s.codecPerSec > 0 {
@@ -187,6 +193,7 @@ func agreeLinks(samples []linkSample) AgreedLinks {
 			if c == 0 {
 				a.Local = cost
 			} else {
+				cost.Burst = median(burst)
 				a.Cross = cost
 			}
 		}
@@ -271,7 +278,7 @@ func measureLinks(ctx context.Context, mesh ring.Mesh, rank, size int, hosts []i
 			}
 			continue
 		}
-		lat, bps, err := probeLink(ctx, mesh, peer)
+		lat, bps, burst, err := probeLink(ctx, mesh, peer)
 		if err != nil {
 			return AgreedLinks{}, fmt.Errorf("measuring the link to rank %d: %w", peer, err)
 		}
@@ -284,6 +291,9 @@ func measureLinks(ctx context.Context, mesh ring.Mesh, rank, size int, hosts []i
 				mine.class = 0
 			}
 			mine.latencyNanos, mine.bytesPerSec = lat.Nanoseconds(), bps
+			if mine.class == 1 {
+				mine.burst = burst
+			}
 		}
 	}
 	mine.probeDuration = time.Since(start).Nanoseconds()
@@ -356,34 +366,39 @@ func agreeOnRank0(ctx context.Context, mesh ring.Mesh, rank, size int, mine []by
 
 // probeLink measures the link to peer from its lower end: α as half the
 // shortest of probeRoundTrips round trips, then the bandwidth of the
-// fastest bulk transfer but the first, each acknowledged.
-func probeLink(ctx context.Context, mesh ring.Mesh, peer int) (time.Duration, int64, error) {
+// fastest bulk transfer but the first, each acknowledged, and the burst:
+// how many bytes of the first transfer, after the link was idle, went
+// beyond that rate (a token bucket's).
+func probeLink(ctx context.Context, mesh ring.Mesh, peer int) (latency time.Duration, bps, burst int64, err error) {
 	ping := make([]byte, 8)
 	rtts := make([]int64, probeRoundTrips)
 	for i := range rtts {
 		t0 := time.Now()
 		if err := mesh.SendTo(ctx, peer, ping); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		if err := mesh.RecvFrom(ctx, peer, ping); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		rtts[i] = time.Since(t0).Nanoseconds()
 	}
 	rtt := slices.Min(rtts)
 	bulk := make([]byte, probeBulkBytes)
-	rates := make([]int64, probeBulkTransfers)
-	for i := range rates {
+	took := make([]int64, probeBulkTransfers)
+	for i := range took {
 		t0 := time.Now()
 		if err := mesh.SendTo(ctx, peer, bulk); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		if err := mesh.RecvFrom(ctx, peer, ping); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
-		rates[i] = probeBulkBytes * int64(time.Second) / max(time.Since(t0).Nanoseconds()-rtt, 1)
+		took[i] = max(time.Since(t0).Nanoseconds()-rtt, 1)
 	}
-	return time.Duration(rtt / 2), slices.Max(rates[1:]), nil
+	fastest := slices.Min(took[1:])
+	bps = probeBulkBytes * int64(time.Second) / fastest
+	burst = max(0, probeBulkBytes-bps*took[0]/int64(time.Second))
+	return time.Duration(rtt / 2), bps, burst, nil
 }
 
 // answerProbe is the upper end of probeLink.

@@ -60,14 +60,14 @@ func TestMeasureLinksAgree(t *testing.T) {
 func TestAgreeLinksSkewed(t *testing.T) {
 	samples := []linkSample{
 		{class: 0, latencyNanos: 5_000, bytesPerSec: 4e9, reducePerSec: 3e9, codecPerSec: 1e9},
-		{class: 1, latencyNanos: 900_000, bytesPerSec: 1e8, reducePerSec: 1e9, codecPerSec: 2e8},
+		{class: 1, latencyNanos: 900_000, bytesPerSec: 1e8, reducePerSec: 1e9, codecPerSec: 2e8, burst: 300_000},
 		{class: 0, latencyNanos: 50_000, bytesPerSec: 1e9, reducePerSec: 5e9, codecPerSec: 3e9},
-		{class: 1, latencyNanos: 40_000, bytesPerSec: 2e9, reducePerSec: 2e9, codecPerSec: 1e9, probeDuration: 7e6},
+		{class: 1, latencyNanos: 40_000, bytesPerSec: 2e9, reducePerSec: 2e9, codecPerSec: 1e9, probeDuration: 7e6, burst: 200_000},
 	}
 	a := agreeLinks(samples)
 	want := ring.Links{
 		Local:                ring.LinkCost{Latency: 50 * time.Microsecond, BytesPerSecond: 1e9},
-		Cross:                ring.LinkCost{Latency: 900 * time.Microsecond, BytesPerSecond: 1e8},
+		Cross:                ring.LinkCost{Latency: 900 * time.Microsecond, BytesPerSecond: 1e8, Burst: 200_000},
 		ReduceBytesPerSecond: 2e9,
 	}
 	if a.Links != want || a.CodecBytesPerSecond != 1e9 || a.Probed != [2]int{2, 2} || a.Took != 7*time.Millisecond {

@@ -43,6 +43,7 @@ type costModel struct {
 	gamma       int64    // fs per reduced byte
 	chunk       int64
 	overhead    [maxAlgo + 1]int64 // Links.CallOverhead, fs
+	burst       int64              // Links.Cross.Burst
 }
 
 const (
@@ -75,6 +76,7 @@ func newCostModel(size int, hosts []int, l Links, chunk int) (*costModel, bool) 
 			m.beta[class] = perByte(c.BytesPerSecond)
 		}
 	}
+	m.burst = max(0, l.Cross.Burst)
 	m.gamma = perByte(l.ReduceBytesPerSecond)
 	for a, d := range l.CallOverhead {
 		m.overhead[a] = mulSat(max(0, d.Nanoseconds()), 1_000_000)
@@ -111,21 +113,44 @@ func (m *costModel) time(a Algorithm, n int64) (int64, bool) {
 
 // schedule is time without the measured call overhead.
 func (m *costModel) schedule(a Algorithm, n int64) (int64, bool) {
+	var c cost
 	switch a {
 	case AlgoDirect:
-		return m.direct(n), true
+		c = m.direct(n)
 	case AlgoRecursiveDoubling:
-		return m.halvingDoubling(n, false), true
+		c = m.halvingDoubling(n, false)
 	case AlgoRabenseifner:
-		return m.halvingDoubling(n, true), true
+		c = m.halvingDoubling(n, true)
 	case AlgoRing:
-		return m.ring(n), true
+		c = m.ring(n)
 	case AlgoHierarchical:
-		if m.hierOK {
-			return m.hierarchical(n), true
+		if !m.hierOK {
+			return 0, false
 		}
+		c = m.hierarchical(n)
+	default:
+		return 0, false
 	}
-	return 0, false
+	return m.withBurst(c), true
+}
+
+// cost is a schedule's (or a round's) time, and the most bytes it moves
+// through one NIC in one direction.
+type cost struct{ t, load int64 }
+
+func (c cost) then(d cost) cost { return cost{addSat(c.t, d.t), addSat(c.load, d.load)} }
+
+func (c cost) times(k int64) cost { return cost{mulSat(c.t, k), mulSat(c.load, k)} }
+
+// withBurst is c's time when the links between hosts pass a burst of
+// bytes at once before they go at their rate (a token bucket, as
+// ringsim's Network.Burst, full at the start of the call): the first
+// burst bytes through the busiest NIC cost no time. The bytes through a
+// NIC are on the schedule's critical path whether its phases overlap or
+// not (no stage is shorter than its own bytes), so the saving never
+// exceeds them.
+func (m *costModel) withBurst(c cost) int64 {
+	return max(0, c.t-mulSat(min(c.load, m.burst), m.beta[cross]))
 }
 
 // messages is how many chunks carry n bytes (at least one: an empty
@@ -136,11 +161,11 @@ func (m *costModel) messages(n int64) int64 { return max(1, ceilDiv(n, m.chunk))
 // to to[r] (none if to[r] < 0) and the receivers take them: α plus the
 // bytes over the slowest link, where a host's ranks share its NIC in
 // each direction and a link within a host has its own bandwidth.
-func (m *costModel) round(to []int, bytes int64) int64 {
+func (m *costModel) round(to []int, bytes int64) cost {
 	out := make([]int64, len(m.hostRanks))
 	in := make([]int64, len(m.hostRanks))
 	wire := bytes + m.messages(bytes)*HeaderSize
-	var t int64
+	var t, busiest int64
 	for r, d := range to {
 		if d < 0 {
 			continue
@@ -156,29 +181,30 @@ func (m *costModel) round(to []int, bytes int64) int64 {
 	for g := range out {
 		if load := max(out[g], in[g]); load > 0 {
 			t = max(t, addSat(m.alpha[cross], mulSat(load, m.beta[cross])))
+			busiest = max(busiest, load)
 		}
 	}
-	return t
+	return cost{t, busiest}
 }
 
 // ring: 2(N-1) steps of a segment n/N to the next rank, the N-1 of the
 // reduce-scatter reducing it, pipelined chunk by chunk.
-func (m *costModel) ring(n int64) int64 {
+func (m *costModel) ring(n int64) cost {
 	seg := ceilDiv(n, int64(m.size))
 	to := make([]int, m.size)
 	for r := range to {
 		to[r] = (r + 1) % m.size
 	}
-	steps := int64(2 * (m.size - 1))
-	return pipelined(m.messages(seg), mulSat(steps, m.round(to, seg)), mulSat(int64(m.size-1), mulSat(seg, m.gamma)))
+	steps := m.round(to, seg).times(int64(2 * (m.size - 1)))
+	return cost{pipelined(m.messages(seg), steps.t, mulSat(int64(m.size-1), mulSat(seg, m.gamma))), steps.load}
 }
 
 // halvingDoubling: recursive doubling (whole buffers every round) or
 // Rabenseifner (halves, then doubling back), on the power-of-two core of
 // the ranks with the fold in and out around it (fold in exchange.go).
-func (m *costModel) halvingDoubling(n int64, halving bool) int64 {
+func (m *costModel) halvingDoubling(n int64, halving bool) cost {
 	f := foldOf(m.size)
-	var t int64
+	var t cost
 	if f.rem > 0 {
 		in, out := make([]int, m.size), make([]int, m.size)
 		for r := range in {
@@ -187,8 +213,7 @@ func (m *costModel) halvingDoubling(n int64, halving bool) int64 {
 		for i := range f.rem {
 			in[2*i], out[2*i+1] = 2*i+1, 2*i
 		}
-		t = addSat(t, m.exchange(in, n, true))
-		t = addSat(t, m.exchange(out, n, false))
+		t = t.then(m.exchange(in, n, true)).then(m.exchange(out, n, false))
 	}
 	to := make([]int, m.size)
 	for k := range f.log {
@@ -203,48 +228,50 @@ func (m *costModel) halvingDoubling(n int64, halving bool) int64 {
 			b = ceilDiv(n, int64(2)<<k)
 			// The allgather sends the same sizes back, in reverse order,
 			// without reducing.
-			t = addSat(t, m.round(to, b))
+			t = t.then(m.round(to, b))
 		}
-		t = addSat(t, m.exchange(to, b, true))
+		t = t.then(m.exchange(to, b, true))
 	}
 	return t
 }
 
 // exchange is a round of an exchange schedule: bytes from r to to[r],
 // reduced as they arrive if reduce.
-func (m *costModel) exchange(to []int, bytes int64, reduce bool) int64 {
+func (m *costModel) exchange(to []int, bytes int64, reduce bool) cost {
 	xfer := m.round(to, bytes)
 	if !reduce {
 		return xfer
 	}
-	return pipelined(m.messages(bytes), xfer, mulSat(bytes, m.gamma))
+	return cost{pipelined(m.messages(bytes), xfer.t, mulSat(bytes, m.gamma)), xfer.load}
 }
 
 // direct: every rank sends its whole buffer to every other one, and folds
 // the N buffers as they come.
-func (m *costModel) direct(n int64) int64 {
-	return pipelined(m.messages(n), m.allToAll(n), mulSat(int64(m.size-1), mulSat(n, m.gamma)))
+func (m *costModel) direct(n int64) cost {
+	xfer := m.allToAll(n)
+	return cost{pipelined(m.messages(n), xfer.t, mulSat(int64(m.size-1), mulSat(n, m.gamma))), xfer.load}
 }
 
 // allToAll is a round in which every rank sends bytes to every other one.
-func (m *costModel) allToAll(bytes int64) int64 {
+func (m *costModel) allToAll(bytes int64) cost {
 	wire := bytes + m.messages(bytes)*HeaderSize
-	var t int64
+	var c cost
 	for _, l := range m.hostRanks {
 		if l > 1 {
-			t = max(t, addSat(m.alpha[local], mulSat(wire, m.beta[local])))
+			c.t = max(c.t, addSat(m.alpha[local], mulSat(wire, m.beta[local])))
 		}
 		load := mulSat(int64(l*(m.size-l)), wire)
-		t = max(t, addSat(m.alpha[cross], mulSat(load, m.beta[cross])))
+		c.t = max(c.t, addSat(m.alpha[cross], mulSat(load, m.beta[cross])))
+		c.load = max(c.load, load)
 	}
-	return t
+	return c
 }
 
 // hierarchical (hierarchical.go), H hosts of L ranks: segments of n/L to
 // the other local ranks (a), a ring of subsegments n/(LH) across hosts
 // whose L rings share each NIC (b), the segments back (c); four dependent
 // hops of latency, the phases overlapping chunk by chunk.
-func (m *costModel) hierarchical(n int64) int64 {
+func (m *costModel) hierarchical(n int64) cost {
 	h, l := int64(m.hier.h), int64(m.hier.l)
 	seg := ceilDiv(n, l)
 	sub := ceilDiv(seg, h)
@@ -254,9 +281,10 @@ func (m *costModel) hierarchical(n int64) int64 {
 	links := l - 1 + min(2, h-1) // local peers, and the next and previous hosts
 	latency = addSat(latency, m.handOffs(2*links))
 	a := mulSat(mulSat(h, wire(sub)), m.beta[local])
-	b := mulSat(mulSat(2*(h-1)*l, wire(sub)), m.beta[cross])
+	load := mulSat(2*(h-1)*l, wire(sub))
+	b := mulSat(load, m.beta[cross])
 	red := mulSat((l-1)*seg+(h-1)*sub, m.gamma)
-	return addSat(latency, pipelined(msgs, a, b, a, red))
+	return cost{addSat(latency, pipelined(msgs, a, b, a, red)), load}
 }
 
 // compressed (compressed.go): every rank sends its encoded share of each
@@ -270,7 +298,9 @@ func (m *costModel) compressed(n int64, c CodecCost) int64 {
 	red := mulSat(seg, mulSat(int64(m.size-1), m.gamma))
 	goroutines := 2*int64(m.size-1) + 1 // a sender and a receiver per peer, the encoder
 	fixed := addSat(m.handOffs(goroutines), mulSat(max(0, c.CallOverhead.Nanoseconds()), 1_000_000))
-	return addSat(fixed, pipelined(m.messages(seg), xfer, xfer, addSat(code, red)))
+	// The shares and the sums both leave through every NIC: one stage.
+	both := xfer.times(2)
+	return m.withBurst(cost{addSat(fixed, pipelined(m.messages(seg), both.t, addSat(code, red))), both.load})
 }
 
 // handOffs is what starting and waking n goroutines of a schedule costs.

@@ -26,10 +26,13 @@ import (
 // effects) decide, and they were measured.
 
 // LinkCost is the α-β cost of one class of link: a message of b bytes
-// takes Latency + b/BytesPerSecond.
+// takes Latency + b/BytesPerSecond, the first Burst bytes of a call
+// excepted (they go at once: a link shaped by a token bucket, as tc's tbf
+// shapes one, passes that much after a pause; 0 for a plain link).
 type LinkCost struct {
 	Latency        time.Duration
 	BytesPerSecond int64
+	Burst          int64 // only for links between hosts
 }
 
 // Valid reports whether c describes a usable link (positive bandwidth,
@@ -40,7 +43,11 @@ func (c LinkCost) String() string {
 	if !c.Valid() {
 		return "unmeasured"
 	}
-	return fmt.Sprintf("latency %v, %s/s", c.Latency, formatRate(c.BytesPerSecond))
+	s := fmt.Sprintf("latency %v, %s/s", c.Latency, formatRate(c.BytesPerSecond))
+	if c.Burst > 0 {
+		s += fmt.Sprintf(", burst %d bytes", c.Burst)
+	}
+	return s
 }
 
 // Links is the agreed model of a job's links and cores: what every rank

@@ -76,6 +76,34 @@ func TestCompressionPaysFrom(t *testing.T) {
 	if slow >= fast {
 		t.Errorf("int8 pays from %d on 1 Gbit/s, %d on faster links: want earlier on the slower", slow, fast)
 	}
+	// A link shaped with a burst of 256 KB passes an uncompressed 64 KiB
+	// allreduce at once: compressing it saves nothing there.
+	shaped := gigabitLinks
+	shaped.Cross.Burst = 256 << 10
+	if from, ok := CompressionPaysFrom(4, hosts, shaped, 0, int8Cost); !ok || from <= 64<<10 || from > 64<<20 {
+		t.Errorf("1 Gbit/s links with a 256 KB burst: int8 from %d (%v), want above 64 KiB and at most 64 MiB", from, ok)
+	}
+}
+
+// TestBurstIsFreeUpToItsSize: a burst takes off the time of the bytes it
+// lets through at once, never more than the schedule's own cross-host
+// bytes, so no time goes below zero.
+func TestBurstIsFreeUpToItsSize(t *testing.T) {
+	hosts := []int{0, 0, 1, 1}
+	plain, _ := AllreduceCost(AlgoRabenseifner, 64<<10, 4, hosts, gigabitLinks, 0)
+	shaped := gigabitLinks
+	shaped.Cross.Burst = 256 << 10
+	burst, _ := AllreduceCost(AlgoRabenseifner, 64<<10, 4, hosts, shaped, 0)
+	if burst >= plain || burst <= 0 {
+		t.Errorf("64 KiB under a 256 KB burst: %v, without %v; want less, and positive", burst, plain)
+	}
+	huge := gigabitLinks
+	huge.Cross.Burst = 1 << 40
+	for _, a := range candidates {
+		if d, ok := AllreduceCost(a, 64<<20, 4, hosts, huge, 0); ok && d < 0 {
+			t.Errorf("%v under an endless burst: %v", a, d)
+		}
+	}
 }
 
 // TestCrossHostPolicyWhereNot: one host, a missing link class or no

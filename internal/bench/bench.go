@@ -449,7 +449,11 @@ func writeLinks(w io.Writer, comm *collective.Comm, o Options) {
 		if l.Probed[0] > 0 {
 			fmt.Fprintf(w, "# links within hosts: latency %v, %s/s (%d measured)\n", l.Local.Latency.Round(100*time.Nanosecond), rate(l.Local.BytesPerSecond), l.Probed[0])
 		}
-		fmt.Fprintf(w, "# links between hosts: latency %v, %s/s (%d measured)\n", l.Cross.Latency.Round(100*time.Nanosecond), rate(l.Cross.BytesPerSecond), l.Probed[1])
+		fmt.Fprintf(w, "# links between hosts: latency %v, %s/s", l.Cross.Latency.Round(100*time.Nanosecond), rate(l.Cross.BytesPerSecond))
+		if l.Cross.Burst > 0 {
+			fmt.Fprintf(w, ", burst %.0f KB", float64(l.Cross.Burst)/1e3)
+		}
+		fmt.Fprintf(w, " (%d measured)\n", l.Probed[1])
 		fmt.Fprintf(w, "# reduce %s/s per core", rate(l.ReduceBytesPerSecond))
 		if l.CodecBytesPerSecond > 0 {
 			fmt.Fprintf(w, ", %s coding %s/s", o.Compression, rate(l.CodecBytesPerSecond))
