@@ -25,6 +25,11 @@ import (
 // hierarchical and the compressed ones: a sender and a receiver per link)
 // pays one local α for each: handing work to another thread and waking
 // it up is what a message between two processes of one host costs too.
+// What they cost beyond that shows in the calls timed at start
+// (Links.CallOverhead); the hierarchical schedule's, over its goroutines,
+// is also what a round too large to send before receiving pays for the
+// sender goroutine it starts (senderFor): recursive doubling's whole
+// buffers above SmallBytes pay it every round.
 //
 // Times are integers in femtoseconds (a byte at 1 PB/s), with saturating
 // arithmetic: every rank computes exactly the same numbers from the same
@@ -43,6 +48,7 @@ type costModel struct {
 	gamma       int64    // fs per reduced byte
 	chunk       int64
 	overhead    [maxAlgo + 1]int64 // Links.CallOverhead, fs
+	sender      int64              // a sender goroutine's start and hand-offs, fs (senderCost)
 	burst       int64              // Links.Cross.Burst
 }
 
@@ -77,6 +83,7 @@ func newCostModel(size int, hosts []int, l Links, chunk int) (*costModel, bool) 
 		}
 	}
 	m.burst = max(0, l.Cross.Burst)
+	m.sender = m.senderCost()
 	m.gamma = perByte(l.ReduceBytesPerSecond)
 	for a, d := range l.CallOverhead {
 		m.overhead[a] = mulSat(max(0, d.Nanoseconds()), 1_000_000)
@@ -196,7 +203,35 @@ func (m *costModel) ring(n int64) cost {
 		to[r] = (r + 1) % m.size
 	}
 	steps := m.round(to, seg).times(int64(2 * (m.size - 1)))
-	return cost{pipelined(m.messages(seg), steps.t, mulSat(int64(m.size-1), mulSat(seg, m.gamma))), steps.load}
+	return cost{addSat(m.senderFor(seg), pipelined(m.messages(seg), steps.t, mulSat(int64(m.size-1), mulSat(seg, m.gamma)))), steps.load}
+}
+
+// senderCost is what a goroutine's start and hand-offs cost on the job's
+// cores: the hierarchical schedule's measured call overhead
+// (Links.CallOverhead) over the goroutines it starts, a sender and a
+// receiver per link; 0 where it does not run.
+func (m *costModel) senderCost() int64 {
+	if !m.hierOK {
+		return 0
+	}
+	return m.overhead[AlgoHierarchical] / (2 * m.hierLinks())
+}
+
+// hierLinks is how many links each rank of the hierarchical schedule
+// uses: its host's other ranks, and the next and previous hosts.
+func (m *costModel) hierLinks() int64 {
+	return int64(m.hier.l - 1 + min(2, m.hier.h-1))
+}
+
+// senderFor is what a step or round of bytes costs for a sender goroutine
+// (none up to SmallBytes, with the header): rounds of an exchange
+// schedule too large to send before receiving hand their sends to one,
+// as the pipelined ring does once a call.
+func (m *costModel) senderFor(bytes int64) int64 {
+	if bytes+HeaderSize <= SmallBytes {
+		return 0
+	}
+	return m.sender
 }
 
 // halvingDoubling: recursive doubling (whole buffers every round) or
@@ -228,7 +263,7 @@ func (m *costModel) halvingDoubling(n int64, halving bool) cost {
 			b = ceilDiv(n, int64(2)<<k)
 			// The allgather sends the same sizes back, in reverse order,
 			// without reducing.
-			t = t.then(m.round(to, b))
+			t = t.then(m.round(to, b)).then(cost{t: m.senderFor(b)})
 		}
 		t = t.then(m.exchange(to, b, true))
 	}
@@ -239,6 +274,7 @@ func (m *costModel) halvingDoubling(n int64, halving bool) cost {
 // reduced as they arrive if reduce.
 func (m *costModel) exchange(to []int, bytes int64, reduce bool) cost {
 	xfer := m.round(to, bytes)
+	xfer.t = addSat(xfer.t, m.senderFor(bytes))
 	if !reduce {
 		return xfer
 	}
@@ -249,7 +285,7 @@ func (m *costModel) exchange(to []int, bytes int64, reduce bool) cost {
 // the N buffers as they come.
 func (m *costModel) direct(n int64) cost {
 	xfer := m.allToAll(n)
-	return cost{pipelined(m.messages(n), xfer.t, mulSat(int64(m.size-1), mulSat(n, m.gamma))), xfer.load}
+	return cost{addSat(m.senderFor(n), pipelined(m.messages(n), xfer.t, mulSat(int64(m.size-1), mulSat(n, m.gamma)))), xfer.load}
 }
 
 // allToAll is a round in which every rank sends bytes to every other one.
@@ -278,8 +314,7 @@ func (m *costModel) hierarchical(n int64) cost {
 	msgs := m.messages(sub)
 	wire := func(b int64) int64 { return b + m.messages(b)*HeaderSize }
 	latency := addSat(2*m.alpha[local], mulSat(2*(h-1), m.alpha[cross]))
-	links := l - 1 + min(2, h-1) // local peers, and the next and previous hosts
-	latency = addSat(latency, m.handOffs(2*links))
+	latency = addSat(latency, m.handOffs(2*m.hierLinks()))
 	a := mulSat(mulSat(h, wire(sub)), m.beta[local])
 	load := mulSat(2*(h-1)*l, wire(sub))
 	b := mulSat(load, m.beta[cross])

@@ -16,7 +16,7 @@ import (
 // same policy from them with the α-β(-γ) model of policy_cost.go: for
 // every size of a fixed grid, the cheapest of direct, recursive doubling,
 // Rabenseifner, the ring and (when the layout allows it) the hierarchical
-// schedule. The arithmetic is on integers, so ranks on different machines
+// schedule, where it beats the measured defaults' choice by a margin. The arithmetic is on integers, so ranks on different machines
 // (and CPU architectures) that hold the same Links pick the same
 // algorithm: a choice made from local clocks would break the call
 // fingerprint (Call.Algo) the first time two ranks disagreed.
@@ -106,6 +106,15 @@ func crossHost(hosts []int) bool {
 	return len(hosts) > 1 && !oneHost(hosts)
 }
 
+// The model replaces the measured defaults' choice for a size (those of
+// one host, defaultRules) only where it predicts a gain beyond its own
+// error, marginNum/marginDen: its numbers are a snapshot of links and cores
+// that other work shares, and the same schedule timed twice at start
+// differs by up to that much. Below it, where latency-bound schedules
+// differ by a few round trips and by costs no link measurement shows
+// (a sender goroutine, a fold), the measured rules know better.
+const marginNum, marginDen = 5, 4
+
 // CrossHostPolicy returns the allreduce policy the model picks for a job
 // of size ranks on the host layout hosts (Config.Hosts) over a Mesh, with
 // links l and ChunkBytes chunk (0: DefaultChunkBytes), and false where the
@@ -118,8 +127,14 @@ func CrossHostPolicy(size int, hosts []int, l Links, chunk int) (AllreducePolicy
 	}
 	var rules []AllreduceRule
 	grid := policyGrid()
+	fixed := AllreducePolicy{Rules: defaultRules(size, true, false)}
 	for i, n := range grid {
-		a, _ := m.cheapest(n)
+		a, t := m.cheapest(n)
+		if d, _ := fixed.pick(int(n)); d != a {
+			if td, ok := m.time(d, n); ok && td <= mulSat(t, marginNum)/marginDen {
+				a = d
+			}
+		}
 		max := int(n)
 		if i == len(grid)-1 {
 			max = NoLimit

@@ -19,6 +19,11 @@ var (
 		Cross:                LinkCost{Latency: 40 * time.Microsecond, BytesPerSecond: 125e6},
 		ReduceBytesPerSecond: 3e9,
 	}
+	farLinks = Links{
+		Local:                fastLinks.Local,
+		Cross:                LinkCost{Latency: 5 * time.Millisecond, BytesPerSecond: 1.25e9},
+		ReduceBytesPerSecond: 3e9,
+	}
 	int8Cost = CodecCost{Num: 27, Den: 100, BytesPerSecond: 1e9}
 )
 
@@ -39,6 +44,8 @@ func policyFor(t *testing.T, size int, hosts []int, l Links) AllreducePolicy {
 // 1 MiB on a fast link, where the hierarchical one has no chunks to
 // overlap its phases with; the hierarchical one at 64 MiB, where it sends
 // each host's bytes across once, overlapped with the work within it.
+// Where the hosts are far apart (5 ms), recursive doubling's half as many
+// hops take it well beyond the 16 KiB of the measured defaults.
 func TestCrossHostPolicyChoices(t *testing.T) {
 	hosts := []int{0, 0, 1, 1}
 	for _, c := range []struct {
@@ -47,7 +54,8 @@ func TestCrossHostPolicyChoices(t *testing.T) {
 		bytes int
 		want  Algorithm
 	}{
-		{"fast 4B", fastLinks, 4, AlgoDirect},
+		{"fast 4B", fastLinks, 4, AlgoRecursiveDoubling}, // the measured default: no clear gain elsewhere
+		{"far 256KiB", farLinks, 256 << 10, AlgoRecursiveDoubling},
 		{"fast 1MiB", fastLinks, 1 << 20, AlgoRabenseifner},
 		{"fast 64MiB", fastLinks, 64 << 20, AlgoHierarchical},
 		{"1Gbit 1MiB", gigabitLinks, 1 << 20, AlgoRabenseifner},
@@ -212,6 +220,28 @@ func TestCostSaturates(t *testing.T) {
 	for _, a := range candidates {
 		if tm, ok := m.time(a, 1<<30); ok && tm <= 0 {
 			t.Errorf("%v: time %d, want positive", a, tm)
+		}
+	}
+}
+
+// TestCrossHostPolicyKeepsDefaultsWithinMargin: where the model's best
+// beats the measured defaults' choice by less than its margin, the
+// default stays.
+func TestCrossHostPolicyKeepsDefaultsWithinMargin(t *testing.T) {
+	hosts := []int{0, 0, 1, 1}
+	m, _ := newCostModel(4, hosts, fastLinks, 0)
+	p := policyFor(t, 4, hosts, fastLinks)
+	fixed := AllreducePolicy{Rules: defaultRules(4, true, false)}
+	for _, n := range policyGrid() {
+		got, _ := p.pick(int(n))
+		d, _ := fixed.pick(int(n))
+		if got == d {
+			continue
+		}
+		tg, _ := m.time(got, n)
+		td, _ := m.time(d, n)
+		if tg*marginNum/marginDen >= td {
+			t.Errorf("%d bytes: %v (%d fs) replaces the default %v (%d fs) by less than the margin", n, got, tg, d, td)
 		}
 	}
 }
