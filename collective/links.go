@@ -53,7 +53,7 @@ import (
 // what the policy comes from for the life of the job.
 
 const (
-	probeRoundTrips = 5
+	probeRoundTrips = 10
 	// probeBulkBytes is large enough that a link's bandwidth, not its
 	// latency, sets a transfer's time, and small enough that the
 	// transfers cost about a ms at 10 Gbit/s (25 ms at 1 Gbit/s).
@@ -165,7 +165,7 @@ func rateString(bps int64) string {
 
 // agreeLinks combines every rank's sample (samples[r] is rank r's) into
 // the numbers every rank uses: per class, the median over the links
-// probed (of two, the slower); for the cores, the median over the ranks. It is a function of
+// probed (see median); for the cores, the median over the ranks. It is a function of
 // the samples alone, so every rank given them computes the same result.
 func agreeLinks(samples []linkSample) AgreedLinks {
 	var a AgreedLinks
@@ -189,7 +189,7 @@ func agreeLinks(samples []linkSample) AgreedLinks {
 	for c := range 2 {
 		a.Probed[c] = len(lat[c])
 		if len(lat[c]) > 0 {
-			cost := ring.LinkCost{Latency: time.Duration(upperMedian(lat[c])), BytesPerSecond: median(bw[c])}
+			cost := ring.LinkCost{Latency: time.Duration(median(lat[c])), BytesPerSecond: median(bw[c])}
 			if c == 0 {
 				a.Local = cost
 			} else {
@@ -205,9 +205,10 @@ func agreeLinks(samples []linkSample) AgreedLinks {
 	return a
 }
 
-// median is the lower median of v (0 for none), upperMedian the upper:
-// of an even number of links, the slower one's bandwidth and latency, as
-// a collective waits for its slowest link.
+// median is the lower median of v (0 for none): of two links, the
+// slower one's bandwidth (a collective waits for its slowest link) and
+// the shorter latency (what inflates a round trip is mostly the cores'
+// load at the moment, not the link).
 func median(v []int64) int64 {
 	if len(v) == 0 {
 		return 0
@@ -215,15 +216,6 @@ func median(v []int64) int64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
 	return s[(len(s)-1)/2]
-}
-
-func upperMedian(v []int64) int64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 // probePartners returns, for each probe phase, the rank this one probes

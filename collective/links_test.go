@@ -54,8 +54,9 @@ func TestMeasureLinksAgree(t *testing.T) {
 }
 
 // TestAgreeLinksSkewed: however far apart the ranks' own measurements
-// are, the agreed numbers are the per-class medians (of two links, the
-// slower one's), the same whichever order the samples come in, and
+// are, the agreed numbers are the per-class lower medians (of two links,
+// the slower bandwidth and the shorter latency), the same whichever order
+// the samples come in, and
 // survive the trip to the other ranks.
 func TestAgreeLinksSkewed(t *testing.T) {
 	samples := []linkSample{
@@ -66,8 +67,8 @@ func TestAgreeLinksSkewed(t *testing.T) {
 	}
 	a := agreeLinks(samples)
 	want := ring.Links{
-		Local:                ring.LinkCost{Latency: 50 * time.Microsecond, BytesPerSecond: 1e9},
-		Cross:                ring.LinkCost{Latency: 900 * time.Microsecond, BytesPerSecond: 1e8, Burst: 200_000},
+		Local:                ring.LinkCost{Latency: 5 * time.Microsecond, BytesPerSecond: 1e9},
+		Cross:                ring.LinkCost{Latency: 40 * time.Microsecond, BytesPerSecond: 1e8, Burst: 200_000},
 		ReduceBytesPerSecond: 2e9,
 	}
 	if a.Links != want || a.CodecBytesPerSecond != 1e9 || a.Probed != [2]int{2, 2} || a.Took != 7*time.Millisecond {

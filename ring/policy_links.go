@@ -110,10 +110,26 @@ func crossHost(hosts []int) bool {
 // one host, defaultRules) only where it predicts a gain beyond its own
 // error, marginNum/marginDen: its numbers are a snapshot of links and cores
 // that other work shares, and the same schedule timed twice at start
-// differs by up to that much. Below it, where latency-bound schedules
-// differ by a few round trips and by costs no link measurement shows
-// (a sender goroutine, a fold), the measured rules know better.
-const marginNum, marginDen = 5, 4
+// differs by up to that much. Up to SmallBytes, where every schedule is a
+// few round trips and the choice turns on the number of hops, the margin
+// is 2: a round trip between hosts is the noisiest of the numbers (on
+// cores that other work shares, the shortest of a few varies several-fold
+// from one start to the next), and what else tells the schedules apart
+// there (a fold, a goroutine) no link measurement shows, while the
+// measured rules were timed on these costs.
+const (
+	marginNum, marginDen = 5, 4
+	smallMarginNum       = 2
+)
+
+// clearlyFaster reports whether t beats the default's time td for n
+// bytes by the model's margin.
+func clearlyFaster(t, td, n int64) bool {
+	if n <= SmallBytes {
+		return mulSat(t, smallMarginNum) < td
+	}
+	return mulSat(t, marginNum)/marginDen < td
+}
 
 // CrossHostPolicy returns the allreduce policy the model picks for a job
 // of size ranks on the host layout hosts (Config.Hosts) over a Mesh, with
@@ -131,7 +147,7 @@ func CrossHostPolicy(size int, hosts []int, l Links, chunk int) (AllreducePolicy
 	for i, n := range grid {
 		a, t := m.cheapest(n)
 		if d, _ := fixed.pick(int(n)); d != a {
-			if td, ok := m.time(d, n); ok && td <= mulSat(t, marginNum)/marginDen {
+			if td, ok := m.time(d, n); ok && !clearlyFaster(t, td, n) {
 				a = d
 			}
 		}

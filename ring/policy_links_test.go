@@ -240,7 +240,7 @@ func TestCrossHostPolicyKeepsDefaultsWithinMargin(t *testing.T) {
 		}
 		tg, _ := m.time(got, n)
 		td, _ := m.time(d, n)
-		if tg*marginNum/marginDen >= td {
+		if !clearlyFaster(tg, td, n) {
 			t.Errorf("%d bytes: %v (%d fs) replaces the default %v (%d fs) by less than the margin", n, got, tg, d, td)
 		}
 	}
