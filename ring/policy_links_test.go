@@ -142,28 +142,32 @@ func TestCrossHostPolicyWhereNot(t *testing.T) {
 }
 
 // TestCrossHostPolicyIsMonotoneInLatency: the slower the links between
-// hosts, the later the bandwidth-optimal schedules take over from the
-// latency-bound ones, never earlier.
+// hosts are to answer, the larger the sizes recursive doubling (half the
+// hops of Rabenseifner, whole buffers) keeps, never smaller.
 func TestCrossHostPolicyIsMonotoneInLatency(t *testing.T) {
 	hosts := []int{0, 0, 1, 1, 2, 2, 3, 3}
-	firstBandwidthBound := func(l Links) int {
+	lastRecursiveDoubling := func(l Links) int {
 		p := policyFor(t, 8, hosts, l)
-		for _, r := range p.Rules {
-			if r.Algo == AlgoRabenseifner || r.Algo == AlgoRing || r.Algo == AlgoHierarchical {
-				return r.MaxBytes
+		last := 0
+		for _, n := range policyGrid() {
+			if a, _ := p.pick(int(n)); a == AlgoRecursiveDoubling {
+				last = int(n)
 			}
 		}
-		return NoLimit
+		return last
 	}
 	prev := 0
-	for _, lat := range []time.Duration{time.Microsecond, 10 * time.Microsecond, 100 * time.Microsecond, time.Millisecond} {
+	for _, lat := range []time.Duration{time.Microsecond, 10 * time.Microsecond, 100 * time.Microsecond, time.Millisecond, 10 * time.Millisecond} {
 		l := fastLinks
 		l.Cross.Latency = lat
-		at := firstBandwidthBound(l)
-		if at < prev {
-			t.Errorf("latency %v: bandwidth-bound schedules from %d, below %d at a lower latency", lat, at, prev)
+		last := lastRecursiveDoubling(l)
+		if last < prev {
+			t.Errorf("latency %v: recursive doubling up to %d, below %d at a lower latency", lat, last, prev)
 		}
-		prev = at
+		prev = last
+	}
+	if prev <= SmallBytes {
+		t.Errorf("at 10 ms between hosts, recursive doubling only up to %d", prev)
 	}
 }
 
@@ -224,9 +228,9 @@ func TestCostSaturates(t *testing.T) {
 	}
 }
 
-// TestCrossHostPolicyKeepsDefaultsWithinMargin: where the model's best
-// beats the measured defaults' choice by less than its margin, the
-// default stays.
+// TestCrossHostPolicyKeepsDefaultsWithinMargin: up to SmallBytes, and
+// where the model's best beats the measured defaults' choice by less than
+// its margin, the default stays.
 func TestCrossHostPolicyKeepsDefaultsWithinMargin(t *testing.T) {
 	hosts := []int{0, 0, 1, 1}
 	m, _ := newCostModel(4, hosts, fastLinks, 0)
@@ -238,9 +242,13 @@ func TestCrossHostPolicyKeepsDefaultsWithinMargin(t *testing.T) {
 		if got == d {
 			continue
 		}
+		if n <= SmallBytes {
+			t.Errorf("%d bytes: %v replaces the default %v up to SmallBytes", n, got, d)
+			continue
+		}
 		tg, _ := m.time(got, n)
 		td, _ := m.time(d, n)
-		if !clearlyFaster(tg, td, n) {
+		if !clearlyFaster(tg, td) {
 			t.Errorf("%d bytes: %v (%d fs) replaces the default %v (%d fs) by less than the margin", n, got, tg, d, td)
 		}
 	}
