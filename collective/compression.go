@@ -26,7 +26,8 @@ import (
 
 // DefaultCompressionThreshold is the smallest buffer compressed by default:
 // below it an allreduce is bound by latency, and encoding would only add
-// work.
+// work. A job across hosts takes the size from which its measured links
+// say the codec pays instead (adoptLinks, links.go).
 const DefaultCompressionThreshold = 64 << 10
 
 // EnvCompression and EnvCompressionThreshold set the Comm's default codec
@@ -54,7 +55,7 @@ func WithCompression(codec compress.Codec) Option {
 }
 
 // WithCompressionThreshold sets the smallest buffer, in bytes, that is
-// compressed (default 64 KiB).
+// compressed (default 64 KiB; across hosts, what the links call for).
 func WithCompressionThreshold(bytes int) Option {
 	return func(c *config) { c.compression.threshold, c.compression.set = bytes, true }
 }
@@ -89,7 +90,8 @@ type CompressionStats struct {
 }
 
 // CompressionThreshold is the smallest buffer, in bytes, that this Comm
-// compresses (WithCompressionThreshold, GORUN_COMPRESSION_THRESHOLD, or
+// compresses (WithCompressionThreshold, GORUN_COMPRESSION_THRESHOLD, what
+// the measured links call for across hosts, or
 // DefaultCompressionThreshold).
 func (c *Comm) CompressionThreshold() int { return c.compression.cfg.threshold }
 

@@ -20,18 +20,18 @@ import (
 // phases, one after the other (rank 0 lets the next begin once every rank
 // finished the one before), so that no rank takes part in two probes at
 // once: each pair (r, r+1) with r even, then with r odd, then the pair
-// (N-1, 0). In a probe
-// the lower end of the pair sends probeRoundTrips small messages that the
-// other echoes (α: half the shortest round trip, the real data path with
-// its framing, system calls and wake-ups), then probeBulkTransfers bulk
-// transfers of probeBulkBytes that the other acknowledges one by one
-// (bandwidth: the bytes over the fastest transfer's time less one round
-// trip, the first transfer not counted: a shaper may let it through in a
-// burst; how far it went beyond the rate is the link's burst,
-// ring.LinkCost.Burst). The best times are the link's: what the ranks' sharing of
-// cores adds to them is no property of the link, varies from moment to
-// moment, and shows in the schedules' timed calls (below). Every rank also times its
-// reduction of float32 bytes, and, if it compresses, its codec.
+// (N-1, 0). In a probe the lower end of the pair sends probeRoundTrips
+// small messages that the other echoes (α: half the shortest round trip,
+// the real data path with its framing, system calls and wake-ups), then
+// probeBulkTransfers bulk transfers of probeBulkBytes that the other
+// acknowledges one by one (bandwidth: the bytes over the fastest
+// transfer's time less one round trip, the first transfer not counted: a
+// shaper may let it through in a burst; how far it went beyond the rate is
+// the link's burst, ring.LinkCost.Burst). The best times are the link's:
+// what the ranks' sharing of cores adds to them is no property of the
+// link, varies from moment to moment, and shows in the schedules' timed
+// calls (below). Every rank also times its reduction of float32 bytes,
+// and, if it compresses, its codec (links_probe.go).
 //
 // Every rank sends what it measured to rank 0, which takes the median of
 // each link class (within a host, between hosts) and of the cores, and
@@ -45,24 +45,12 @@ import (
 // from (and of the compressed one), and what each took beyond the model's
 // time for it becomes that schedule's per-call overhead
 // (ring.Links.CallOverhead), agreed as the rest: rank 0 takes the median
-// over the ranks.
+// over the ranks (links_calibrate.go).
 //
 // Refining the numbers later from the job's own collectives (as Horovod's
 // autotune does) would have to go through the same agreement, at a step
 // every rank takes at once; it is not done: the numbers taken at start are
 // what the policy comes from for the life of the job.
-
-const (
-	probeRoundTrips = 10
-	// probeBulkBytes is large enough that a link's bandwidth, not its
-	// latency, sets a transfer's time, and small enough that the
-	// transfers cost about a ms at 10 Gbit/s (25 ms at 1 Gbit/s).
-	probeBulkBytes     = 1 << 20
-	probeBulkTransfers = 3 // the first one not counted
-	// probeReduceBytes is the buffer the cores' rates are timed on: 16
-	// chunks, out of L1 and L2 as a large collective's buffers are.
-	probeReduceBytes = 4 << 20
-)
 
 // linkSample is one rank's measurements: its probe of its link to the next
 // rank (class -1: none) and its cores.
@@ -218,33 +206,6 @@ func median(v []int64) int64 {
 	return s[(len(s)-1)/2]
 }
 
-// probePartners returns, for each probe phase, the rank this one probes
-// (it is the lower end: it measures) or answers (-1: idle), and whether it
-// is the prober.
-func probePartners(rank, size int) (partner [3]int, prober [3]bool) {
-	partner = [3]int{-1, -1, -1}
-	if size < 2 {
-		return
-	}
-	for phase := range 2 {
-		switch {
-		case rank%2 == phase && rank+1 < size:
-			partner[phase], prober[phase] = rank+1, true
-		case rank%2 != phase && rank > 0 && (rank-1)%2 == phase:
-			partner[phase] = rank - 1
-		}
-	}
-	if size > 2 {
-		switch rank {
-		case size - 1:
-			partner[2], prober[2] = 0, true
-		case 0:
-			partner[2] = size - 1
-		}
-	}
-	return
-}
-
 // measureLinks probes this rank's links (see above), times its cores and
 // the schedules, and returns what every rank agreed, within ctx. chunk is
 // ring.Config.ChunkBytes, codec the Comm's codec (nil: none).
@@ -356,105 +317,6 @@ func agreeOnRank0(ctx context.Context, mesh ring.Mesh, rank, size int, mine []by
 	return out, nil
 }
 
-// probeLink measures the link to peer from its lower end: α as half the
-// shortest of probeRoundTrips round trips, then the bandwidth of the
-// fastest bulk transfer but the first, each acknowledged, and the burst:
-// how many bytes of the first transfer, after the link was idle, went
-// beyond that rate (a token bucket's).
-func probeLink(ctx context.Context, mesh ring.Mesh, peer int) (latency time.Duration, bps, burst int64, err error) {
-	ping := make([]byte, 8)
-	rtts := make([]int64, probeRoundTrips)
-	for i := range rtts {
-		t0 := time.Now()
-		if err := mesh.SendTo(ctx, peer, ping); err != nil {
-			return 0, 0, 0, err
-		}
-		if err := mesh.RecvFrom(ctx, peer, ping); err != nil {
-			return 0, 0, 0, err
-		}
-		rtts[i] = time.Since(t0).Nanoseconds()
-	}
-	rtt := slices.Min(rtts)
-	bulk := make([]byte, probeBulkBytes)
-	took := make([]int64, probeBulkTransfers)
-	for i := range took {
-		t0 := time.Now()
-		if err := mesh.SendTo(ctx, peer, bulk); err != nil {
-			return 0, 0, 0, err
-		}
-		if err := mesh.RecvFrom(ctx, peer, ping); err != nil {
-			return 0, 0, 0, err
-		}
-		took[i] = max(time.Since(t0).Nanoseconds()-rtt, 1)
-	}
-	fastest := slices.Min(took[1:])
-	bps = probeBulkBytes * int64(time.Second) / fastest
-	burst = max(0, probeBulkBytes-bps*took[0]/int64(time.Second))
-	return time.Duration(rtt / 2), bps, burst, nil
-}
-
-// answerProbe is the upper end of probeLink.
-func answerProbe(ctx context.Context, mesh ring.Mesh, peer int) error {
-	ping := make([]byte, 8)
-	for range probeRoundTrips {
-		if err := mesh.RecvFrom(ctx, peer, ping); err != nil {
-			return err
-		}
-		if err := mesh.SendTo(ctx, peer, ping); err != nil {
-			return err
-		}
-	}
-	bulk := make([]byte, probeBulkBytes)
-	for range probeBulkTransfers {
-		if err := mesh.RecvFrom(ctx, peer, bulk); err != nil {
-			return err
-		}
-		if err := mesh.SendTo(ctx, peer, ping); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// timeCores times this rank's reduction of float32 bytes (the received
-// bytes added into a buffer, as a reduce-scatter does) and, if codec is
-// set, the coding of a compressed allreduce (one encode and two decodes
-// per value: its shares, then the owners' sums). Each is the best of a few
-// runs, so that one preemption does not count as the core's speed.
-func timeCores(codec compress.Codec) (reducePerSec, codecPerSec int64) {
-	const values = probeReduceBytes / 4
-	dst := make([]float32, values)
-	src := make([]float32, values)
-	for i := range src {
-		src[i] = float32(i%97) * 0.5
-	}
-	raw := make([]byte, probeReduceBytes)
-	compress.None().Encode(raw, src)
-	adder := compress.None().(compress.AccumulateDecoder)
-	best := func(run func()) int64 {
-		fastest := int64(0)
-		for range 3 {
-			t0 := time.Now()
-			run()
-			if d := time.Since(t0).Nanoseconds(); fastest == 0 || d < fastest {
-				fastest = d
-			}
-		}
-		return probeReduceBytes * int64(time.Second) / max(fastest, 1)
-	}
-	reducePerSec = best(func() { adder.DecodeAdd(dst, raw) })
-	if codec == nil || codec.Name() == "none" {
-		return reducePerSec, 0
-	}
-	enc := make([]byte, codec.EncodedLen(values))
-	codecPerSec = best(func() {
-		codec.Encode(enc, src)
-		codec.Decode(dst, enc)
-		codec.Decode(dst, enc)
-	})
-	return reducePerSec, codecPerSec
-}
-
 // spansHosts reports whether hosts (ring.Config.Hosts) puts the ranks on
 // more than one host.
 func spansHosts(hosts []int) bool {
@@ -535,67 +397,6 @@ func thresholdString(n int) string {
 	return fmt.Sprintf("%d bytes", n)
 }
 
-// calibrationBytes is the allreduce the schedules are timed on: small,
-// so the time is the per-call cost the model leaves out, and cheap at
-// start; calibrationCalls calls of each, the first not counted.
-const (
-	calibrationBytes = 4 << 10
-	calibrationCalls = 6
-)
-
-// timeSchedules times calls of every schedule the model picks from, and
-// of the compressed one with codec, on this rank, and returns what each
-// took beyond the model's time (ns; indexed by ring.Algorithm, then the
-// codec's last).
-func timeSchedules(ctx context.Context, mesh ring.Mesh, rank, size int, hosts []int, chunk int, a AgreedLinks, codec compress.Codec) ([]int64, error) {
-	over := make([]int64, len(a.CallOverhead)+1)
-	buf := make([]byte, calibrationBytes)
-	call := ring.Call{Kind: ring.Allreduce, Op: ring.Sum, DType: ring.Float32, Count: calibrationBytes / 4}
-	timeCalls := func(run func(ring.Call) error) (time.Duration, error) {
-		var took []int64
-		for i := range calibrationCalls {
-			call.Seq = uint64(i + 1)
-			t0 := time.Now()
-			if err := run(call); err != nil {
-				return 0, err
-			}
-			if i > 0 {
-				took = append(took, time.Since(t0).Nanoseconds())
-			}
-		}
-		return time.Duration(median(took)), nil
-	}
-	for _, algo := range ring.ModelCandidates(size, hosts) {
-		rg, err := ring.New(ring.Config{Rank: rank, Size: size, Hosts: hosts, ChunkBytes: chunk,
-			Allreduce: ring.AllreducePolicy{Rules: []ring.AllreduceRule{{MaxBytes: ring.NoLimit, Algo: algo}}}}, mesh)
-		if err != nil {
-			return nil, err
-		}
-		took, err := timeCalls(func(c ring.Call) error { return rg.Allreduce(ctx, c, buf) })
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", algo, err)
-		}
-		model, _ := ring.AllreduceCost(algo, calibrationBytes, size, hosts, a.Links, chunk)
-		over[algo] = max(0, (took - model).Nanoseconds())
-	}
-	if cost, ok := a.codecCost(codec); ok {
-		rg, err := ring.New(ring.Config{Rank: rank, Size: size, Hosts: hosts, ChunkBytes: chunk}, mesh)
-		if err != nil {
-			return nil, err
-		}
-		took, err := timeCalls(func(c ring.Call) error {
-			_, err := rg.AllreduceCompressed(ctx, c, buf, codec, nil)
-			return err
-		})
-		if err != nil {
-			return nil, fmt.Errorf("%s compressed: %w", codec.Name(), err)
-		}
-		model, _ := ring.CompressedCost(calibrationBytes, size, hosts, a.Links, chunk, cost)
-		over[len(over)-1] = max(0, (took - model).Nanoseconds())
-	}
-	return over, nil
-}
-
 // codecCost is codec as the cost model takes it, and false for no codec
 // (or none measured).
 func (a AgreedLinks) codecCost(codec compress.Codec) (ring.CodecCost, bool) {
@@ -605,16 +406,6 @@ func (a AgreedLinks) codecCost(codec compress.Codec) (ring.CodecCost, bool) {
 	const values = 1 << 16
 	return ring.CodecCost{Num: int64(codec.EncodedLen(values)), Den: 4 * values,
 		BytesPerSecond: a.CodecBytesPerSecond, CallOverhead: a.CodecOverhead}, true
-}
-
-// setOverheads takes the agreed overheads (timeSchedules' layout) and,
-// last, the longest time a rank spent measuring.
-func (a *AgreedLinks) setOverheads(over []int64) {
-	for i := range a.CallOverhead {
-		a.CallOverhead[i] = time.Duration(over[i])
-	}
-	a.CodecOverhead = time.Duration(over[len(a.CallOverhead)])
-	a.Took = time.Duration(over[len(a.CallOverhead)+1])
 }
 
 // medians is the element-wise median of int64 vectors of one length.
