@@ -17,9 +17,19 @@ func TestBenchCompressionBelowThreshold(t *testing.T) {
 		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
 	}
 	t.Logf("table:\n%s", stdout)
-	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	// The title, then what the ranks chose ("# ..." lines), the header
+	// and the rows.
+	var lines []string
+	for i, l := range strings.Split(strings.TrimSpace(stdout), "\n") {
+		if i == 0 || !strings.HasPrefix(l, "# ") {
+			lines = append(lines, l)
+		}
+	}
 	if len(lines) != 4 {
 		t.Fatalf("want a title, a header and 2 rows:\n%s", stdout)
+	}
+	if !strings.Contains(stdout, "\n# int8 compression from 64 KiB\n") {
+		t.Errorf("the table does not say from which size int8 compresses:\n%s", stdout)
 	}
 	small, large := strings.Fields(lines[2]), strings.Fields(lines[3])
 	// Columns: bytes size iters time_us algbw busbw correct wire_bytes ratio rel_error codec.
