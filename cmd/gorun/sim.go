@@ -31,7 +31,8 @@ func newSimCmd() *cobra.Command {
 		Long: `gorun sim runs ring's real allreduce schedules, every rank a goroutine, over
 a simulated network on a virtual clock, and prints for every layout
 (RANKS/HOSTS, ranks spread evenly), size and bandwidth between hosts the
-algorithm gorun's default policy picks, its time, and the time of every
+algorithm gorun's default policy picks (across hosts, from the links the
+network models, as a job measures them), its time, and the time of every
 algorithm of --algorithms (each up to its MAXBYTES, if given), with the
 fastest. Every result is checked.
 

@@ -30,7 +30,7 @@ func TestSimTable(t *testing.T) {
 	if rows != 4 {
 		t.Fatalf("%d rows, want 4:\n%s", rows, first)
 	}
-	for _, want := range []string{"| 4 | 2 | 1 MiB | 10 | hierarchical |", "| 8 | 8 | 4 KiB | 10 | recursive-doubling |", "| - |"} {
+	for _, want := range []string{"| 4 | 2 | 1 MiB | 10 | rabenseifner |", "| 8 | 8 | 4 KiB | 10 | recursive-doubling |", "| - |"} {
 		if !strings.Contains(first, want) {
 			t.Errorf("no %q in\n%s", want, first)
 		}

@@ -44,8 +44,12 @@ type Result struct {
 
 // PolicyChoice returns the algorithm ring's default policy runs for an
 // allreduce of bytes on this layout (over a Mesh, with Config.Hosts from
-// the layout, as gorun's ranks configure their rings).
-func PolicyChoice(lay Layout, bytes int64) (ring.Algorithm, error) {
+// the layout, as gorun's ranks configure their rings) over network nw: a
+// job across hosts measures its links at start and chooses from them
+// (ring.Config.Links, ring.CrossHostPolicy), so the choice is the one
+// those links, as nw models them, call for (NetworkLinks); on one host,
+// the fixed rules.
+func PolicyChoice(lay Layout, nw Network, bytes int64) (ring.Algorithm, error) {
 	if err := lay.validate(); err != nil {
 		return 0, err
 	}
@@ -53,11 +57,28 @@ func PolicyChoice(lay Layout, bytes int64) (ring.Algorithm, error) {
 		return ring.AlgoRing, nil
 	}
 	e := newEngine(lay, Network{}, 1)
-	r, err := ring.New(ring.Config{Rank: 0, Size: lay.Size(), Hosts: lay.ringHosts()}, &transport{e: e})
+	links := NetworkLinks(nw)
+	r, err := ring.New(ring.Config{Rank: 0, Size: lay.Size(), Hosts: lay.ringHosts(), Links: &links}, &transport{e: e})
 	if err != nil {
 		return 0, err
 	}
 	return r.AllreduceAlgorithm(int(bytes)), nil
+}
+
+// NetworkLinks is what a job's link measurement would agree on over nw:
+// its latencies and rates, the burst of a shaped link, and no cost of
+// reducing (the simulator gives reductions no time) nor per call.
+func NetworkLinks(nw Network) ring.Links {
+	const noCost = 1 << 50 // bytes per second: reductions take no time
+	l := ring.Links{ReduceBytesPerSecond: noCost}
+	if nw.Bandwidth > 0 {
+		l.Cross = ring.LinkCost{Latency: nw.Latency, BytesPerSecond: int64(nw.Bandwidth / 8), Burst: nw.Burst}
+	}
+	l.Local = ring.LinkCost{Latency: nw.LocalLatency, BytesPerSecond: noCost}
+	if nw.LocalBandwidth > 0 {
+		l.Local.BytesPerSecond = int64(nw.LocalBandwidth / 8)
+	}
+	return l
 }
 
 const esz = 4 // float32
@@ -76,7 +97,7 @@ func Simulate(ctx context.Context, a Allreduce) (Result, error) {
 	res := Result{Algorithm: a.Algorithm}
 	if a.Policy {
 		var err error
-		if res.Algorithm, err = PolicyChoice(a.Layout, a.Bytes); err != nil {
+		if res.Algorithm, err = PolicyChoice(a.Layout, a.Network, a.Bytes); err != nil {
 			return Result{}, err
 		}
 	}

@@ -86,13 +86,13 @@ func (r Row) Best() (ring.Algorithm, Time) {
 func (g Grid) Run(ctx context.Context, row func(Row) error) error {
 	for _, lay := range g.Layouts {
 		for _, n := range g.Sizes {
-			policy, err := PolicyChoice(lay, n)
-			if err != nil {
-				return err
-			}
 			for _, bw := range g.Bandwidths {
 				nw := g.Network
 				nw.Bandwidth = bw
+				policy, err := PolicyChoice(lay, nw, n)
+				if err != nil {
+					return err
+				}
 				r := Row{Layout: lay, Bytes: n, Bandwidth: bw, Policy: policy, Times: map[ring.Algorithm]Time{}}
 				for _, c := range append([]Candidate{{Algorithm: policy}}, g.Algorithms...) {
 					a := c.Algorithm
