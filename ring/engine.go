@@ -98,6 +98,15 @@ func (r *Ring) runSteps(ctx context.Context) error {
 	}
 	r.concurrent(true)
 	defer r.concurrent(false)
+	if raceBuild {
+		r.racePipelined, r.raceIndex = true, nil
+		r.raceSentMsgs.Store(0)
+		select {
+		case <-r.raceSentWake:
+		default:
+		}
+		defer func() { r.racePipelined = false }()
+	}
 	go r.sendLoop(ctx, cancel)
 	rerr := r.recvLoop(ctx)
 	if rerr != nil {
@@ -270,6 +279,7 @@ func (r *Ring) sendChunks(ctx context.Context, t0, t1, c0, c1 int, signal bool) 
 			r.payloadSent.Add(uint64(len(payload)))
 			r.headerSent.Add(HeaderSize)
 			r.msgs.Add(1)
+			r.raceSent()
 			signalFirst()
 		}
 	}
@@ -308,6 +318,9 @@ func (r *Ring) recvChunks(ctx context.Context, t0, t1, c0, c1 int) error {
 				r.firstRecv = time.Now()
 			}
 			if nb > 0 {
+				if err := r.raceAwaitSent(ctx, t, c); err != nil {
+					return err
+				}
 				if st.reduce {
 					if err := r.recvReduce(ctx, p.bytes(st.dst, off+lo, k), p.bytes(st.a, off+lo, k), st.final); err != nil {
 						return fmt.Errorf("%s: recv from rank %d: %w", r.errPrefix(t), r.prev, err)

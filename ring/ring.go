@@ -122,10 +122,15 @@ type Ring struct {
 	wake     chan struct{} // cap 1: receiver -> sender "progress advanced"
 	sendErr  chan error    // cap 1: sender goroutine result
 	first    chan struct{} // cap 1: sender sent its first message (or cannot)
-	sendBufs [2][]byte     // header + payload handed to SendNext (avoids a variadic allocation)
-	shdr     [HeaderSize]byte
-	rhdr     [HeaderSize]byte
-	scratch  []byte // receive buffer for chunks that are reduced
+	// Race builds only (engine_race.go): the pipelined run's messages sent.
+	racePipelined bool
+	raceSentMsgs  atomic.Int64
+	raceSentWake  chan struct{} // cap 1
+	raceIndex     []int
+	sendBufs      [2][]byte // header + payload handed to SendNext (avoids a variadic allocation)
+	shdr          [HeaderSize]byte
+	rhdr          [HeaderSize]byte
+	scratch       []byte // receive buffer for chunks that are reduced
 	// fold is the chunk being reduced from a ViewReceiver's spans, and
 	// foldSpan its span method bound once (a method value or closure per
 	// chunk would allocate on every chunk).
@@ -185,6 +190,9 @@ func New(cfg Config, t Transport) (*Ring, error) {
 		wake:       make(chan struct{}, 1),
 		sendErr:    make(chan error, 1),
 		first:      make(chan struct{}, 1),
+	}
+	if raceBuild {
+		r.raceSentWake = make(chan struct{}, 1)
 	}
 	r.defaults = defaultRules(r.size, mesh != nil, oneHost(r.hosts))
 	if cfg.Links != nil && mesh != nil {
