@@ -43,7 +43,7 @@ func (c LinkCost) String() string {
 	if !c.Valid() {
 		return "unmeasured"
 	}
-	s := fmt.Sprintf("latency %v, %s/s", c.Latency, formatRate(c.BytesPerSecond))
+	s := fmt.Sprintf("latency %v, %s/s", c.Latency, FormatRate(c.BytesPerSecond))
 	if c.Burst > 0 {
 		s += fmt.Sprintf(", burst %d bytes", c.Burst)
 	}
@@ -74,7 +74,7 @@ type Links struct {
 func (l Links) Valid() bool { return l.Cross.Valid() && l.ReduceBytesPerSecond > 0 }
 
 func (l Links) String() string {
-	return fmt.Sprintf("within a host: %v; between hosts: %v; reduce %s/s", l.Local, l.Cross, formatRate(l.ReduceBytesPerSecond))
+	return fmt.Sprintf("within a host: %v; between hosts: %v; reduce %s/s", l.Local, l.Cross, FormatRate(l.ReduceBytesPerSecond))
 }
 
 // CodecCost is what a compressing codec costs, for CompressionPaysFrom:
@@ -182,8 +182,9 @@ func CompressionPaysFrom(size int, hosts []int, l Links, chunk int, c CodecCost)
 	return from, true
 }
 
-// formatRate prints a byte rate in decimal units, as link speeds are.
-func formatRate(bps int64) string {
+// FormatRate writes a byte rate in decimal units, as link speeds go
+// ("415.6 MB"; the caller adds "/s").
+func FormatRate(bps int64) string {
 	switch {
 	case bps >= 1e9:
 		return fmt.Sprintf("%.2f GB", float64(bps)/1e9)

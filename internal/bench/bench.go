@@ -447,16 +447,16 @@ func writeLinks(w io.Writer, comm *collective.Comm, o Options) {
 	}
 	if l, ok := comm.Links(); ok {
 		if l.Probed[0] > 0 {
-			fmt.Fprintf(w, "# links within hosts: latency %v, %s/s (%d measured)\n", l.Local.Latency.Round(100*time.Nanosecond), rate(l.Local.BytesPerSecond), l.Probed[0])
+			fmt.Fprintf(w, "# links within hosts: latency %v, %s/s (%d measured)\n", l.Local.Latency.Round(100*time.Nanosecond), ring.FormatRate(l.Local.BytesPerSecond), l.Probed[0])
 		}
-		fmt.Fprintf(w, "# links between hosts: latency %v, %s/s", l.Cross.Latency.Round(100*time.Nanosecond), rate(l.Cross.BytesPerSecond))
+		fmt.Fprintf(w, "# links between hosts: latency %v, %s/s", l.Cross.Latency.Round(100*time.Nanosecond), ring.FormatRate(l.Cross.BytesPerSecond))
 		if l.Cross.Burst > 0 {
 			fmt.Fprintf(w, ", burst %.0f KB", float64(l.Cross.Burst)/1e3)
 		}
 		fmt.Fprintf(w, " (%d measured)\n", l.Probed[1])
-		fmt.Fprintf(w, "# reduce %s/s per core", rate(l.ReduceBytesPerSecond))
+		fmt.Fprintf(w, "# reduce %s/s per core", ring.FormatRate(l.ReduceBytesPerSecond))
 		if l.CodecBytesPerSecond > 0 {
-			fmt.Fprintf(w, ", %s coding %s/s", o.Compression, rate(l.CodecBytesPerSecond))
+			fmt.Fprintf(w, ", %s coding %s/s", o.Compression, ring.FormatRate(l.CodecBytesPerSecond))
 		}
 		fmt.Fprintf(w, "; measuring took %v\n", l.Took.Round(10*time.Microsecond))
 		if o := l.Overheads(); o != "" {
@@ -471,17 +471,6 @@ func writeLinks(w io.Writer, comm *collective.Comm, o Options) {
 			fmt.Fprintf(w, "# %s compression from %s\n", o.Compression, thresholdSize(comm.CompressionThreshold()))
 		}
 	}
-}
-
-// rate writes bytes a second in decimal units, as link speeds go.
-func rate(bps int64) string {
-	switch {
-	case bps >= 1e9:
-		return fmt.Sprintf("%.2f GB", float64(bps)/1e9)
-	case bps >= 1e6:
-		return fmt.Sprintf("%.1f MB", float64(bps)/1e6)
-	}
-	return fmt.Sprintf("%d B", bps)
 }
 
 func thresholdSize(n int) string {

@@ -122,12 +122,8 @@ func (l *Log) append(index uint64, b []byte, key string, rev int64, term uint64)
 		if !still || l.ctx.Err() != nil {
 			return deposed
 		}
-		t := time.NewTimer(delay)
-		select {
-		case <-l.ctx.Done():
-			t.Stop()
+		if !sleep(l.ctx, delay) {
 			return deposed
-		case <-t.C:
 		}
 	}
 }

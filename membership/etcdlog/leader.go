@@ -40,15 +40,11 @@ func FindLeader(ctx context.Context, endpoints []string, tlsCfg *tls.Config, job
 		default:
 			last = fmt.Errorf("no replica of rendezvous %q leads yet", job)
 		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, delay) {
 			if why := tlsProblem(endpoints, tlsCfg); why != nil {
 				last = why
 			}
 			return 0, "", fmt.Errorf("etcd at %s: no leader of rendezvous %q found: %w (last: %v)", where, job, context.Cause(ctx), last)
-		case <-t.C:
 		}
 	}
 }

@@ -310,3 +310,16 @@ func (l *Log) Abandon() {
 		l.client.Close()
 	})
 }
+
+// sleep waits d, or until ctx ends; it reports whether ctx is still live,
+// for the retry loops that back off between etcd calls.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

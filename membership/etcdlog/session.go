@@ -171,12 +171,8 @@ func (l *Log) keepSession() {
 				break
 			}
 			l.cfg.Logf("etcdlog: replica %d: %v; retrying", l.cfg.ID, err)
-			t := time.NewTimer(delay)
-			select {
-			case <-l.ctx.Done():
-				t.Stop()
+			if !sleep(l.ctx, delay) {
 				return
-			case <-t.C:
 			}
 		}
 	}
@@ -225,12 +221,8 @@ func (l *Log) askLease(lease clientv3.LeaseID) bool {
 		if err == nil {
 			return resp.TTL > 0
 		}
-		t := time.NewTimer(delay)
-		select {
-		case <-l.ctx.Done():
-			t.Stop()
+		if !sleep(l.ctx, delay) {
 			return false
-		case <-t.C:
 		}
 	}
 	return false

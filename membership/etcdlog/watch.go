@@ -47,12 +47,8 @@ func (l *Log) watch(rev int64) {
 			l.signal(l.changed)
 			delay = 50 * time.Millisecond
 		}
-		t := time.NewTimer(delay)
-		select {
-		case <-l.ctx.Done():
-			t.Stop()
+		if !sleep(l.ctx, delay) {
 			return
-		case <-t.C:
 		}
 		delay = min(2*delay, time.Second)
 	}
