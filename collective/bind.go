@@ -178,3 +178,24 @@ func applyCPUBinding(env launchEnv, getenv func(string) string) (done, warning s
 	}
 	return fmt.Sprintf("local rank %d of %d bound to CPUs %v", env.localRank, env.localSize, cpus), "", nil
 }
+
+// fitGOMAXPROCS gives this rank's process one P when ranks of other hosts
+// share its machine's CPUs (network namespaces or containers on the same
+// kernel: machineRanks counts them with the hostRanks of its own host) and
+// the ranks outnumber the CPUs, unless GOMAXPROCS is set. Such a rank gets
+// less than a CPU, so a second P adds no compute, only the runtime's
+// spinning threads, which look for work whenever a goroutine is readied
+// (as a socket poll's Gosched does) and take the CPU a peer of another
+// host waits for: a small allreduce across 2 namespace hosts that share 2
+// cores took twice as long with 2 Ps (BENCHMARKS.md, "Across hosts,
+// against OpenMPI and Gloo"). Ranks of one host that outnumber its CPUs
+// keep GOMAXPROCS (see EnvCPUBind): their links are shared memory, whose
+// waits did better with more Ps than CPUs.
+func fitGOMAXPROCS(machineRanks, hostRanks int, getenv func(string) string, logf func(string, ...any), rank int) {
+	if machineRanks <= runtime.NumCPU() || machineRanks == hostRanks || getenv("GOMAXPROCS") != "" || runtime.GOMAXPROCS(0) == 1 {
+		return
+	}
+	runtime.GOMAXPROCS(1)
+	logf("gorun: rank %d: %d ranks share this machine's %d CPUs, %d of them of other hosts (network namespaces, containers): GOMAXPROCS 1 (set GOMAXPROCS to choose)",
+		rank, machineRanks, runtime.NumCPU(), machineRanks-hostRanks)
+}

@@ -181,3 +181,43 @@ func bindChild(t *testing.T) {
 		}
 	}
 }
+
+// TestFitGOMAXPROCS: a rank runs one P when ranks of other hosts share
+// its machine's CPUs and the ranks outnumber them, unless GOMAXPROCS was
+// set; otherwise GOMAXPROCS stays.
+func TestFitGOMAXPROCS(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	cpus := runtime.NumCPU()
+	env := func(v string) func(string) string {
+		return func(name string) string {
+			if name == "GOMAXPROCS" {
+				return v
+			}
+			return ""
+		}
+	}
+	var logged []string
+	logf := func(f string, a ...any) { logged = append(logged, fmt.Sprintf(f, a...)) }
+	for _, c := range []struct {
+		machine, host int
+		setenv        string
+		want          int
+	}{
+		{cpus, 1, "", 3},                // a CPU per rank: left as it is
+		{cpus + 1, cpus + 1, "", 3},     // one host's ranks, more than CPUs: left
+		{cpus + 1, 1, "3", 3},           // set by the user: left
+		{cpus + 1, 1, "", 1},            // other hosts' ranks too, more than CPUs: one P
+		{4*cpus + 3, 2*cpus + 1, "", 1}, // the same
+	} {
+		runtime.GOMAXPROCS(3)
+		logged = nil
+		fitGOMAXPROCS(c.machine, c.host, env(c.setenv), logf, 5)
+		if got := runtime.GOMAXPROCS(0); got != c.want {
+			t.Errorf("%d ranks (%d of this host) on %d CPUs, GOMAXPROCS=%q: GOMAXPROCS %d, want %d", c.machine, c.host, cpus, c.setenv, got, c.want)
+		}
+		want := fmt.Sprintf("rank 5: %d ranks share this machine's %d CPUs, %d of them of other hosts", c.machine, cpus, c.machine-c.host)
+		if (c.want == 1) != (len(logged) == 1) || (len(logged) == 1 && !strings.Contains(logged[0], want)) {
+			t.Errorf("%d ranks: logged %q", c.machine, logged)
+		}
+	}
+}

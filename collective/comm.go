@@ -111,6 +111,7 @@ type Comm struct {
 type Option func(*config)
 
 type config struct {
+	ownProcess           bool // Init's: the process runs this rank alone (fitGOMAXPROCS)
 	rank, size           int
 	localRank, localSize int
 	rendezvous           string
@@ -318,6 +319,7 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 			return nil, fmt.Errorf("gorun: rank %d: %w", cfg.rank, err)
 		}
 	}
+	cfg.ownProcess = true
 	return newComm(ctx, cfg)
 }
 
@@ -454,6 +456,10 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 			return nil, fmt.Errorf("gorun: %s: joining the job at %s: %w", who, cfg.rendezvous, err)
 		}
 		c.node.SetCallReporter(c.recorder.snapshot)
+		if cfg.ownProcess {
+			machine, host := c.node.MachineRanks()
+			fitGOMAXPROCS(machine, host, os.Getenv, cfg.logf, cfg.rank)
+		}
 		if cfg.elastic {
 			// The epoch Join put the node in (Reconfigure returns its View
 			// at once while it lasts; if it ended already, the next one).

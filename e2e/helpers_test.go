@@ -335,3 +335,12 @@ func noneLeft(t *testing.T, c *netns.Cluster) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// envOr returns the variable name's value, or def where it is not set (a
+// benchmark's knob).
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}

@@ -41,18 +41,12 @@ func BenchmarkHierarchicalSlowLink(b *testing.B) {
 	if why := netns.Unavailable(); why != "" {
 		b.Skip(why)
 	}
-	env := func(name, def string) string {
-		if v, ok := os.LookupEnv(name); ok {
-			return v
-		}
-		return def
-	}
-	sizes := env("GORUN_HIER_SIZES", "64K,256K,512K,1M,4M,16M,64M")
-	byteSizes := strings.FieldsFunc(env("GORUN_HIER_BYTES_SIZES", "1M,16M,64M"), func(r rune) bool { return r == ',' })
-	rounds, _ := strconv.Atoi(env("GORUN_HIER_ROUNDS", "3"))
-	iters := env("GORUN_HIER_ITERS", "5")
-	rate := env("GORUN_HIER_RATE", "1gbit")
-	algos := strings.Split(env("GORUN_HIER_ALGOS", "ring,hierarchical"), ",")
+	sizes := envOr("GORUN_HIER_SIZES", "64K,256K,512K,1M,4M,16M,64M")
+	byteSizes := strings.FieldsFunc(envOr("GORUN_HIER_BYTES_SIZES", "1M,16M,64M"), func(r rune) bool { return r == ',' })
+	rounds, _ := strconv.Atoi(envOr("GORUN_HIER_ROUNDS", "3"))
+	iters := envOr("GORUN_HIER_ITERS", "5")
+	rate := envOr("GORUN_HIER_RATE", "1gbit")
+	algos := strings.Split(envOr("GORUN_HIER_ALGOS", "ring,hierarchical"), ",")
 	if !slices.Contains(algos, "ring") || !slices.Contains(algos, "hierarchical") {
 		b.Fatalf("GORUN_HIER_ALGOS=%s: want ring and hierarchical among them", strings.Join(algos, ","))
 	}

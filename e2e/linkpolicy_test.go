@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -93,21 +92,15 @@ func BenchmarkLinkPolicy(b *testing.B) {
 	if why := netns.Unavailable(); why != "" {
 		b.Skip(why)
 	}
-	env := func(name, def string) string {
-		if v, ok := os.LookupEnv(name); ok {
-			return v
-		}
-		return def
-	}
-	sizes := env("GORUN_LINK_SIZES", "4,64K,1M,64M")
-	rounds, _ := strconv.Atoi(env("GORUN_LINK_ROUNDS", "3"))
-	iters := env("GORUN_LINK_ITERS", "5")
+	sizes := envOr("GORUN_LINK_SIZES", "4,64K,1M,64M")
+	rounds, _ := strconv.Atoi(envOr("GORUN_LINK_ROUNDS", "3"))
+	iters := envOr("GORUN_LINK_ITERS", "5")
 	// The fixed choices of before, on 2 hosts of 2 ranks: the N >= 4
 	// defaults, with the hierarchical schedule from HierarchicalMinBytes
 	// (512 KiB), and int8 from the fixed 64 KiB threshold.
 	fixed := []string{"GORUN_ALLREDUCE_ALGORITHMS=recursive-doubling:16K,rabenseifner:524287,hierarchical", "GORUN_COMPRESSION_THRESHOLD=65536"}
 	var report strings.Builder
-	for _, rate := range strings.Split(env("GORUN_LINK_RATES", "none,1gbit"), ",") {
+	for _, rate := range strings.Split(envOr("GORUN_LINK_RATES", "none,1gbit"), ",") {
 		cl := netns.New(b, 2)
 		if rate != "none" {
 			hierShape(b, cl, rate)

@@ -255,3 +255,28 @@ func TestMultiHostGorunKilled(t *testing.T) {
 	noneLeft(t, c)
 	t.Logf("every process of the job gone %v after gorun was SIGKILLed", time.Since(killed).Round(time.Millisecond))
 }
+
+// TestMultiHostRankSessions: in a job across hosts every rank leads a
+// session of its own, the one gorun starts here as the wrappers' on the
+// other hosts, so that the kernel's autogroup scheduling shares CPUs alike
+// among ranks of hosts that share them (network namespaces, containers of
+// one node; launcher.startLocal).
+func TestMultiHostRankSessions(t *testing.T) {
+	c := netns.New(t, 2)
+	h0, h1 := c.Hosts[0], c.Hosts[1]
+	stdout, stderr, code, _ := gorunIn(t, c, h0, nil, time.Minute, "-H", fmt.Sprintf("%s:2,%s:1", h0.IP, h1.IP),
+		"/bin/sh", "-c", `read -r pid comm state ppid pgrp sid rest < /proc/$$/stat; echo "session $GORUN_RANK $pid $pgrp $sid"`)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	lines := regexp.MustCompile(`session (\d) (\d+) (\d+) (\d+)`).FindAllStringSubmatch(stdout, -1)
+	if len(lines) != 3 {
+		t.Fatalf("%d ranks reported, want 3:\n%s", len(lines), stdout)
+	}
+	for _, m := range lines {
+		if m[2] != m[3] || m[2] != m[4] {
+			t.Errorf("rank %s: process %s, group %s, session %s; want it to lead both", m[1], m[2], m[3], m[4])
+		}
+	}
+	noneLeft(t, c)
+}

@@ -50,26 +50,20 @@ func BenchmarkSimulatorValidation(b *testing.B) {
 	if why := netns.Unavailable(); why != "" {
 		b.Skip(why)
 	}
-	env := func(name, def string) string {
-		if v, ok := os.LookupEnv(name); ok {
-			return v
-		}
-		return def
-	}
 	var layouts []ringsim.Layout
-	for _, s := range strings.Split(env("GORUN_SIMVAL_LAYOUTS", "4/2,8/4,8/2,16/4"), ",") {
+	for _, s := range strings.Split(envOr("GORUN_SIMVAL_LAYOUTS", "4/2,8/4,8/2,16/4"), ",") {
 		lay, err := ringsim.ParseLayout(s)
 		if err != nil || lay.Size() > 16 {
 			b.Fatalf("GORUN_SIMVAL_LAYOUTS: %q: %v (at most 16 ranks)", s, err)
 		}
 		layouts = append(layouts, lay)
 	}
-	sizes := env("GORUN_SIMVAL_SIZES", "1M,4M,16M")
-	algos := strings.Split(env("GORUN_SIMVAL_ALGOS", "ring,rabenseifner,hierarchical"), ",")
-	rate := env("GORUN_SIMVAL_RATE", "200mbit")
-	queue := env("GORUN_SIMVAL_QUEUE", "50ms")
-	rounds, _ := strconv.Atoi(env("GORUN_SIMVAL_ROUNDS", "3"))
-	iters := env("GORUN_SIMVAL_ITERS", "5")
+	sizes := envOr("GORUN_SIMVAL_SIZES", "1M,4M,16M")
+	algos := strings.Split(envOr("GORUN_SIMVAL_ALGOS", "ring,rabenseifner,hierarchical"), ",")
+	rate := envOr("GORUN_SIMVAL_RATE", "200mbit")
+	queue := envOr("GORUN_SIMVAL_QUEUE", "50ms")
+	rounds, _ := strconv.Atoi(envOr("GORUN_SIMVAL_ROUNDS", "3"))
+	iters := envOr("GORUN_SIMVAL_ITERS", "5")
 	var largest int64
 	for _, s := range strings.Split(sizes, ",") {
 		n, err := parseSize(s)

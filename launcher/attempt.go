@@ -147,7 +147,7 @@ func (a *attempt) startRank(p *rankProc, host string, env []string, setListenIP 
 		if setListenIP && !a.userSets(collective.EnvListenIP) {
 			env = append(env, collective.EnvListenIP+"="+a.lay.listenIP)
 		}
-		err = startLocal(a.job, p, append(os.Environ(), env...), a.exited)
+		err = startLocal(a.job, p, append(os.Environ(), env...), a.lay.spansHosts(), a.exited)
 	}
 	if err != nil {
 		return err

@@ -17,6 +17,9 @@ import (
 // makeLayout places job's ranks on its hosts (localhost if none), checks
 // the remote hosts over ssh and picks the address the rendezvous listens
 // on. It may set job.WorkDir.
+// spansHosts reports whether ranks run on other hosts than gorun's.
+func (l *layout) spansHosts() bool { return slices.Contains(l.remote, true) }
+
 func makeLayout(ctx context.Context, job *Job) (*layout, error) {
 	if len(job.Hosts) == 0 {
 		job.Hosts = []Host{{Name: "localhost", Slots: job.NP}}

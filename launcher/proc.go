@@ -53,9 +53,22 @@ type rankProc struct {
 	done        chan struct{}
 }
 
-func startLocal(job Job, p *rankProc, env []string, exited chan<- *rankProc) error {
+func startLocal(job Job, p *rankProc, env []string, ownSession bool, exited chan<- *rankProc) error {
 	cmd := exec.Command(job.Program, job.Args...)
 	cmd.Env = env
+	if ownSession {
+		// A job across hosts: a session of its own (which makes it its
+		// process group's leader as startCmd wants), as the wrapper gives
+		// a remote rank (setsid). Linux's autogroup scheduling shares a
+		// CPU between sessions first: ranks left in gorun's session would
+		// share one session's part among them where another host's ranks
+		// on the same CPUs (network namespaces, containers of one node)
+		// get one each, and the job would run at the pace of the starved
+		// ones. A job on one host keeps its ranks in gorun's session,
+		// where a rank's sched_yield while it polls hands the CPU to
+		// another rank (across sessions it does not, on EEVDF kernels).
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	}
 	return startCmd(job, p, cmd, nil, exited)
 }
 
@@ -90,7 +103,11 @@ func startCmd(job Job, p *rankProc, cmd *exec.Cmd, stdin *os.File, exited chan<-
 	// Its own process group, so that stopping a rank also stops what it
 	// started; and it dies with gorun even if gorun is killed outright (a
 	// remote rank's ssh dies, and the wrapper on the remote host stops it).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// A local rank comes with its own session (startLocal); ssh stays in
+	// gorun's, where it can ask for a passphrase.
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	}
 	p.cmd = cmd
 	// Our own pipes, not cmd.StdoutPipe: a rank's exit is noticed even if
 	// something it started still holds the pipe open.

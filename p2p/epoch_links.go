@@ -128,16 +128,15 @@ func (n *Node) connectEpochLinks(ctx context.Context, ep *epochRun) (blame []int
 	if firstErr != nil {
 		return blame, firstErr
 	}
-	local := 0
+	// The ranks that share this rank's CPUs: those of its host, and those
+	// of other network namespaces on the same kernel (containers of one
+	// node, or namespace "hosts"), which its links reach over TCP but
+	// which compete for the same cores.
 	n.mu.Lock()
-	for _, p := range n.job.peers {
-		if p.HostID == n.cfg.HostID {
-			local++
-		}
-	}
+	cpuShare := machineRanks(n.job.peers, n.cfg.HostID)
 	tr := &transport{n: n, ep: ep, me: me, size: size, to: to, from: from}
-	tr.pollBudget, tr.pollYield = pollConfig(local)
-	tr.groupSteps = local <= runtime.NumCPU() && 2*local > runtime.NumCPU()
+	tr.pollBudget, tr.pollYield = pollConfig(cpuShare)
+	tr.groupSteps = cpuShare <= runtime.NumCPU() && 2*cpuShare > runtime.NumCPU()
 	if n.cur.Load() != ep || ep.err != nil {
 		err := ep.err
 		n.mu.Unlock()

@@ -197,6 +197,19 @@ func detectHostID() string {
 	return hn + "/" + ns + "/" + strings.TrimSpace(string(boot))
 }
 
+// sameMachine reports whether host identities a and b (detectHostID's)
+// are of one kernel, equal boot ids: their ranks share its CPUs though
+// their network namespaces, and so their links, differ. Identities set by
+// hand (Config.HostID) compare as they are.
+func sameMachine(a, b string) bool {
+	if a == b {
+		return true
+	}
+	const bootIDLen = 36 // a UUID
+	i, j := strings.LastIndexByte(a, '/'), strings.LastIndexByte(b, '/')
+	return i >= 0 && j >= 0 && len(a)-i-1 == bootIDLen && a[i+1:] == b[j+1:]
+}
+
 func peerIDOf(it tableItem) (peer.ID, error) {
 	id, err := peer.Decode(it.ID)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -23,6 +24,9 @@ import (
 func (n *Node) newTLSLink(ctx context.Context, c net.Conn, want peer.ID) (*link, error) {
 	setSocketOptions(c)
 	bc := &batchConn{Conn: c}
+	if s, ok := c.(syscall.Conn); ok {
+		bc.raw, _ = s.SyscallConn()
+	}
 	var sc sec.SecureConn
 	var err error
 	if want != "" {
@@ -53,8 +57,13 @@ func (c *tlsConn) send(ctx context.Context, bufs [][]byte, _ linkWait) error {
 	return err
 }
 
-func (c *tlsConn) recv(ctx context.Context, buf []byte, _ linkWait) error {
+// recv reads one message. The TLS conn's reads of the socket poll for w's
+// budget before they wait (batchConn.Read), as a plain socket's do.
+func (c *tlsConn) recv(ctx context.Context, buf []byte, w linkWait) error {
 	done := c.begin(ctx, c.tc.SetReadDeadline)
+	if c.bc != nil {
+		c.bc.wait = w
+	}
 	_, err := io.ReadFull(c.tc, buf)
 	c.end(done)
 	return err
@@ -103,6 +112,20 @@ type batchConn struct {
 	buf      []byte
 	batching bool
 	err      error // first write error
+
+	// Reads (the TLS conn's, one at a time: the link's receiver or the
+	// handshake) poll raw for wait's budget before they wait in the
+	// runtime's poller, as a plain socket's receive does (poll.go): a
+	// small message's hop is otherwise mostly the wake-up.
+	raw  syscall.RawConn
+	wait linkWait
+}
+
+func (b *batchConn) Read(p []byte) (int, error) {
+	if b.raw == nil || b.wait.budget <= 0 {
+		return b.Conn.Read(p)
+	}
+	return pollRead(b.raw, p, b.wait.budget, b.wait.yield)
 }
 
 func (b *batchConn) Write(p []byte) (int, error) {

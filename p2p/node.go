@@ -513,6 +513,31 @@ func (n *Node) Size() int { return n.size() }
 // HostID returns this rank's host identity.
 func (n *Node) HostID() string { return n.cfg.HostID }
 
+// MachineRanks returns how many ranks of the job, this one included, run
+// on this rank's machine (its kernel), and how many of them on its host:
+// the machine's ranks are those of its host and of other network
+// namespaces or containers there, and all of them share its CPUs.
+func (n *Node) MachineRanks() (machine, host int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, p := range n.job.peers {
+		if p.HostID == n.cfg.HostID {
+			host++
+		}
+	}
+	return machineRanks(n.job.peers, n.cfg.HostID), host
+}
+
+func machineRanks(peers []Peer, host string) int {
+	k := 0
+	for _, p := range peers {
+		if sameMachine(p.HostID, host) {
+			k++
+		}
+	}
+	return k
+}
+
 // PeerID returns this rank's libp2p peer ID.
 func (n *Node) PeerID() peer.ID { return n.h.ID() }
 

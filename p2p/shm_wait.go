@@ -4,10 +4,9 @@ package p2p
 // parking on a futex word in the mapping.
 //
 // Both ends wait the same way: first poll for the budget of pollConfig
-// (shmYieldBudget when the host runs more ranks than CPUs, where
-// pollConfig does not poll): a few hot checks, then checks with the CPU
-// yielded in between (sched_yield), so that a poll does not keep a peer
-// that needs this CPU off it. Then park on a futex word in the mapping
+// (shmYieldBudget when the machine runs more ranks than CPUs): a few hot
+// checks, then checks with the CPU yielded in between (sched_yield), so
+// that a poll does not keep a peer that needs this CPU off it. Then park on a futex word in the mapping
 // (FUTEX_WAIT, not the private variant: the waker is another process). To
 // park, a side sets its word to 1, checks again, then waits while the
 // word is 1; the other side publishes its counter, and only if the word
@@ -35,11 +34,11 @@ const (
 	// between checks (see await).
 	shmSpins = 64
 	// shmYieldBudget is how long a wait polls (yielding the CPU between
-	// checks, see await) before it parks when the host runs more ranks
-	// than CPUs, where pollConfig does not poll sockets. Unlike a socket
-	// poll, a check costs no system call, and the yield hands the CPU to
-	// a peer that is runnable on it, which a park-and-wake would make wait
-	// for a wake-up. A longer budget helps small messages no more, and
+	// checks, see await) before it parks when the machine runs more ranks
+	// than CPUs (pollConfig's budget then, sockets' too). A check costs
+	// no system call, and the yield hands the CPU to a peer that is
+	// runnable on it, which a park-and-wake would make wait for a
+	// wake-up. A longer budget helps small messages no more, and
 	// large ones less.
 	shmYieldBudget = 50 * time.Microsecond
 	// maxPark bounds one futex wait. Every wake-up that matters is
@@ -109,9 +108,9 @@ func (p *parked) end(s *shmLink) {
 
 // await returns once this side may make progress (ready) or the link is
 // broken; or with ctx's cause, or os.ErrDeadlineExceeded at its deadline.
-// It polls for budget (pollConfig's; shmYieldBudget if that is 0 because
-// the host runs more ranks than CPUs, which yield says), then parks on
-// this side's futex word.
+// It polls for budget (pollConfig's; shmYieldBudget if GORUN_POLL_US=0
+// turned polling off where the machine runs more ranks than CPUs, which
+// yield says), then parks on this side's futex word.
 //
 // A poll is a few hot checks, which catch a peer that answers within a
 // microsecond or so without any system call, then checks with the CPU
