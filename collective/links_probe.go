@@ -51,6 +51,19 @@ func probePartners(rank, size int) (partner [3]int, prober [3]bool) {
 	return
 }
 
+// timedExchange sends out to peer, receives its answer into ack and
+// returns the nanoseconds both took.
+func timedExchange(ctx context.Context, mesh ring.Mesh, peer int, out, ack []byte) (int64, error) {
+	t0 := time.Now()
+	if err := mesh.SendTo(ctx, peer, out); err != nil {
+		return 0, err
+	}
+	if err := mesh.RecvFrom(ctx, peer, ack); err != nil {
+		return 0, err
+	}
+	return time.Since(t0).Nanoseconds(), nil
+}
+
 // probeLink measures the link to peer from its lower end: α as half the
 // shortest of probeRoundTrips round trips, then the bandwidth of the
 // fastest bulk transfer but the first, each acknowledged, and the burst:
@@ -60,27 +73,19 @@ func probeLink(ctx context.Context, mesh ring.Mesh, peer int) (latency time.Dura
 	ping := make([]byte, 8)
 	rtts := make([]int64, probeRoundTrips)
 	for i := range rtts {
-		t0 := time.Now()
-		if err := mesh.SendTo(ctx, peer, ping); err != nil {
+		if rtts[i], err = timedExchange(ctx, mesh, peer, ping, ping); err != nil {
 			return 0, 0, 0, err
 		}
-		if err := mesh.RecvFrom(ctx, peer, ping); err != nil {
-			return 0, 0, 0, err
-		}
-		rtts[i] = time.Since(t0).Nanoseconds()
 	}
 	rtt := slices.Min(rtts)
 	bulk := make([]byte, probeBulkBytes)
 	took := make([]int64, probeBulkTransfers)
 	for i := range took {
-		t0 := time.Now()
-		if err := mesh.SendTo(ctx, peer, bulk); err != nil {
+		ns, err := timedExchange(ctx, mesh, peer, bulk, ping)
+		if err != nil {
 			return 0, 0, 0, err
 		}
-		if err := mesh.RecvFrom(ctx, peer, ping); err != nil {
-			return 0, 0, 0, err
-		}
-		took[i] = max(time.Since(t0).Nanoseconds()-rtt, 1)
+		took[i] = max(ns-rtt, 1)
 	}
 	fastest := slices.Min(took[1:])
 	bps = probeBulkBytes * int64(time.Second) / fastest

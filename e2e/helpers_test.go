@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -343,4 +344,41 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// benchRow is one size's line of gorun bench --json.
+type benchRow struct {
+	Bytes     int64   `json:"bytes"`
+	TimeUS    float64 `json:"time_us"`
+	Algorithm string  `json:"algorithm"`
+	Correct   bool    `json:"correct"`
+}
+
+// benchRows reads the --json lines of gorun bench (or bench-worker) output
+// out, prefixed or not. It fails b, naming what ran, on a wrong result, on
+// a size that ran another algorithm than algo ("": any), or without rows.
+func benchRows(b *testing.B, out, what, algo string) []benchRow {
+	b.Helper()
+	var rs []benchRow
+	for _, l := range strings.Split(out, "\n") {
+		i := strings.Index(l, "{")
+		if i < 0 {
+			continue
+		}
+		var r benchRow
+		if err := json.Unmarshal([]byte(l[i:]), &r); err != nil || r.Bytes == 0 {
+			continue
+		}
+		if !r.Correct {
+			b.Fatalf("%s: wrong result at %d bytes", what, r.Bytes)
+		}
+		if algo != "" && r.Algorithm != algo {
+			b.Fatalf("%s: GORUN_ALLREDUCE_ALGORITHMS=%s ran %s at %d bytes", what, algo, r.Algorithm, r.Bytes)
+		}
+		rs = append(rs, r)
+	}
+	if len(rs) == 0 {
+		b.Fatalf("%s: no results in\n%s", what, out)
+	}
+	return rs
 }

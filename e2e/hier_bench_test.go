@@ -1,15 +1,13 @@
 package e2e
 
 import (
-	"encoding/json"
+	"cmp"
 	"fmt"
-	"os"
 	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/gorun/gorun/internal/testenv/netns"
 )
@@ -144,68 +142,20 @@ func hierBytesTable(t *strings.Builder, byteSizes []string, crossed map[string]m
 	}
 }
 
-type hierResult struct {
-	Bytes     int64   `json:"bytes"`
-	TimeUS    float64 `json:"time_us"`
-	Algorithm string  `json:"algorithm"`
-	Correct   bool    `json:"correct"`
-}
-
 // hierGorun runs bench-worker on both hosts (2 ranks each) with policy algo
 // ("" for the default) and returns its output.
 func hierGorun(b *testing.B, cl *netns.Cluster, algo, sizes, iters string) string {
 	b.Helper()
-	h0, h1 := cl.Hosts[0], cl.Hosts[1]
-	// -x: remote ranks do not inherit gorun's environment.
-	cmd := cl.Command(h0, gorunBin, "--ssh-identity-file", cl.Key, "-H", fmt.Sprintf("%s:2,%s:2", h0.IP, h1.IP),
-		"-x", "GORUN_ALLREDUCE_ALGORITHMS="+algo,
-		gorunBin, "bench-worker", "--sizes", sizes, "--iters", iters, "--warmup", "1", "--json")
-	cmd.Env = append(os.Environ(), "GORUN_SSH_OPTS="+cl.SSHOpts())
-	var o, e syncBuf
-	cmd.Stdout, cmd.Stderr = &o, &e
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
+	var env []string
+	if algo != "" {
+		env = []string{"GORUN_ALLREDUCE_ALGORITHMS=" + algo}
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			b.Fatalf("gorun (%s, %s): %v\nstdout:\n%s\nstderr:\n%s", algo, sizes, err, o.String(), e.String())
-		}
-	case <-time.After(5 * time.Minute):
-		cmd.Process.Kill()
-		<-done
-		b.Fatalf("gorun (%s, %s) did not finish\nstdout:\n%s\nstderr:\n%s", algo, sizes, o.String(), e.String())
-	}
-	return o.String()
+	return linkGorun(b, cl, env, "", "--sizes", sizes, "--iters", iters, "--warmup", "1", "--json")
 }
 
-func hierBenchRun(b *testing.B, cl *netns.Cluster, algo, sizes, iters string) []hierResult {
+func hierBenchRun(b *testing.B, cl *netns.Cluster, algo, sizes, iters string) []benchRow {
 	b.Helper()
-	out := hierGorun(b, cl, algo, sizes, iters)
-	var rs []hierResult
-	for _, l := range strings.Split(out, "\n") {
-		i := strings.Index(l, "{")
-		if i < 0 {
-			continue
-		}
-		var r hierResult
-		if err := json.Unmarshal([]byte(l[i:]), &r); err != nil || r.Bytes == 0 {
-			continue
-		}
-		if !r.Correct {
-			b.Fatalf("%s: wrong result at %d bytes", algo, r.Bytes)
-		}
-		if algo != "" && r.Algorithm != algo {
-			b.Fatalf("GORUN_ALLREDUCE_ALGORITHMS=%s ran %s at %d bytes", algo, r.Algorithm, r.Bytes)
-		}
-		rs = append(rs, r)
-	}
-	if len(rs) == 0 {
-		b.Fatalf("%s: no results in\n%s", algo, out)
-	}
-	return rs
+	return benchRows(b, hierGorun(b, cl, algo, sizes, iters), cmp.Or(algo, "the default policy"), algo)
 }
 
 // hierTxRun runs one size and returns the bytes both hosts sent on eth0.

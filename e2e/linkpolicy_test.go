@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"regexp"
 	"slices"
@@ -179,36 +178,12 @@ func ranNames(ran map[string]int) string {
 	return strings.Join(parts, ", ")
 }
 
-type linkBenchResult struct {
-	Bytes     int64   `json:"bytes"`
-	TimeUS    float64 `json:"time_us"`
-	Algorithm string  `json:"algorithm"`
-	Correct   bool    `json:"correct"`
-}
-
 // linkBenchRun runs bench-worker on both hosts (2 ranks each) with env
 // and codec, and returns its results and the lines about the links and
 // the policy that a table run prints (from a second run, of one size).
-func linkBenchRun(b *testing.B, cl *netns.Cluster, env []string, codec, sizes, iters string) ([]linkBenchResult, string) {
+func linkBenchRun(b *testing.B, cl *netns.Cluster, env []string, codec, sizes, iters string) ([]benchRow, string) {
 	b.Helper()
-	var rs []linkBenchResult
-	for _, l := range strings.Split(linkGorun(b, cl, env, codec, "--sizes", sizes, "--iters", iters, "--warmup", "1", "--json"), "\n") {
-		i := strings.Index(l, "{")
-		if i < 0 {
-			continue
-		}
-		var r linkBenchResult
-		if err := json.Unmarshal([]byte(l[i:]), &r); err != nil || r.Bytes == 0 {
-			continue
-		}
-		if !r.Correct {
-			b.Fatalf("%v %s: wrong result at %d bytes", env, codec, r.Bytes)
-		}
-		rs = append(rs, r)
-	}
-	if len(rs) == 0 {
-		b.Fatalf("%v %s: no results", env, codec)
-	}
+	rs := benchRows(b, linkGorun(b, cl, env, codec, "--sizes", sizes, "--iters", iters, "--warmup", "1", "--json"), fmt.Sprintf("%v %s", env, codec), "")
 	var head strings.Builder
 	for _, l := range strings.Split(linkGorun(b, cl, env, codec, "--sizes", "4", "--iters", "1", "--warmup", "0"), "\n") {
 		if i := strings.Index(l, "# "); i >= 0 && !strings.Contains(l, "gorun bench:") {

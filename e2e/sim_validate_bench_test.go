@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -192,7 +191,7 @@ func simvalShape(b *testing.B, cl *netns.Cluster, rate, latency string) {
 
 // simvalRun runs bench-worker on lay's hosts of cl with policy algo (""
 // for the default) and returns its results, each checked.
-func simvalRun(b *testing.B, cl *netns.Cluster, lay ringsim.Layout, algo, sizes, iters string) []hierResult {
+func simvalRun(b *testing.B, cl *netns.Cluster, lay ringsim.Layout, algo, sizes, iters string) []benchRow {
 	b.Helper()
 	var hs []string
 	for _, h := range cl.Hosts[:lay.Hosts] {
@@ -209,28 +208,7 @@ func simvalRun(b *testing.B, cl *netns.Cluster, lay ringsim.Layout, algo, sizes,
 	if err := cmd.Run(); err != nil {
 		b.Fatalf("gorun on %v (%s, %s): %v\nstdout:\n%s\nstderr:\n%s", lay, algo, sizes, err, o.String(), e.String())
 	}
-	var rs []hierResult
-	for _, l := range strings.Split(o.String(), "\n") {
-		i := strings.Index(l, "{")
-		if i < 0 {
-			continue
-		}
-		var r hierResult
-		if err := json.Unmarshal([]byte(l[i:]), &r); err != nil || r.Bytes == 0 {
-			continue
-		}
-		if !r.Correct {
-			b.Fatalf("%v, %s: wrong result at %d bytes", lay, algo, r.Bytes)
-		}
-		if algo != "" && r.Algorithm != algo {
-			b.Fatalf("%v: GORUN_ALLREDUCE_ALGORITHMS=%s ran %s at %d bytes", lay, algo, r.Algorithm, r.Bytes)
-		}
-		rs = append(rs, r)
-	}
-	if len(rs) == 0 {
-		b.Fatalf("%v, %s: no results in\n%s", lay, algo, o.String())
-	}
-	return rs
+	return benchRows(b, o.String(), fmt.Sprintf("%v, %s", lay, algo), algo)
 }
 
 func simvalSimulate(b *testing.B, lay ringsim.Layout, nw ringsim.Network, a ring.Algorithm, bytes int64) ringsim.Time {
