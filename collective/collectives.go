@@ -437,7 +437,11 @@ func (c *Comm) allreduce(buf any, op Op) (ring.Call, runFunc, error) {
 		if call = c.compression.gate(call); call.Codec != "" {
 			return c.allreduceCompressed(ctx, call, v)
 		}
-		return c.cur().ring.Allreduce(ctx, call, v.bytes)
+		cv := c.cur()
+		if cv.refine != nil {
+			return c.refinedAllreduce(ctx, cv, call, v.bytes)
+		}
+		return cv.ring.Allreduce(ctx, call, v.bytes)
 	}, nil
 }
 

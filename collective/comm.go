@@ -54,9 +54,13 @@ type Comm struct {
 	leaveWhy        atomic.Pointer[string] // elastic: RequestLeave's reason, until the rank left
 	chunkBytes      int
 	allreducePolicy ring.AllreducePolicy // GORUN_ALLREDUCE_ALGORITHMS
-	links           *AgreedLinks         // measured at start, agreed by every rank (nil: one host, or elastic)
-	phase           func(ring.Call, string, time.Time, time.Time)
-	drained         chan struct{} // cap 1: the worker's queue became empty
+	autotune        bool                 // GORUN_AUTOTUNE: time the links' choices (links_refine.go)
+	// links is what the ranks measured and agreed (nil: not measured, on
+	// one host). An elastic job measures them in its first epoch that
+	// spans hosts and hands them on to later epochs (links_elastic.go).
+	links   *AgreedLinks
+	phase   func(ring.Call, string, time.Time, time.Time)
+	drained chan struct{} // cap 1: the worker's queue became empty
 
 	// life is cancelled, with the cause, when the job is aborted: by this
 	// rank's own failure, by another rank, or by Close.
@@ -122,6 +126,7 @@ type config struct {
 	dataPlane            string
 	chunkBytes           int
 	allreduce            ring.AllreducePolicy
+	autotune             bool
 	logf                 func(string, ...any)
 	setRank, setLocal    bool
 	timeline             *Timeline
@@ -253,6 +258,9 @@ func Init(ctx context.Context, opts ...Option) (*Comm, error) {
 	if cfg.allreduce, err = readAllreducePolicy(os.Getenv); err != nil {
 		return nil, fmt.Errorf("gorun: %w", err)
 	}
+	if cfg.autotune, err = readAutotune(os.Getenv); err != nil {
+		return nil, fmt.Errorf("gorun: %w", err)
+	}
 	cfg.timelinePath = os.Getenv(EnvTimeline)
 	if s := os.Getenv(EnvStallThreshold); s != "" {
 		if cfg.stallThreshold, err = parseDuration(EnvStallThreshold, s); err != nil {
@@ -329,7 +337,7 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		timeout: cfg.timeout, logf: cfg.logf,
 		queue: make(chan *Handle, 1024), stopped: make(chan struct{}), drained: make(chan struct{}, 1),
 		tl: cfg.timeline, stallThreshold: cfg.stallThreshold, warnf: cfg.warnf,
-		elastic: cfg.elastic, chunkBytes: cfg.chunkBytes, allreducePolicy: cfg.allreduce, joiner: cfg.elastic && cfg.rank == -1,
+		elastic: cfg.elastic, chunkBytes: cfg.chunkBytes, allreducePolicy: cfg.allreduce, autotune: cfg.autotune, joiner: cfg.elastic && cfg.rank == -1,
 	}
 	if c.elastic {
 		c.heartbeat = cfg.heartbeat
@@ -360,6 +368,11 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 	who := fmt.Sprintf("rank %d", cfg.rank)
 	if cfg.rank < 0 {
 		who = "joiner"
+	}
+	// Before joining: an elastic job's first epoch times its codec with
+	// its links (adopt, links_elastic.go).
+	if c.compression, err = newCompressionState(cfg.compression, os.Getenv); err != nil {
+		return nil, fmt.Errorf("gorun: %w", err)
 	}
 
 	var transport ring.Transport
@@ -481,9 +494,6 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 			}()
 		}
 	}
-	if c.compression, err = newCompressionState(cfg.compression, os.Getenv); err != nil {
-		return nil, fmt.Errorf("gorun: %w", err)
-	}
 	if !cfg.elastic {
 		var hosts []int
 		if c.node != nil {
@@ -505,10 +515,14 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("gorun: %w", err)
 		}
-		if c.links != nil && cfg.rank == 0 {
-			c.logf("gorun: rank 0: %s", c.policyReport(rg))
+		v := &commView{rank: cfg.rank, size: cfg.size, ring: rg, ctx: context.Background(), links: c.links}
+		if c.links != nil {
+			v.refine = c.refinerFor(rg, *c.links, cfg.size, hosts)
+			if cfg.rank == 0 {
+				c.logf("gorun: rank 0: %s", policyReport(rg, c.links, c.compression))
+			}
 		}
-		c.view.Store(&commView{rank: cfg.rank, size: cfg.size, ring: rg, ctx: context.Background()})
+		c.view.Store(v)
 	}
 	rank, size := c.Rank(), c.Size()
 	if c.tl == nil && cfg.timelinePath != "" {

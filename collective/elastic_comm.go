@@ -88,6 +88,10 @@ type commView struct {
 	lost              []p2p.LostMember        // since the previous epoch
 	joined            []int
 	base              ring.Stats // the wire traffic of the rings of earlier epochs
+	// refine times the links' allreduce choices on the first calls of
+	// each size (links_refine.go); nil where the policy is not the links'.
+	refine *policyRefiner
+	links  *AgreedLinks // the links the ring's policy came from (nil: none)
 }
 
 // endErr is why the epoch ended, or nil.
@@ -210,12 +214,34 @@ func (c *Comm) adopt(pv p2p.View) error {
 		}
 		v.end(err)
 	} else {
-		rg, err := ring.New(ring.Config{Rank: pv.Rank, Size: pv.Size, ChunkBytes: c.chunkBytes, Phase: c.phase, Epoch: ring.EpochOf(pv.Epoch), Elastic: true,
-			Hosts: hostIndices(pv.Peers), Allreduce: c.allreducePolicy}, tr)
+		hosts := hostIndices(pv.Peers)
+		rc := ring.Config{Rank: pv.Rank, Size: pv.Size, ChunkBytes: c.chunkBytes, Phase: c.phase, Epoch: ring.EpochOf(pv.Epoch), Elastic: true,
+			Hosts: hosts, Allreduce: c.allreducePolicy}
+		if mesh, ok := tr.(ring.Mesh); ok && spansHosts(hosts) {
+			links, err := c.adoptEpochLinks(done, mesh, pv, hosts)
+			if err == nil {
+				v.links, rc.Links = &links, &links.Links
+			} else if mc := c.epochEndCause(done); mc != nil {
+				// A member was lost while the links were agreed: the
+				// next reconfiguration follows into the newer epoch.
+				v.end(mc)
+			} else {
+				return fmt.Errorf("gorun: rank %d: membership epoch %d: %w", pv.Rank, pv.Epoch, err)
+			}
+		}
+		rg, err := ring.New(rc, tr)
 		if err != nil {
 			return fmt.Errorf("gorun: rank %d: membership epoch %d: %w", pv.Rank, pv.Epoch, err)
 		}
 		v.ring = rg
+		if v.links != nil {
+			c.links = v.links
+			c.compression.adoptLinks(*v.links, pv.Size, hosts, c.chunkBytes)
+			v.refine = c.refinerFor(rg, *v.links, pv.Size, hosts)
+			if pv.Rank == 0 {
+				c.logf("gorun: rank 0: membership epoch %d: %s", pv.Epoch, policyReport(rg, v.links, c.compression))
+			}
+		}
 	}
 	c.mu.Lock()
 	c.seq = 0

@@ -23,7 +23,7 @@ import (
 // environment to every rank, remote ones included, because ranks that
 // disagree on them fail (an allreduce algorithm is part of every message's
 // fingerprint) or lose speed.
-var TuningEnv = []string{EnvAllreduceAlgorithms, EnvChunkBytes, EnvCPUBind, EnvDataPlane, EnvPollUS, EnvShm, EnvShmBytes, EnvHandshakeTimeout}
+var TuningEnv = []string{EnvAllreduceAlgorithms, EnvChunkBytes, EnvCPUBind, EnvDataPlane, EnvPollUS, EnvShm, EnvShmBytes, EnvHandshakeTimeout, EnvAutotune}
 
 // The environment contract. gorun sets the GORUN_* variables for every rank;
 // the others are read so that the same binary also runs without gorun,
@@ -107,6 +107,12 @@ const (
 	// fingerprint, so ranks that disagree fail with a mismatch error); a
 	// value that does not parse fails Init.
 	EnvAllreduceAlgorithms = "GORUN_ALLREDUCE_ALGORITHMS"
+	// EnvAutotune "0" (or off, false, no) keeps the allreduce choices a job
+	// across hosts makes from its measured links as they are; by default
+	// the first calls of every size time the schedules the links' model
+	// ranks close and keep the fastest (links_refine.go). Every rank must
+	// use the same value.
+	EnvAutotune = "GORUN_AUTOTUNE"
 
 	// EnvShm "0" (or off, false, no) keeps ranks of one host on unix
 	// sockets instead of shared-memory links; a pair uses shared memory
@@ -379,6 +385,18 @@ func parseTimeout(s string) (time.Duration, error) {
 
 // readAllreducePolicy reads GORUN_ALLREDUCE_ALGORITHMS through getenv; unset
 // is the zero policy (the ring's measured defaults).
+// readAutotune reads EnvAutotune: on unless "0", "off", "false" or "no".
+func readAutotune(getenv func(string) string) (bool, error) {
+	switch v := getenv(EnvAutotune); strings.ToLower(v) {
+	case "", "1", "on", "true", "yes":
+		return true, nil
+	case "0", "off", "false", "no":
+		return false, nil
+	default:
+		return false, fmt.Errorf("%s=%q: want 1 (time the links' allreduce choices, the default) or 0", EnvAutotune, v)
+	}
+}
+
 func readAllreducePolicy(getenv func(string) string) (ring.AllreducePolicy, error) {
 	p, err := ring.ParseAllreducePolicy(getenv(EnvAllreduceAlgorithms))
 	if err != nil {

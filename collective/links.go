@@ -47,10 +47,11 @@ import (
 // (ring.Links.CallOverhead), agreed as the rest: rank 0 takes the median
 // over the ranks (links_calibrate.go).
 //
-// Refining the numbers later from the job's own collectives (as Horovod's
-// autotune does) would have to go through the same agreement, at a step
-// every rank takes at once; it is not done: the numbers taken at start are
-// what the policy comes from for the life of the job.
+// The numbers are taken once; the choices they give are then refined from
+// the job's own calls, which time the schedules the model ranks close
+// (links_refine.go, as Horovod's autotune does). An elastic job measures
+// in its first epoch across hosts and hands the numbers on
+// (links_elastic.go).
 
 // linkSample is one rank's measurements: its probe of its link to the next
 // rank (class -1: none) and its cores.
@@ -348,13 +349,14 @@ func (s *compressionState) adoptLinks(a AgreedLinks, size int, hosts []int, chun
 
 // Links returns what the ranks measured and agreed their links are, and
 // false when they did not measure them (a job on one host, or an elastic
-// one): the allreduce policy and the compression threshold then are the
-// measured defaults.
+// job's epoch on one host): the allreduce policy and the compression
+// threshold then are the measured defaults.
 func (c *Comm) Links() (AgreedLinks, bool) {
-	if c.links == nil {
+	l := c.cur().links
+	if l == nil {
 		return AgreedLinks{}, false
 	}
-	return *c.links, true
+	return *l, true
 }
 
 // AllreducePolicy describes the allreduce policy of the current ring: the
@@ -370,22 +372,30 @@ func (c *Comm) AllreducePolicy() string {
 		return p.String() + " (" + EnvAllreduceAlgorithms + ")"
 	}
 	if p, fromLinks := rg.DefaultAllreducePolicy(); fromLinks {
+		if r := c.cur().refine; r != nil && r.changed.Load() > 0 {
+			classes := "classes"
+			if n := r.changed.Load(); n == 1 {
+				classes = "class"
+			}
+			return p.String() + fmt.Sprintf(" (from the links; %d size %s changed by timing their calls)", r.changed.Load(), classes)
+		}
 		return p.String() + " (from the links)"
 	}
 	return "default"
 }
 
-// policyReport is what --verbose prints at start on rank 0.
-func (c *Comm) policyReport(rg *ring.Ring) string {
-	s := "links: " + c.links.String() + "; allreduce policy: "
+// policyReport is what --verbose prints on rank 0 when a ring's policy
+// comes from links.
+func policyReport(rg *ring.Ring, links *AgreedLinks, compression *compressionState) string {
+	s := "links: " + links.String() + "; allreduce policy: "
 	if p := rg.AllreducePolicy(); !p.IsDefault() {
 		s += p.String() + " (" + EnvAllreduceAlgorithms + ")"
 	} else {
 		p, _ := rg.DefaultAllreducePolicy()
 		s += p.String()
 	}
-	if c.compression.cfg.codec != nil {
-		s += fmt.Sprintf("; %s compression from %s", c.compression.cfg.codec.Name(), thresholdString(c.compression.cfg.threshold))
+	if compression.cfg.codec != nil {
+		s += fmt.Sprintf("; %s compression from %s", compression.cfg.codec.Name(), thresholdString(compression.cfg.threshold))
 	}
 	return s
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -219,4 +220,47 @@ func linkGorun(b *testing.B, cl *netns.Cluster, env []string, codec string, args
 		b.Fatalf("gorun %s did not finish\nstdout:\n%s\nstderr:\n%s", strings.Join(full, " "), o, e)
 	}
 	return o.String()
+}
+
+// TestElasticLinksHandedOn: an elastic job across 2 namespace hosts of 2
+// ranks measures its links in its first membership epoch and chooses its
+// allreduce policy from them; after a rank is killed (kill -9) the next
+// epoch chooses from the same links, handed on rather than measured again
+// (the same numbers, down to how long measuring took), and the job ends
+// with the uninterrupted run's parameters.
+func TestElasticLinksHandedOn(t *testing.T) {
+	c := netns.New(t, 2)
+	h0, h1 := c.Hosts[0], c.Hosts[1]
+	j := etStartIn(t, c, h0, etDefault, "--verbose", "-H", fmt.Sprintf("%s:2,%s:2", h0.IP, h1.IP), "--min-np", "2",
+		"--blacklist-cooldown", "10m", "--heartbeat-timeout", etHeartbeat.String(), "--grace", "2s")
+	pids := j.pids(4)
+	j.waitStep("step 3", time.Minute, func(s etStep) bool { return s.steps >= 3 })
+	etKill(t, pids[1], syscall.SIGKILL)
+	j.waitResets(3, 1, time.Minute)
+	j.open()
+	j.finish(3)
+	noneLeft(t, c)
+	reports := regexp.MustCompile(`gorun: rank 0: membership epoch (\d+): links: (.+); allreduce policy: (\S+)`).FindAllStringSubmatch(j.err.String(), -1)
+	epochs := map[string]string{}
+	for _, m := range reports {
+		epochs[m[1]] = m[2]
+	}
+	if len(epochs) < 2 {
+		j.fail("rank 0 reported the links of %d membership epochs, want 2 (before and after the kill)", len(epochs))
+	}
+	for e, links := range epochs {
+		if links != reports[0][2] {
+			t.Errorf("membership epoch %s: links %q, want the first epoch's %q", e, links, reports[0][2])
+		}
+	}
+	if !strings.Contains(reports[0][2], "2 links within hosts") || !strings.Contains(reports[0][2], "2 between hosts") {
+		t.Errorf("first epoch's links %q: want 2 links of each class measured", reports[0][2])
+	}
+	t.Logf("rank 0's reports:\n%s", strings.Join(func() []string {
+		var s []string
+		for _, m := range reports {
+			s = append(s, m[0])
+		}
+		return s
+	}(), "\n"))
 }

@@ -3,6 +3,7 @@ package ring
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -63,6 +64,21 @@ func allreduceStep(rank, size, t int) step {
 // AllreduceAlgorithm) and recorded in c.Algo, which is part of the call's
 // fingerprint: ranks that chose differently fail with *MismatchError.
 func (r *Ring) Allreduce(ctx context.Context, c Call, buf []byte) error {
+	return r.allreduce(ctx, c, buf, r.AllreduceAlgorithm)
+}
+
+// AllreduceWith is Allreduce run by the schedule algo whatever the policy
+// says, for a caller timing the schedules against each other (every rank
+// must pass the same algo: it is part of the call's fingerprint). algo
+// must be one the ring runs (ModelCandidates on a Mesh).
+func (r *Ring) AllreduceWith(ctx context.Context, c Call, buf []byte, algo Algorithm) error {
+	if r.mesh == nil || !slices.Contains(ModelCandidates(r.size, r.hosts), algo) {
+		return fmt.Errorf("ring: %s #%d: this ring does not run a %s allreduce", c.Kind, c.Seq, algo)
+	}
+	return r.allreduce(ctx, c, buf, func(int) Algorithm { return algo })
+}
+
+func (r *Ring) allreduce(ctx context.Context, c Call, buf []byte, pick func(bytes int) Algorithm) error {
 	c, err := r.begin(Allreduce, c)
 	if err != nil {
 		return err
@@ -77,7 +93,7 @@ func (r *Ring) Allreduce(ctx context.Context, c Call, buf []byte) error {
 	if r.size == 1 {
 		return nil
 	}
-	c.Algo = r.AllreduceAlgorithm(len(buf))
+	c.Algo = pick(len(buf))
 	switch c.Algo {
 	case AlgoHierarchical:
 		return r.allreduceHierarchical(ctx, c, buf)

@@ -68,6 +68,10 @@ func (p AllreducePolicy) String() string {
 	return b.String()
 }
 
+// Pick returns the algorithm of the first rule covering n bytes, and
+// false when none does (the zero policy: the ring's defaults decide).
+func (p AllreducePolicy) Pick(n int) (Algorithm, bool) { return p.pick(n) }
+
 // pick returns the algorithm of the first rule covering n bytes, and false
 // when none does.
 func (p AllreducePolicy) pick(n int) (Algorithm, bool) {
@@ -296,12 +300,35 @@ func (r *Ring) AllreducePolicy() AllreducePolicy { return r.policy }
 // also runs from HierarchicalMinBytes on a layout that allows it
 // (preferHierarchical), which the rules returned do not show.
 func (r *Ring) DefaultAllreducePolicy() (AllreducePolicy, bool) {
-	return AllreducePolicy{Rules: slices.Clone(r.defaults)}, r.linkModel
+	return AllreducePolicy{Rules: slices.Clone(*r.defaults.Load())}, r.linkModel
+}
+
+// SetDefaultAllreduce replaces the rules of a zero policy that come from
+// the links (DefaultAllreducePolicy says so) with p: a caller refining the
+// link model's choices from the calls' own timings. Every rank must make
+// the same change between the same two calls: the algorithm is part of
+// each call's fingerprint, so ranks that disagree fail with
+// *MismatchError. It returns false and changes nothing where the defaults
+// do not come from the links, or p is not a policy for every size (its
+// last rule NoLimit) of algorithms this ring runs (ModelCandidates).
+func (r *Ring) SetDefaultAllreduce(p AllreducePolicy) bool {
+	if !r.linkModel || p.IsDefault() || p.Rules[len(p.Rules)-1].MaxBytes != NoLimit {
+		return false
+	}
+	runs := ModelCandidates(r.size, r.hosts)
+	for _, rule := range p.Rules {
+		if !slices.Contains(runs, rule.Algo) {
+			return false
+		}
+	}
+	rules := slices.Clone(p.Rules)
+	r.defaults.Store(&rules)
+	return true
 }
 
 // defaultAlgorithm is what the zero policy picks for bytes on this ring.
 func (r *Ring) defaultAlgorithm(bytes int) Algorithm {
-	a, _ := AllreducePolicy{Rules: r.defaults}.pick(bytes)
+	a, _ := AllreducePolicy{Rules: *r.defaults.Load()}.pick(bytes)
 	if a.needsMesh() && r.mesh == nil {
 		a = AlgoRing
 	}

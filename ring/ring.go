@@ -101,9 +101,13 @@ type Ring struct {
 	mesh       Mesh // t, when it is a Mesh
 	policy     AllreducePolicy
 	phase      func(Call, string, time.Time, time.Time)
-	hosts      []int           // Config.Hosts
-	defaults   []AllreduceRule // defaultRules for this ring: what the zero policy picks from
-	linkModel  bool            // defaults come from Config.Links (CrossHostPolicy)
+	hosts      []int // Config.Hosts
+	// defaults is what the zero policy picks from: defaultRules, or
+	// CrossHostPolicy's with linkModel. An atomic pointer: a caller may
+	// refine the link model's rules between calls (SetDefaultAllreduce)
+	// while others read the policy.
+	defaults  atomic.Pointer[[]AllreduceRule]
+	linkModel bool // defaults come from Config.Links (CrossHostPolicy)
 	// What the transport offers besides Transport (nil if not), asked
 	// once in New rather than on every step or chunk.
 	view     ViewReceiver
@@ -194,12 +198,13 @@ func New(cfg Config, t Transport) (*Ring, error) {
 	if raceBuild {
 		r.raceSentWake = make(chan struct{}, 1)
 	}
-	r.defaults = defaultRules(r.size, mesh != nil, oneHost(r.hosts))
+	defaults := defaultRules(r.size, mesh != nil, oneHost(r.hosts))
 	if cfg.Links != nil && mesh != nil {
 		if p, ok := CrossHostPolicy(r.size, r.hosts, *cfg.Links, cb); ok {
-			r.defaults, r.linkModel = p.Rules, true
+			defaults, r.linkModel = p.Rules, true
 		}
 	}
+	r.defaults.Store(&defaults)
 	r.view, _ = t.(ViewReceiver)
 	r.linkBufs, _ = t.(LinkBuffers)
 	r.grouped, _ = t.(GroupedSteps)

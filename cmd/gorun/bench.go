@@ -171,9 +171,6 @@ func newBenchWorkerCmd() *cobra.Command {
 				return err
 			}
 			defer comm.Close()
-			if reportPolicy {
-				fmt.Fprintf(os.Stderr, "rank %d: allreduce policy %s; compression threshold %d\n", comm.Rank(), comm.AllreducePolicy(), comm.CompressionThreshold())
-			}
 			// GORUN_CPUPROFILE=path writes each rank's CPU profile to
 			// path.rank<N>, to see where a slow collective spends its CPU.
 			if path := os.Getenv("GORUN_CPUPROFILE"); path != "" {
@@ -187,7 +184,14 @@ func newBenchWorkerCmd() *cobra.Command {
 				}
 				defer pprof.StopCPUProfile()
 			}
-			return bench.Run(ctx, comm, o, asJSON, os.Stdout)
+			if err := bench.Run(ctx, comm, o, asJSON, os.Stdout); err != nil {
+				return err
+			}
+			if reportPolicy {
+				// After the run: the policy the calls' timings refined.
+				fmt.Fprintf(os.Stderr, "rank %d: allreduce policy %s; compression threshold %d\n", comm.Rank(), comm.AllreducePolicy(), comm.CompressionThreshold())
+			}
+			return nil
 		},
 	}
 	fl := cmd.Flags()
