@@ -504,6 +504,9 @@ func newComm(ctx context.Context, cfg config) (_ *Comm, err error) {
 		if mesh, ok := transport.(ring.Mesh); ok && spansHosts(hosts) {
 			mctx, cancel := context.WithTimeout(ctx, cfg.timeout)
 			links, err := measureLinks(mctx, mesh, cfg.rank, cfg.size, hosts, cfg.chunkBytes, c.compression.cfg.codec)
+			if err == nil {
+				err = agreeAutotune(mctx, mesh, cfg.rank, cfg.size, c.autotune)
+			}
 			cancel()
 			if err != nil {
 				return nil, fmt.Errorf("gorun: rank %d: %w", cfg.rank, err)

@@ -219,13 +219,14 @@ func (c *Comm) adopt(pv p2p.View) error {
 			Hosts: hosts, Allreduce: c.allreducePolicy}
 		if mesh, ok := tr.(ring.Mesh); ok && spansHosts(hosts) {
 			links, err := c.adoptEpochLinks(done, mesh, pv, hosts)
-			if err == nil {
+			switch {
+			case err == nil:
 				v.links, rc.Links = &links, &links.Links
-			} else if mc := c.epochEndCause(done); mc != nil {
-				// A member was lost while the links were agreed: the
-				// next reconfiguration follows into the newer epoch.
-				v.end(mc)
-			} else {
+			case c.epochEnded(done):
+				// The epoch ended while the links were agreed (a member
+				// lost, this rank cut off, the job aborted): the watch
+				// below ends v with the node's cause, as for any call.
+			default:
 				return fmt.Errorf("gorun: rank %d: membership epoch %d: %w", pv.Rank, pv.Epoch, err)
 			}
 		}

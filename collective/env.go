@@ -107,11 +107,13 @@ const (
 	// fingerprint, so ranks that disagree fail with a mismatch error); a
 	// value that does not parse fails Init.
 	EnvAllreduceAlgorithms = "GORUN_ALLREDUCE_ALGORITHMS"
-	// EnvAutotune "0" (or off, false, no) keeps the allreduce choices a job
-	// across hosts makes from its measured links as they are; by default
-	// the first calls of every size time the schedules the links' model
-	// ranks close and keep the fastest (links_refine.go). Every rank must
-	// use the same value.
+	// EnvAutotune "1" (or on, true, yes) has a job across hosts time the
+	// allreduce schedules its links' model ranks close on the first calls
+	// of every size and keep the fastest (links_refine.go), as Horovod's
+	// HOROVOD_AUTOTUNE does. Off by default: choices from timings can
+	// differ from run to run, and with them the float rounding, so a
+	// resumed job would no longer end bitwise where an uninterrupted one
+	// does. Every rank must use the same value.
 	EnvAutotune = "GORUN_AUTOTUNE"
 
 	// EnvShm "0" (or off, false, no) keeps ranks of one host on unix
@@ -385,15 +387,15 @@ func parseTimeout(s string) (time.Duration, error) {
 
 // readAllreducePolicy reads GORUN_ALLREDUCE_ALGORITHMS through getenv; unset
 // is the zero policy (the ring's measured defaults).
-// readAutotune reads EnvAutotune: on unless "0", "off", "false" or "no".
+// readAutotune reads EnvAutotune: off unless "1", "on", "true" or "yes".
 func readAutotune(getenv func(string) string) (bool, error) {
 	switch v := getenv(EnvAutotune); strings.ToLower(v) {
-	case "", "1", "on", "true", "yes":
+	case "1", "on", "true", "yes":
 		return true, nil
-	case "0", "off", "false", "no":
+	case "", "0", "off", "false", "no":
 		return false, nil
 	default:
-		return false, fmt.Errorf("%s=%q: want 1 (time the links' allreduce choices, the default) or 0", EnvAutotune, v)
+		return false, fmt.Errorf("%s=%q: want 1 (time the links' allreduce choices on the first calls) or 0 (the default)", EnvAutotune, v)
 	}
 }
 

@@ -82,10 +82,13 @@ func (c *Comm) epochLinks(ctx context.Context, mesh ring.Mesh, rank, size int, h
 	if err != nil {
 		return AgreedLinks{}, fmt.Errorf("agreeing on the links measured before: %w", err)
 	}
-	if a, ok := decodeOffer(got); ok {
-		return a, nil
+	a, ok := decodeOffer(got)
+	if !ok {
+		if a, err = measureLinks(ctx, mesh, rank, size, hosts, c.chunkBytes, c.compression.cfg.codec); err != nil {
+			return AgreedLinks{}, err
+		}
 	}
-	return measureLinks(ctx, mesh, rank, size, hosts, c.chunkBytes, c.compression.cfg.codec)
+	return a, agreeAutotune(ctx, mesh, rank, size, c.autotune)
 }
 
 // adoptEpochLinks runs epochLinks for adopt, bounded by the collective
@@ -105,22 +108,19 @@ func (c *Comm) adoptEpochLinks(done <-chan struct{}, mesh ring.Mesh, pv p2p.View
 	return c.epochLinks(ctx, mesh, pv.Rank, pv.Size, hosts)
 }
 
-// epochEndCause waits, at most the heartbeat bound and a little more, for
-// the node's epoch to end (done) after an exchange of it failed, and
-// returns the membership change that ended it, or nil if none came: a
-// peer's link breaks before the rendezvous hears of its loss.
-func (c *Comm) epochEndCause(done <-chan struct{}) error {
+// epochEnded waits, at most the heartbeat bound and a little more, for
+// the node's epoch (done) or the job to end after an exchange of the epoch
+// failed, and reports whether either did: a peer's link breaks before the
+// rendezvous hears of its loss.
+func (c *Comm) epochEnded(done <-chan struct{}) bool {
 	t := time.NewTimer(c.heartbeat + 2*time.Second)
 	defer t.Stop()
 	select {
 	case <-done:
+		return true
 	case <-c.life.Done():
-		return nil
+		return true
 	case <-t.C:
-		return nil
+		return false
 	}
-	if err := c.node.Err(); isMembershipChange(err) {
-		return err
-	}
-	return nil
 }

@@ -44,8 +44,15 @@ import (
 // timed once in a ring's life; an elastic job's next membership epoch (a
 // new ring, a new layout) times its classes again. A Comm whose policy
 // was set (GORUN_ALLREDUCE_ALGORITHMS), or a job on one host (its defaults
-// were timed on the machine already), refines nothing; so does
-// GORUN_REFINE=0.
+// were timed on the machine already), refines nothing.
+//
+// It runs only with GORUN_AUTOTUNE=1, as Horovod's autotune runs only
+// when asked: a choice made from timings may differ from one run to the
+// next, and the timed calls themselves run other schedules than the
+// policy's, so the float rounding of a job would change from run to run,
+// and a job resumed from a checkpoint would not end bitwise where the
+// uninterrupted one does. The model's choices depend on the links alone,
+// which are stable from start to start.
 
 const (
 	refineWarmCalls     = 2
@@ -75,7 +82,7 @@ func refineSamples(n int) int {
 	case n >= refineLargeBytes:
 		return 2
 	case n <= refineSmallBytes:
-		return 8
+		return 16
 	}
 	return 4
 }
@@ -276,8 +283,8 @@ func formatSize(n int) string {
 }
 
 // refinerFor returns the refinement of rg's policy, or nil where there is
-// none to refine: GORUN_AUTOTUNE=0, a policy that was set, or defaults
-// not from the links.
+// none: GORUN_AUTOTUNE unset, a policy that was set, or defaults not from
+// the links.
 func (c *Comm) refinerFor(rg *ring.Ring, links AgreedLinks, size int, hosts []int) *policyRefiner {
 	p, fromLinks := rg.DefaultAllreducePolicy()
 	if !c.autotune || !fromLinks || !rg.AllreducePolicy().IsDefault() {
@@ -287,6 +294,37 @@ func (c *Comm) refinerFor(rg *ring.Ring, links AgreedLinks, size int, hosts []in
 	return newPolicyRefiner(p.Rules, ring.ModelCandidates(size, hosts), func(a ring.Algorithm, n int64) (time.Duration, bool) {
 		return ring.AllreduceCost(a, n, size, hosts, links.Links, chunk)
 	})
+}
+
+// agreeAutotune checks that every rank of a job across hosts has the same
+// GORUN_AUTOTUNE: ranks of which only some time their calls would run
+// other schedules than the rest on those calls, and fail on the
+// fingerprint check with a message about algorithms rather than about the
+// variable.
+func agreeAutotune(ctx context.Context, mesh ring.Mesh, rank, size int, on bool) error {
+	mine := []byte{0}
+	if on {
+		mine[0] = 1
+	}
+	got, err := agreeOnRank0(ctx, mesh, rank, size, mine, 1, func(all [][]byte) []byte {
+		for _, b := range all {
+			if b[0] != all[0][0] {
+				return []byte{2}
+			}
+		}
+		return all[0]
+	})
+	if err != nil {
+		return fmt.Errorf("agreeing on %s: %w", EnvAutotune, err)
+	}
+	if got[0] == 2 {
+		state := "unset or 0"
+		if on {
+			state = "1"
+		}
+		return fmt.Errorf("%s differs between the ranks (%s on this one): give every rank the same value (gorun hands it to every rank from its own environment)", EnvAutotune, state)
+	}
+	return nil
 }
 
 // refineSeqBit marks the agreement's calls: they run between two of the

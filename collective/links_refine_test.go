@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -360,6 +361,43 @@ func TestEpochLinksHandedOn(t *testing.T) {
 		}
 		if tc.want == nil && (got[0].Probed[0] == 0 || got[0].Probed[1] == 0) {
 			t.Errorf("%s: measured %v: a class of links is missing", tc.name, got[0])
+		}
+	}
+}
+
+// TestAgreeAutotune: ranks that differ on GORUN_AUTOTUNE all fail, naming
+// the variable; ranks that agree go on.
+func TestAgreeAutotune(t *testing.T) {
+	for _, tc := range []struct {
+		on      []bool
+		wantErr bool
+	}{
+		{[]bool{true, true, true}, false},
+		{[]bool{false, false, false}, false},
+		{[]bool{false, false, true}, true},
+		{[]bool{true, false, false}, true},
+	} {
+		size := len(tc.on)
+		ts := ring.NewMemRing(size)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		errs := make([]error, size)
+		var wg sync.WaitGroup
+		for r := range size {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[r] = agreeAutotune(ctx, ts[r].(ring.Mesh), r, size, tc.on[r])
+			}()
+		}
+		wg.Wait()
+		cancel()
+		for r, err := range errs {
+			switch {
+			case tc.wantErr && (err == nil || !strings.Contains(err.Error(), EnvAutotune+" differs between the ranks")):
+				t.Errorf("%v: rank %d: %v, want the variable named", tc.on, r, err)
+			case !tc.wantErr && err != nil:
+				t.Errorf("%v: rank %d: %v", tc.on, r, err)
+			}
 		}
 	}
 }

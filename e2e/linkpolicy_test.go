@@ -10,15 +10,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/collective"
 	"github.com/gorun/gorun/internal/testenv/netns"
 )
 
 // TestBenchAcrossHostsAgrees runs gorun bench -H on 2 namespace hosts of
-// 2 ranks whose links are shaped to 1 Gbit/s, plain and with int8
-// compression: the table shows the links the ranks measured and the
-// policy they chose from them, every rank reports the same policy and
-// compression threshold, and every size runs (ranks that chose apart
-// would fail the call's fingerprint check).
+// 2 ranks whose links are shaped to 1 Gbit/s, plain (with GORUN_AUTOTUNE=1)
+// and with int8 compression: the table shows the links the ranks measured
+// and the policy they chose from them, every rank reports the same policy
+// (after the timed calls) and compression threshold, and every size runs
+// (ranks that chose apart would fail the call's fingerprint check).
 func TestBenchAcrossHostsAgrees(t *testing.T) {
 	cl := netns.New(t, 2)
 	hierShape(t, cl, "1gbit")
@@ -29,7 +30,18 @@ func TestBenchAcrossHostsAgrees(t *testing.T) {
 		if codec != "" {
 			args = append(args, "--compression", codec)
 		}
-		stdout, stderr, code, took := gorunIn(t, cl, h0, nil, 3*time.Minute, args...)
+		// The plain run also times the schedules (GORUN_AUTOTUNE=1, in
+		// gorun's environment: it hands the tuning variables to every
+		// rank): the ranks must still agree on every choice.
+		cmd, o, e := startGorunIn(cl, h0, nil, args...)
+		if codec == "" {
+			cmd.Env = append(cmd.Env, collective.EnvAutotune+"=1")
+		}
+		start := time.Now()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		stdout, stderr, code, took := waitGorun(t, cmd, o, e, start, 3*time.Minute)
 		if code != 0 {
 			t.Fatalf("gorun %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout, stderr)
 		}
@@ -87,7 +99,10 @@ func TestBenchAcrossHostsAgrees(t *testing.T) {
 //	go test -run '^$' -bench LinkPolicy -benchtime 1x ./e2e/
 //
 // GORUN_LINK_SIZES (default 4,64K,1M,64M), GORUN_LINK_ROUNDS (3),
-// GORUN_LINK_ITERS (5) and GORUN_LINK_RATES (none,1gbit) change the run.
+// GORUN_LINK_ITERS (5) and GORUN_LINK_RATES (none,1gbit) change the run;
+// GORUN_LINK_BASELINE=model compares the links' model's choices (the
+// default) with their refinement by timed calls (GORUN_AUTOTUNE=1)
+// instead of the fixed choices with the model's.
 func BenchmarkLinkPolicy(b *testing.B) {
 	if why := netns.Unavailable(); why != "" {
 		b.Skip(why)
@@ -99,6 +114,14 @@ func BenchmarkLinkPolicy(b *testing.B) {
 	// defaults, with the hierarchical schedule from HierarchicalMinBytes
 	// (512 KiB), and int8 from the fixed 64 KiB threshold.
 	fixed := []string{"GORUN_ALLREDUCE_ALGORITHMS=recursive-doubling:16K,rabenseifner:524287,hierarchical", "GORUN_COMPRESSION_THRESHOLD=65536"}
+	baseline := envOr("GORUN_LINK_BASELINE", "fixed")
+	switch baseline {
+	case "fixed":
+	case "model":
+		fixed = nil
+	default:
+		b.Fatalf("GORUN_LINK_BASELINE=%q: want fixed or model", baseline)
+	}
 	var report strings.Builder
 	for _, rate := range strings.Split(envOr("GORUN_LINK_RATES", "none,1gbit"), ",") {
 		cl := netns.New(b, 2)
@@ -120,8 +143,11 @@ func BenchmarkLinkPolicy(b *testing.B) {
 				}
 				for _, policy := range policies {
 					var envs []string
-					if policy == "fixed" {
+					switch {
+					case policy == "fixed":
 						envs = fixed
+					case baseline == "model":
+						envs = []string{collective.EnvAutotune + "=1"}
 					}
 					out, links := linkBenchRun(b, cl, envs, codec, sizes, iters)
 					if policy == "links" && header == "" {
@@ -140,7 +166,11 @@ func BenchmarkLinkPolicy(b *testing.B) {
 		}
 		cl.Close()
 		fmt.Fprintf(&report, "\n2 hosts x 2 ranks, links %s; median of %d rounds of bench's median of %s iterations (ms); the links of the first round:\n%s", rate, rounds, iters, header)
-		fmt.Fprintf(&report, "%8s %6s %12s %-28s %12s %-40s %8s\n", "bytes", "codec", "fixed ms", "fixed runs", "links ms", "links run", "fixed/links")
+		arm := "links"
+		if baseline == "model" {
+			arm = "autotune"
+		}
+		fmt.Fprintf(&report, "%8s %6s %12s %-28s %12s %-40s %8s\n", "bytes", "codec", baseline+" ms", baseline+" runs", arm+" ms", arm+" run", baseline+"/"+arm)
 		var all []int64
 		for k := range times {
 			if k.policy == "links" && k.codec == "" {

@@ -98,7 +98,9 @@ allreduce policy (and compression threshold) they chose from them.`,
 			out := newLineWriter(os.Stdout)
 			prefixed := newLineWriter(os.Stderr)
 			err = launcher.Run(cmd.Context(), launcher.Job{
-				NP: np, Program: self, Args: args, Timeout: timeout,
+				// Remote ranks get the tuning variables as gorun's own
+				// ranks do: ranks that disagree on them fail or lose speed.
+				NP: np, Program: self, Args: args, Timeout: timeout, Env: tuningEnv(),
 				Hosts: hosts, NetworkInterface: where.netIf,
 				SSH: launcher.SSH{
 					Port: where.sshPort, IdentityFile: where.sshIdentity,

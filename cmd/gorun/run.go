@@ -341,17 +341,24 @@ func (f *runFlags) chooseLauncher(hosts []launcher.Host) ([]launcher.Host, error
 	return alloc, nil
 }
 
-func (f runFlags) envPairs() ([]string, error) {
-	// The tuning variables every rank must agree on go to every rank,
-	// remote ones included, as mpirun passes OMPI_MCA_*: a remote rank
-	// that picked another allreduce algorithm would fail the first call.
-	// -x, which comes after, still wins.
+// tuningEnv is the tuning variables set in gorun's environment, as
+// NAME=VALUE pairs for every rank.
+func tuningEnv() []string {
 	var out []string
 	for _, name := range collective.TuningEnv {
 		if v, ok := os.LookupEnv(name); ok {
 			out = append(out, name+"="+v)
 		}
 	}
+	return out
+}
+
+func (f runFlags) envPairs() ([]string, error) {
+	// The tuning variables every rank must agree on go to every rank,
+	// remote ones included, as mpirun passes OMPI_MCA_*: a remote rank
+	// that picked another allreduce algorithm would fail the first call.
+	// -x, which comes after, still wins.
+	out := tuningEnv()
 	switch f.bindTo {
 	case "":
 	case "auto", "none":

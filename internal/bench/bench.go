@@ -205,7 +205,7 @@ func Run(ctx context.Context, comm *collective.Comm, o Options, asJSON bool, w i
 }
 
 // maxTuningCalls bounds the extra warm-up while the Comm times its
-// allreduce schedules (a size class takes at most 2 + 3×4 calls).
+// allreduce schedules (a size class takes at most 2 + 3×16 calls).
 const maxTuningCalls = 64
 
 func measure(ctx context.Context, comm *collective.Comm, o Options, size int64) (Result, error) {
