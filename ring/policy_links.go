@@ -120,11 +120,29 @@ func crossHost(hosts []int) bool {
 // those costs. Links far slower to answer than a data centre's (a WAN)
 // would want the model there too; that is left for when such links are
 // measured.
-const marginNum, marginDen = 5, 4
+//
+// From largeMarginBytes a call's time is its bytes over the links, whose
+// rate the probes' bulk transfers measure to a few per cent, and what
+// varies from start to start (round trips, per-call costs) is a small part
+// of it: the margin there, largeMarginNum/largeMarginDen, only covers the
+// rate's error. The full margin would keep the ring wherever another
+// schedule wins by its bytes per NIC alone by 5/4 or a little less, as the
+// hierarchical schedule does on 4 hosts × 4 ranks
+// (TestCrossHostPolicyFourByFour).
+const (
+	marginNum, marginDen           = 5, 4
+	largeMarginBytes               = 4 << 20
+	largeMarginNum, largeMarginDen = 6, 5
+)
 
-// clearlyFaster reports whether t beats the default's time td by the
-// model's margin.
-func clearlyFaster(t, td int64) bool { return mulSat(t, marginNum)/marginDen < td }
+// clearlyFaster reports whether t beats the default's time td for n bytes
+// by the model's margin.
+func clearlyFaster(t, td, n int64) bool {
+	if n >= largeMarginBytes {
+		return mulSat(t, largeMarginNum)/largeMarginDen < td
+	}
+	return mulSat(t, marginNum)/marginDen < td
+}
 
 // CrossHostPolicy returns the allreduce policy the model picks for a job
 // of size ranks on the host layout hosts (Config.Hosts) over a Mesh, with
@@ -143,7 +161,7 @@ func CrossHostPolicy(size int, hosts []int, l Links, chunk int) (AllreducePolicy
 		a, _ := fixed.pick(int(n))
 		if n > SmallBytes {
 			best, t := m.cheapest(n)
-			if td, ok := m.time(a, n); !ok || clearlyFaster(t, td) {
+			if td, ok := m.time(a, n); !ok || clearlyFaster(t, td, n) {
 				a = best
 			}
 		}
