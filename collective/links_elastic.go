@@ -70,7 +70,8 @@ func pickOffer(offers [][]byte, size int, hosts []int, chunk int) []byte {
 
 // epochLinks returns the links of a membership epoch spanning hosts:
 // those some rank holds, agreed, or measured now (see above). Every rank
-// of the epoch calls it at once, right after the epoch's ring is made.
+// of the epoch calls it at once, before the epoch's ring is made (its
+// policy comes from them).
 func (c *Comm) epochLinks(ctx context.Context, mesh ring.Mesh, rank, size int, hosts []int) (AgreedLinks, error) {
 	mine := make([]byte, epochLinksBytes)
 	if c.links != nil {

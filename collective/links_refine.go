@@ -371,9 +371,10 @@ func (c *Comm) refinedAllreduce(ctx context.Context, v *commView, call ring.Call
 
 // AllreduceTuned reports whether allreduces of bytes bytes run the
 // policy's settled choice: false while the calls of their size class are
-// still timing the schedules against each other (see links_refine.go),
-// true where nothing is timed (or no call of the size came yet). It is the same on every rank after the same
-// calls, so a benchmark can warm up until it holds.
+// still timing the schedules against each other (GORUN_AUTOTUNE=1, see
+// links_refine.go), true where nothing is timed (or no call of the size
+// came yet). It is the same on every rank after the same calls, so a
+// benchmark can warm up until it holds.
 func (c *Comm) AllreduceTuned(bytes int) bool {
 	c.execMu.Lock()
 	defer c.execMu.Unlock()

@@ -21,18 +21,6 @@ var testLinks = ring.Links{
 	ReduceBytesPerSecond: 3e9,
 }
 
-// pickAll is what rules pick at every size of the policy grid.
-func pickAll(rules []ring.AllreduceRule) []ring.Algorithm {
-	var out []ring.Algorithm
-	for n := 4; n <= 1<<30; n *= 2 {
-		a, _ := ring.AllreducePolicy{Rules: rules}.Pick(n)
-		out = append(out, a)
-		b, _ := ring.AllreducePolicy{Rules: rules}.Pick(n/2 + 1)
-		out = append(out, b)
-	}
-	return out
-}
-
 // TestSetClass: giving a class of sizes to a schedule changes what the
 // rules pick for those sizes only, and neighbours of one schedule merge.
 func TestSetClass(t *testing.T) {
