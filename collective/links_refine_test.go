@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -180,40 +179,32 @@ func runRefined(t *testing.T, hosts []int, n, calls int, slow func(rank int, a r
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	errs := make([]error, size)
-	var wg sync.WaitGroup
-	for r := range size {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]float32, n)
-			for call := range calls {
-				for i := range buf {
-					buf[i] = float32((i*7+r+call)%13) - 6
+	errs := onEveryRank(size, func(r int) error {
+		buf := make([]float32, n)
+		for call := range calls {
+			for i := range buf {
+				buf[i] = float32((i*7+r+call)%13) - 6
+			}
+			rc := ring.Call{Kind: ring.Allreduce, Seq: uint64(call + 1), Op: ring.Sum, DType: ring.Float32, Count: n}
+			v, err := viewOf(buf)
+			if err == nil {
+				err = comm.refinedAllreduce(ctx, views[r], rc, v.bytes)
+			}
+			if err != nil {
+				return fmt.Errorf("call %d: %w", call, err)
+			}
+			for i, got := range buf {
+				var want float32
+				for q := range size {
+					want += float32((i*7+q+call)%13) - 6
 				}
-				rc := ring.Call{Kind: ring.Allreduce, Seq: uint64(call + 1), Op: ring.Sum, DType: ring.Float32, Count: n}
-				v, err := viewOf(buf)
-				if err == nil {
-					err = comm.refinedAllreduce(ctx, views[r], rc, v.bytes)
-				}
-				if err != nil {
-					errs[r] = fmt.Errorf("call %d: %w", call, err)
-					return
-				}
-				for i, got := range buf {
-					var want float32
-					for q := range size {
-						want += float32((i*7+q+call)%13) - 6
-					}
-					if got != want {
-						errs[r] = fmt.Errorf("call %d: element %d is %v, want %v", call, i, got, want)
-						return
-					}
+				if got != want {
+					return fmt.Errorf("call %d: element %d is %v, want %v", call, i, got, want)
 				}
 			}
-		}()
-	}
-	wg.Wait()
+		}
+		return nil
+	})
 	for r, err := range errs {
 		if err != nil {
 			t.Fatalf("hosts %v: rank %d: %v", hosts, r, err)
@@ -320,21 +311,15 @@ func TestEpochLinksHandedOn(t *testing.T) {
 		ts := ring.NewMemRing(size)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		got := make([]AgreedLinks, size)
-		errs := make([]error, size)
-		var wg sync.WaitGroup
-		for r := range size {
-			c := &Comm{chunkBytes: 0}
+		errs := onEveryRank(size, func(r int) (err error) {
+			c := &Comm{}
 			c.compression, _ = newCompressionState(compressionConfig{codec: compress.Int8()}, func(string) string { return "" })
 			if l, ok := tc.holders[r]; ok {
 				c.links = &l
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				got[r], errs[r] = c.epochLinks(ctx, ts[r].(ring.Mesh), r, size, hosts)
-			}()
-		}
-		wg.Wait()
+			got[r], err = c.epochLinks(ctx, ts[r].(ring.Mesh), r, size, hosts)
+			return err
+		})
 		cancel()
 		for r := range size {
 			if errs[r] != nil {
@@ -368,16 +353,9 @@ func TestAgreeAutotune(t *testing.T) {
 		size := len(tc.on)
 		ts := ring.NewMemRing(size)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		errs := make([]error, size)
-		var wg sync.WaitGroup
-		for r := range size {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[r] = agreeAutotune(ctx, ts[r].(ring.Mesh), r, size, tc.on[r])
-			}()
-		}
-		wg.Wait()
+		errs := onEveryRank(size, func(r int) error {
+			return agreeAutotune(ctx, ts[r].(ring.Mesh), r, size, tc.on[r])
+		})
 		cancel()
 		for r, err := range errs {
 			switch {

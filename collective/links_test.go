@@ -19,16 +19,10 @@ func TestMeasureLinksAgree(t *testing.T) {
 		ts := ring.NewMemRing(size)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		got := make([]AgreedLinks, size)
-		errs := make([]error, size)
-		var wg sync.WaitGroup
-		for r := range size {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				got[r], errs[r] = measureLinks(ctx, ts[r].(ring.Mesh), r, size, hosts, 0, compress.Int8())
-			}()
-		}
-		wg.Wait()
+		errs := onEveryRank(size, func(r int) (err error) {
+			got[r], err = measureLinks(ctx, ts[r].(ring.Mesh), r, size, hosts, 0, compress.Int8())
+			return err
+		})
 		cancel()
 		for r, err := range errs {
 			if err != nil {
@@ -124,4 +118,20 @@ func TestProbePartners(t *testing.T) {
 			}
 		}
 	}
+}
+
+// onEveryRank runs f for every rank of size, each on a goroutine of its
+// own as ranks run, and returns their errors (errs[r] is rank r's).
+func onEveryRank(size int, f func(r int) error) []error {
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for r := range size {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = f(r)
+		}()
+	}
+	wg.Wait()
+	return errs
 }

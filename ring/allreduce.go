@@ -3,7 +3,6 @@ package ring
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 )
 
@@ -64,7 +63,7 @@ func allreduceStep(rank, size, t int) step {
 // AllreduceAlgorithm) and recorded in c.Algo, which is part of the call's
 // fingerprint: ranks that chose differently fail with *MismatchError.
 func (r *Ring) Allreduce(ctx context.Context, c Call, buf []byte) error {
-	return r.allreduce(ctx, c, buf, r.AllreduceAlgorithm)
+	return r.allreduce(ctx, c, buf, r.AllreduceAlgorithm(len(buf)))
 }
 
 // AllreduceWith is Allreduce run by the schedule algo whatever the policy
@@ -72,13 +71,15 @@ func (r *Ring) Allreduce(ctx context.Context, c Call, buf []byte) error {
 // must pass the same algo: it is part of the call's fingerprint). algo
 // must be one the ring runs (ModelCandidates on a Mesh).
 func (r *Ring) AllreduceWith(ctx context.Context, c Call, buf []byte, algo Algorithm) error {
-	if r.mesh == nil || !slices.Contains(ModelCandidates(r.size, r.hosts), algo) {
+	if !r.runsModelled(algo) {
 		return fmt.Errorf("ring: %s #%d: this ring does not run a %s allreduce", c.Kind, c.Seq, algo)
 	}
-	return r.allreduce(ctx, c, buf, func(int) Algorithm { return algo })
+	return r.allreduce(ctx, c, buf, algo)
 }
 
-func (r *Ring) allreduce(ctx context.Context, c Call, buf []byte, pick func(bytes int) Algorithm) error {
+// allreduce runs the call with algo, the schedule the caller chose for
+// len(buf) bytes.
+func (r *Ring) allreduce(ctx context.Context, c Call, buf []byte, algo Algorithm) error {
 	c, err := r.begin(Allreduce, c)
 	if err != nil {
 		return err
@@ -93,7 +94,7 @@ func (r *Ring) allreduce(ctx context.Context, c Call, buf []byte, pick func(byte
 	if r.size == 1 {
 		return nil
 	}
-	c.Algo = pick(len(buf))
+	c.Algo = algo
 	switch c.Algo {
 	case AlgoHierarchical:
 		return r.allreduceHierarchical(ctx, c, buf)

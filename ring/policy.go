@@ -315,15 +315,20 @@ func (r *Ring) SetDefaultAllreduce(p AllreducePolicy) bool {
 	if !r.linkModel || p.IsDefault() || p.Rules[len(p.Rules)-1].MaxBytes != NoLimit {
 		return false
 	}
-	runs := ModelCandidates(r.size, r.hosts)
 	for _, rule := range p.Rules {
-		if !slices.Contains(runs, rule.Algo) {
+		if !r.runsModelled(rule.Algo) {
 			return false
 		}
 	}
 	rules := slices.Clone(p.Rules)
 	r.defaults.Store(&rules)
 	return true
+}
+
+// runsModelled reports whether a is one of the schedules the cost model
+// picks from that this ring runs (ModelCandidates, over a Mesh).
+func (r *Ring) runsModelled(a Algorithm) bool {
+	return r.mesh != nil && slices.Contains(r.modelled, a)
 }
 
 // defaultAlgorithm is what the zero policy picks for bytes on this ring.

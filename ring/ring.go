@@ -107,7 +107,8 @@ type Ring struct {
 	// refine the link model's rules between calls (SetDefaultAllreduce)
 	// while others read the policy.
 	defaults  atomic.Pointer[[]AllreduceRule]
-	linkModel bool // defaults come from Config.Links (CrossHostPolicy)
+	linkModel bool        // defaults come from Config.Links (CrossHostPolicy)
+	modelled  []Algorithm // ModelCandidates of the layout: what AllreduceWith and SetDefaultAllreduce accept
 	// What the transport offers besides Transport (nil if not), asked
 	// once in New rather than on every step or chunk.
 	view     ViewReceiver
@@ -205,6 +206,7 @@ func New(cfg Config, t Transport) (*Ring, error) {
 		}
 	}
 	r.defaults.Store(&defaults)
+	r.modelled = ModelCandidates(r.size, r.hosts)
 	r.view, _ = t.(ViewReceiver)
 	r.linkBufs, _ = t.(LinkBuffers)
 	r.grouped, _ = t.(GroupedSteps)
